@@ -1,0 +1,3 @@
+"""tadm: time-anchored diffusion language models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from tadm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Evaluation: compute, throughput and quality metrics."""

@@ -1,0 +1,68 @@
+"""What every sampler returns, and the checks all samplers share.
+
+A sampler never calls a network. The generation loop gives it the network's log-probabilities
+of the clean sequence and the current canvas; the sampler returns the next canvas
+(diffusers-style ``set_timesteps`` then ``step``). Reverse steps are indexed like the paper:
+``i = T, ..., 1`` with ``t(i) = i / T`` and ``s(i) = (i - 1) / T``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class SamplerOutput:
+    """One reverse step's result.
+
+    prev_sample: the next canvas z_s, token ids (B, L).
+    x0_probs: the (possibly nucleus-filtered) clean-token distribution used for the step, (B, L, V).
+    """
+
+    prev_sample: Tensor
+    x0_probs: Tensor
+
+
+class Sampler(Protocol):
+    num_steps: int
+
+    def set_timesteps(self, num_steps: int) -> None:
+        """Prepare a run of ``num_steps`` reverse steps and reset any per-run state."""
+        ...
+
+    def time(self, step_index: int) -> float:
+        """Diffusion time t(i) fed to time-conditioned networks at reverse step ``step_index``."""
+        ...
+
+    def initial_canvas(
+        self, batch_size: int, seq_len: int, generator: torch.Generator | None, device: torch.device
+    ) -> Tensor:
+        """A draw from the prior p(z_1): token ids (B, L)."""
+        ...
+
+    def step(
+        self, log_probs: Tensor, step_index: int, z_t: Tensor, generator: torch.Generator | None = None
+    ) -> SamplerOutput:
+        """Draw z_{s(i)} given the network's log x_theta (B, L, V) and the canvas z_{t(i)} (B, L)."""
+        ...
+
+
+def check_num_steps(num_steps: int) -> int:
+    """Validate a number of reverse steps T (an integer >= 1)."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"number of steps T must be an integer >= 1, got {num_steps!r}")
+    return num_steps
+
+
+def check_step_index(step_index: int, num_steps: int) -> None:
+    if not 1 <= step_index <= num_steps:
+        raise ValueError(f"step index must be in 1..{num_steps} (reverse steps run T..1), got {step_index}")
+
+
+def mask_canvas(batch_size: int, seq_len: int, mask_id: int, device: torch.device) -> Tensor:
+    """The absorbing prior: a canvas of mask tokens (B, L)."""
+    return torch.full((batch_size, seq_len), mask_id, dtype=torch.long, device=device)

@@ -1,0 +1,54 @@
+"""MDLM ancestral sampler: the masked reverse posterior of Eq. (mdlm-posterior-unk)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tadm.diffusion import get_schedule, masked_posterior
+from tadm.sampling.base import SamplerOutput, check_num_steps, check_step_index, mask_canvas
+from tadm.sampling.categorical import nucleus_filter, sample_categorical
+
+
+class MDLMSampler:
+    """Ancestral sampling for absorbing-state diffusion (MDLM).
+
+    At step i a masked position is unmasked to a draw from x_theta with probability
+    (alpha_s - alpha_t) / (1 - alpha_t); unmasked positions are carried over.
+
+    Args:
+        mask_id: id of the mask token.
+        schedule: noise schedule name ("loglinear", "linear", "cosine").
+        top_p: nucleus mass applied to x_theta before the posterior, in (0, 1].
+    """
+
+    def __init__(self, mask_id: int, schedule: str = "loglinear", top_p: float = 1.0) -> None:
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"nucleus top_p must be in (0, 1], got {top_p}")
+        self.mask_id = mask_id
+        self.schedule = get_schedule(schedule)
+        self.top_p = top_p
+        self.num_steps = 0
+
+    def set_timesteps(self, num_steps: int) -> None:
+        self.num_steps = check_num_steps(num_steps)
+
+    def time(self, step_index: int) -> float:
+        return step_index / self.num_steps
+
+    def alphas(self, step_index: int) -> tuple[float, float]:
+        """(alpha_t, alpha_s) at reverse step i (linear timestep grid t = i / T)."""
+        t = torch.tensor([step_index / self.num_steps], dtype=torch.float64)
+        s = torch.tensor([(step_index - 1) / self.num_steps], dtype=torch.float64)
+        return float(self.schedule.alpha(t)), float(self.schedule.alpha(s))
+
+    def initial_canvas(self, batch_size, seq_len, generator, device) -> Tensor:
+        return mask_canvas(batch_size, seq_len, self.mask_id, device)
+
+    def step(self, log_probs: Tensor, step_index: int, z_t: Tensor, generator=None) -> SamplerOutput:
+        check_step_index(step_index, self.num_steps)
+        alpha_t, alpha_s = self.alphas(step_index)
+        x0 = nucleus_filter(log_probs.double().exp(), self.top_p)  # (B, L, V)
+        probs = masked_posterior(x0, z_t, alpha_t, alpha_s, self.mask_id)
+        z_s = sample_categorical(probs, generator)
+        return SamplerOutput(prev_sample=torch.where(z_t == self.mask_id, z_s, z_t), x0_probs=x0)

@@ -1,0 +1,124 @@
+"""ReMDM remasking sampler: Eq. (remdm-param) / (inf-post-TADM) with cap, rescale, conf and loop schedules."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tadm.diffusion import get_schedule, remdm_posterior, remdm_sigma, remdm_sigma_max
+from tadm.sampling.base import SamplerOutput, check_num_steps, check_step_index, mask_canvas
+from tadm.sampling.categorical import nucleus_filter, sample_categorical
+
+REMDM_STRATEGIES = ("cap", "rescale", "conf", "loop")
+
+
+class ReMDMSampler:
+    """Masked-diffusion sampler that may remask decoded tokens with probability sigma_t.
+
+    Strategies (ReMDM):
+      * ``cap``: sigma_t = min(eta, sigma_max), ``rescale``: sigma_t = eta * sigma_max,
+        ``conf``: per-token sigma from the confidence each token had when it was decoded;
+        these remask at every step whose time lies in the window ``[t_off, t_on]``
+        (default: the whole trajectory).
+      * ``loop``: t in (t_on, 1]: unmask until a fraction ``alpha_on`` is decoded (sigma = 0);
+        t in [t_off, t_on]: alpha is held at ``alpha_on`` and sigma = eta (the remasking loop, whose
+        posterior keeps the mask rate fixed); t in [0, t_off): unmask the rest (sigma = 0).
+        alpha moves linearly in t inside the first and last phases.
+
+    With ``eta = 0`` every strategy reduces to the MDLM ancestral sampler.
+
+    Args:
+        mask_id: id of the mask token.
+        strategy: one of ``REMDM_STRATEGIES``.
+        eta: remasking strength (paper: 0.04 for cap at T < L, 0.02 for loop at T >= L).
+        schedule: noise schedule name for non-loop strategies.
+        top_p: nucleus mass for x_theta, in (0, 1] (paper: 0.9).
+        t_on, t_off, alpha_on: loop / window parameters (paper: 0.55, 0.05, 0.9).
+        window: restrict cap/rescale/conf remasking to [t_off, t_on] (loop always uses it).
+    """
+
+    def __init__(
+        self,
+        mask_id: int,
+        strategy: str = "cap",
+        eta: float = 0.04,
+        schedule: str = "loglinear",
+        top_p: float = 0.9,
+        t_on: float = 0.55,
+        t_off: float = 0.05,
+        alpha_on: float = 0.9,
+        window: bool = False,
+    ) -> None:
+        if strategy not in REMDM_STRATEGIES:
+            raise ValueError(f"unknown ReMDM strategy {strategy!r}; valid: {', '.join(REMDM_STRATEGIES)}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"nucleus top_p must be in (0, 1], got {top_p}")
+        if eta < 0:
+            raise ValueError(f"ReMDM eta must be >= 0, got {eta}")
+        if not 0.0 <= t_off < t_on <= 1.0:
+            raise ValueError(f"need 0 <= t_off < t_on <= 1, got t_off={t_off}, t_on={t_on}")
+        if not 0.0 < alpha_on < 1.0:
+            raise ValueError(f"alpha_on must be in (0, 1), got {alpha_on}")
+        self.mask_id = mask_id
+        self.strategy = strategy
+        self.eta = eta
+        self.schedule = get_schedule(schedule)
+        self.top_p = top_p
+        self.t_on, self.t_off, self.alpha_on = t_on, t_off, alpha_on
+        self.window = window or strategy == "loop"
+        self.num_steps = 0
+        self._confidence: Tensor | None = None  # (B, L) prob of each decoded token when decoded
+
+    def set_timesteps(self, num_steps: int) -> None:
+        self.num_steps = check_num_steps(num_steps)
+        self._confidence = None
+
+    def time(self, step_index: int) -> float:
+        return step_index / self.num_steps
+
+    def _alpha(self, t: float) -> float:
+        if self.strategy != "loop":
+            return float(self.schedule.alpha(torch.tensor([t], dtype=torch.float64)))
+        if t > self.t_on:  # phase 1: 0 -> alpha_on
+            return self.alpha_on * (1.0 - t) / (1.0 - self.t_on)
+        if t >= self.t_off:  # phase 2: hold
+            return self.alpha_on
+        return self.alpha_on + (1.0 - self.alpha_on) * (self.t_off - t) / self.t_off  # phase 3
+
+    def alphas(self, step_index: int) -> tuple[float, float]:
+        """(alpha_t, alpha_s) at reverse step i."""
+        return self._alpha(step_index / self.num_steps), self._alpha((step_index - 1) / self.num_steps)
+
+    def initial_canvas(self, batch_size, seq_len, generator, device) -> Tensor:
+        return mask_canvas(batch_size, seq_len, self.mask_id, device)
+
+    def _sigma(self, step_index: int, alpha_t: float, alpha_s: float, z_t: Tensor) -> Tensor | float:
+        t = step_index / self.num_steps
+        in_window = self.t_off <= t <= self.t_on
+        if self.window and not in_window:
+            return 0.0
+        if self.strategy == "loop" and alpha_s != alpha_t:
+            return 0.0  # the boundary step entering/leaving the hold phase only unmasks
+        confidence = None
+        if self.strategy == "conf":
+            if self._confidence is None:
+                self._confidence = torch.full(z_t.shape, float("-inf"), dtype=torch.float64, device=z_t.device)
+            confidence = torch.where(z_t == self.mask_id, float("-inf"), self._confidence)
+        sigma = remdm_sigma(self.strategy, alpha_t, alpha_s, self.eta, confidence=confidence)
+        # sigma above sigma_max would give the masked branch a negative mask probability
+        return torch.minimum(torch.as_tensor(sigma, dtype=torch.float64), remdm_sigma_max(alpha_t, alpha_s))
+
+    def step(self, log_probs: Tensor, step_index: int, z_t: Tensor, generator=None) -> SamplerOutput:
+        check_step_index(step_index, self.num_steps)
+        alpha_t, alpha_s = self.alphas(step_index)
+        x0 = nucleus_filter(log_probs.double().exp(), self.top_p)  # (B, L, V)
+        sigma = self._sigma(step_index, alpha_t, alpha_s, z_t)
+        probs = remdm_posterior(x0, z_t, alpha_t, alpha_s, sigma, self.mask_id)
+        z_s = sample_categorical(probs, generator)
+        if self.strategy == "conf":
+            newly = (z_t == self.mask_id) & (z_s != self.mask_id)
+            picked = x0.gather(-1, z_s.clamp_max(x0.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+            assert self._confidence is not None
+            self._confidence = torch.where(newly, picked, self._confidence)
+            self._confidence = torch.where(z_s == self.mask_id, float("-inf"), self._confidence)
+        return SamplerOutput(prev_sample=z_s, x0_probs=x0)

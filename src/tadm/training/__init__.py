@@ -1,0 +1,1 @@
+"""Training: data, loop, checkpoints, distributed."""
