@@ -5,11 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tadm.diffusion import get_schedule, remdm_posterior, remdm_sigma, remdm_sigma_max
+from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_posterior, remdm_sigma, remdm_sigma_max
 from tadm.sampling.base import SamplerOutput, check_num_steps, check_step_index, mask_canvas
 from tadm.sampling.categorical import nucleus_filter, sample_categorical
-
-REMDM_STRATEGIES = ("cap", "rescale", "conf", "loop")
 
 
 class ReMDMSampler:
