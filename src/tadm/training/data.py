@@ -1,0 +1,625 @@
+"""Pretraining data: read a corpus, tokenize and pack it once into memory-mapped blocks, stream them.
+
+Three steps, each usable alone:
+
+1. :func:`load_texts` turns a *source* (a file, a directory, the bundled corpus ``"brown"`` or a
+   Hugging Face dataset such as the paper's ``"openwebtext"``) into an iterator of documents.
+2. :func:`build_packed_dataset` tokenizes the documents, holds out a seeded fraction of them for
+   validation, and packs each split MDLM-style ("wrap"): every document gets an EOS appended,
+   the documents are concatenated into one token stream, and the stream is cut into pieces of
+   ``seq_len - 2`` tokens, each stored as the block ``[BOS] + piece + [EOS]`` of length
+   ``seq_len``. Blocks therefore start and end mid-document; the tail of the stream shorter than
+   one piece is dropped. The blocks go to a ``numpy.memmap`` (``uint16`` when every id fits,
+   else ``uint32``) with a JSON sidecar, cached by tokenizer, source and ``seq_len``.
+3. :class:`PackedTokens` serves the blocks as a torch ``Dataset`` and :class:`BlockSampler`
+   draws deterministic, resumable, rank-sharded global batches of block indices.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+from tqdm.auto import tqdm
+
+from tadm.corpora import BUNDLED_CORPORA, bundled_corpus_path
+from tadm.training.tokenization import PackingTokenizer
+
+__all__ = [
+    "TEXT_SUFFIXES",
+    "BlockSampler",
+    "PackedSplits",
+    "PackedTokens",
+    "build_packed_dataset",
+    "load_texts",
+    "token_dtype",
+]
+
+# File types a local source may hold; ".gz" means gzip-compressed.
+TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz")
+_PATHLIKE_SUFFIXES = TEXT_SUFFIXES + (".json", ".gz", ".csv", ".parquet", ".arrow")
+# Files written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`.
+_HF_DISK_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+_PACK_FORMAT = 1
+_CHUNK_TOKENS = 1 << 22  # tokens copied per step while packing: bounds memory, not results
+
+
+# ============================================================================ reading documents
+def _suffix(path: Path) -> str | None:
+    name = path.name.lower()
+    return next((s for s in sorted(TEXT_SUFFIXES, key=len, reverse=True) if name.endswith(s)), None)
+
+
+def _looks_like_path(spec: str) -> bool:
+    if spec.startswith((".", "/", "~")) or spec.lower().endswith(_PATHLIKE_SUFFIXES):
+        return True
+    head = spec.split(os.sep, 1)[0]
+    return os.sep in spec and Path(head).is_dir()
+
+
+def _open_text(path: Path) -> Any:
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _read_txt(path: Path, doc_sep: str | None) -> Iterator[str]:
+    try:
+        with _open_text(path) as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not valid UTF-8: {err}") from err
+    yield from ([text] if doc_sep is None else text.split(doc_sep))
+
+
+def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
+            if not isinstance(row, dict) or text_field not in row:
+                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise ValueError(f"{path}:{lineno}: no field {text_field!r} (has {keys})")
+            text = row[text_field]
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not str")
+            yield text
+
+
+def _read_file(path: Path, text_field: str, doc_sep: str | None) -> Iterator[str]:
+    if _suffix(path) in (".jsonl", ".jsonl.gz"):
+        return _read_jsonl(path, text_field)
+    return _read_txt(path, doc_sep)
+
+
+def _dir_files(root: Path) -> list[Path]:
+    files = [p for p in root.rglob("*") if p.is_file() and _suffix(p) is not None]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _hf_hint(source: str) -> str:
+    bundled = ", ".join(repr(n) for n in sorted(BUNDLED_CORPORA))
+    return (
+        f"Offline, pass a local {'/'.join(TEXT_SUFFIXES)} file or a directory of them, or a "
+        f"bundled corpus ({bundled}), instead of {source!r}."
+    )
+
+
+def _import_datasets(source: str) -> Any:
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError(
+            f"{source!r} is not a local file or directory, so it would be loaded as a Hugging Face "
+            f"dataset, which needs `pip install datasets` and network access. {_hf_hint(source)}"
+        ) from err
+    return datasets
+
+
+def _hf_rows(source: str, split: str | None, local_dir: Path | None) -> Iterable[Any]:
+    datasets = _import_datasets(source)
+    split = split or "train"
+    try:
+        if local_dir is not None:
+            ds = datasets.load_from_disk(str(local_dir))
+        else:
+            ds = datasets.load_dataset(source, split=split)
+    except Exception as err:  # offline hub, unknown name, bad cache: one message for all
+        raise RuntimeError(
+            f"could not load Hugging Face dataset {source!r} (split {split!r}): {err}. {_hf_hint(source)}"
+        ) from err
+    if isinstance(ds, dict):  # a DatasetDict saved to disk
+        if split not in ds:
+            raise ValueError(f"dataset {source!r} has no split {split!r}; splits: {sorted(ds.keys())}")
+        ds = ds[split]
+    return ds
+
+
+def _read_hf(rows: Iterable[Any], source: str, text_field: str) -> Iterator[str]:
+    for i, row in enumerate(rows):
+        if text_field not in row:
+            raise ValueError(f"dataset {source!r} row {i} has no field {text_field!r} (has {sorted(row)})")
+        yield row[text_field]
+
+
+def _nonblank(docs: Iterator[str], source: str) -> Iterator[str]:
+    seen = False
+    for doc in docs:
+        if doc.strip():
+            seen = True
+            yield doc
+    if not seen:
+        raise ValueError(f"corpus {source!r} holds no non-blank text")
+
+
+def load_texts(
+    source: str | os.PathLike[str],
+    *,
+    text_field: str = "text",
+    split: str | None = None,
+    doc_sep: str | None = None,
+) -> Iterator[str]:
+    """Iterate over the documents of ``source``, skipping blank ones.
+
+    ``source`` is, in this order of precedence:
+
+    * a bundled corpus name, ``"brown"`` (see :mod:`tadm.corpora`; use ``"./brown"`` for a local
+      path of that name);
+    * a ``.txt`` / ``.txt.gz`` file: the whole file is ONE document, unless ``doc_sep`` is given
+      (e.g. ``"\\n\\n\\n"``), in which case it is split on that string;
+    * a ``.jsonl`` / ``.jsonl.gz`` file: one JSON object per line, text in ``text_field``;
+    * a directory: a dataset saved by Hugging Face ``datasets.save_to_disk``, or else every file
+      above found recursively, in sorted relative-path order;
+    * anything else is a Hugging Face hub dataset name (``"openwebtext"``), loaded with
+      ``datasets.load_dataset(source, split=split or "train")`` (needs ``datasets`` and network).
+
+    ``split`` selects a Hugging Face split; local sources have just one, so only ``None`` or
+    ``"train"`` is accepted for them (validation documents are held out by
+    :func:`build_packed_dataset`). Files, ``datasets`` and the hub are checked when this is
+    called; documents are read lazily.
+
+    Raises:
+        FileNotFoundError: ``source`` looks like a path (has a data-file suffix or starts with
+            ``.``, ``/``, ``~``) but does not exist.
+        ImportError / RuntimeError: a Hugging Face dataset was requested but ``datasets`` is
+            missing or the load failed; the message says how to supply a local file instead.
+        ValueError: (while iterating) the corpus holds no non-blank text, or a JSON line lacks
+            ``text_field``.
+    """
+    spec = os.fspath(source)
+    label = spec
+    if spec in BUNDLED_CORPORA:
+        _check_local_split(spec, split)
+        docs: Iterator[str] = _read_jsonl(bundled_corpus_path(spec), "text")
+        return _nonblank(docs, label)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if _suffix(path) is None:
+            raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(TEXT_SUFFIXES)}")
+        _check_local_split(spec, split)
+        return _nonblank(_read_file(path, text_field, doc_sep), label)
+    if path.is_dir():
+        if any((path / m).is_file() for m in _HF_DISK_MARKERS):
+            return _nonblank(_read_hf(_hf_rows(spec, split, path), spec, text_field), label)
+        _check_local_split(spec, split)
+        files = _dir_files(path)
+        if not files:
+            raise ValueError(f"directory {path} holds no {'/'.join(TEXT_SUFFIXES)} files")
+        docs = (d for f in files for d in _read_file(f, text_field, doc_sep))
+        return _nonblank(docs, label)
+    if _looks_like_path(spec):
+        raise FileNotFoundError(f"corpus file or directory {spec!r} does not exist")
+    return _nonblank(_read_hf(_hf_rows(spec, split, None), spec, text_field), label)
+
+
+def _check_local_split(source: str, split: str | None) -> None:
+    if split not in (None, "train"):
+        raise ValueError(
+            f"split={split!r} given for local source {source!r}, which has a single split; "
+            "pass split=None and hold out validation documents with val_fraction"
+        )
+
+
+# ============================================================================ packing
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id in ``[0, vocab_size)`` fits in 16 bits, else ``uint32``."""
+    if not 0 < vocab_size <= 2**32:
+        raise ValueError(f"vocab_size={vocab_size} must be in [1, 2**32]")
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
+
+class PackedTokens(Dataset[torch.Tensor]):
+    """Packed blocks of one split, read from a memory map: ``dataset[i]`` is a LongTensor (seq_len,).
+
+    Every block is ``[BOS] + seq_len - 2 tokens + [EOS]`` (see the module docstring). Opened from
+    the JSON sidecar written by :func:`build_packed_dataset`; the map is opened lazily in each
+    process, so the dataset pickles cheaply into ``DataLoader`` workers.
+    """
+
+    def __init__(self, sidecar: str | os.PathLike[str]) -> None:
+        self.sidecar = Path(sidecar)
+        self.meta: dict[str, Any] = json.loads(self.sidecar.read_text())
+        self.path = self.sidecar.with_name(self.meta["file"])
+        self.seq_len: int = int(self.meta["seq_len"])
+        self.num_blocks: int = int(self.meta["num_blocks"])
+        self.dtype = np.dtype(self.meta["dtype"])
+        self._data: np.ndarray | None = None
+
+    @property
+    def array(self) -> np.ndarray:
+        """The blocks as a read-only (num_blocks, seq_len) array (a memmap when non-empty)."""
+        if self._data is None:
+            if self.num_blocks == 0:  # numpy cannot map an empty file
+                self._data = np.empty((0, self.seq_len), dtype=self.dtype)
+            else:
+                self._data = np.memmap(
+                    self.path, dtype=self.dtype, mode="r", shape=(self.num_blocks, self.seq_len)
+                )
+        return self._data
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if not -self.num_blocks <= index < self.num_blocks:
+            raise IndexError(f"block {index} out of range for {self.num_blocks} blocks")
+        return torch.from_numpy(self.array[index].astype(np.int64))  # (L,)
+
+    def get_batch(self, indices: Sequence[int]) -> torch.Tensor:
+        """Blocks ``indices`` stacked: LongTensor (B, L)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_blocks):
+            raise IndexError(f"block indices must lie in [0, {self.num_blocks})")
+        return torch.from_numpy(self.array[idx].astype(np.int64))  # (B, L)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[torch.Tensor]:
+        # DataLoader's batched fetch: one fancy-indexed read instead of one read per block
+        return list(self.get_batch(indices).unbind(0))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_data": None}
+
+    def __repr__(self) -> str:
+        return f"PackedTokens({self.meta['split']!r}, num_blocks={self.num_blocks}, seq_len={self.seq_len})"
+
+
+@dataclass(frozen=True)
+class PackedSplits:
+    """Training and held-out blocks built from one corpus."""
+
+    train: PackedTokens
+    val: PackedTokens
+
+
+def _source_identity(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
+    """A canonical name for ``source`` and a stamp that changes when local files change."""
+    spec = os.fspath(source)
+    if spec in BUNDLED_CORPORA:
+        path = bundled_corpus_path(spec)
+        return f"bundled:{spec}", [path.stat().st_size]
+    path = Path(spec).expanduser()
+    if path.is_file():
+        st = path.stat()
+        return str(path.resolve()), [[path.name, st.st_size, st.st_mtime_ns]]
+    if path.is_dir():
+        files = [path / m for m in _HF_DISK_MARKERS if (path / m).is_file()] or _dir_files(path)
+        stamp = [[f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+        return str(path.resolve()), stamp
+    return f"hf:{spec}", []
+
+
+def _slug(name: str) -> str:
+    base = name.rstrip("/").rsplit("/", 1)[-1].split(":")[-1]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", base)[:48] or "corpus"
+
+
+def _sidecar_ok(sidecar: Path, expected: dict[str, Any]) -> bool:
+    try:
+        meta = json.loads(sidecar.read_text())
+        if any(meta.get(k) != v for k, v in expected.items()):
+            return False
+        data = sidecar.with_name(meta["file"])
+        nbytes = int(meta["num_blocks"]) * int(meta["seq_len"]) * np.dtype(meta["dtype"]).itemsize
+    except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable or foreign sidecar
+        return False
+    return data.is_file() and data.stat().st_size == nbytes
+
+
+def _tokenize_to_file(
+    docs: Iterable[str],
+    tokenizer: PackingTokenizer,
+    out: Path,
+    dtype: np.dtype,
+    progress: bool | None,
+    label: str,
+    batch_docs: int = 256,
+) -> np.ndarray:
+    """Write every document's ids + EOS to ``out``; return the per-document token counts."""
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    lengths: list[int] = []
+    eos = tokenizer.eos_id
+    bar = tqdm(desc=f"tokenizing {label}", unit="doc", disable=None if progress is None else not progress)
+    with open(out, "wb") as f:
+
+        def flush(batch: list[str]) -> None:
+            encoded = encode_batch(batch) if encode_batch else [tokenizer.encode(d) for d in batch]
+            sizes = [len(ids) + 1 for ids in encoded]
+            ends = np.cumsum(sizes)
+            flat = np.full(int(ends[-1]), eos, dtype=np.int64)  # EOS pre-filled after each document
+            for ids, end in zip(encoded, ends):
+                flat[end - 1 - len(ids) : end - 1] = ids
+            if flat.min() < 0 or flat.max() >= tokenizer.vocab_size:
+                raise ValueError(f"tokenizer produced ids outside [0, {tokenizer.vocab_size})")
+            f.write(flat.astype(dtype).tobytes())
+            lengths.extend(sizes)
+            bar.update(len(batch))
+
+        batch: list[str] = []
+        for doc in docs:
+            batch.append(doc)
+            if len(batch) == batch_docs:
+                flush(batch)
+                batch = []
+        if batch:
+            flush(batch)
+    bar.close()
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def _doc_runs(offsets: np.ndarray, doc_ids: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Token ranges [start, end) of ``doc_ids`` (sorted), consecutive documents merged."""
+    if doc_ids.size == 0:
+        return
+    breaks = np.flatnonzero(np.diff(doc_ids) != 1) + 1
+    for run in np.split(doc_ids, breaks):
+        yield int(offsets[run[0]]), int(offsets[run[-1] + 1])
+
+
+def _pack_split(
+    stream: np.ndarray, offsets: np.ndarray, doc_ids: np.ndarray, seq_len: int, bos: int, eos: int, out: Path
+) -> int:
+    """Wrap-pack the documents ``doc_ids`` of ``stream`` into ``out``; return the number of blocks."""
+    inner = seq_len - 2
+    carry = stream[:0]
+    n_blocks = 0
+    with open(out, "wb") as f:
+        for start, end in _doc_runs(offsets, doc_ids):
+            for lo in range(start, end, _CHUNK_TOKENS):
+                buf = np.concatenate([carry, stream[lo : min(end, lo + _CHUNK_TOKENS)]])
+                n = buf.size // inner
+                if n:
+                    blocks = np.empty((n, seq_len), dtype=stream.dtype)  # (n, L)
+                    blocks[:, 0] = bos
+                    blocks[:, 1:-1] = buf[: n * inner].reshape(n, inner)
+                    blocks[:, -1] = eos
+                    f.write(blocks.tobytes())
+                    n_blocks += n
+                carry = buf[n * inner :].copy()
+    return n_blocks
+
+
+def _hold_out(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
+    """Sorted ids of the validation documents: a seeded random ``val_fraction`` of them."""
+    if val_fraction == 0:
+        return np.zeros(0, dtype=np.int64)
+    if n_docs < 2:
+        raise ValueError(
+            f"a validation split needs at least 2 documents, the corpus has {n_docs}; pass val_fraction=0"
+        )
+    n_val = min(n_docs - 1, max(1, round(n_docs * val_fraction)))
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n_docs, generator=gen)
+    return np.sort(perm[:n_val].numpy()).astype(np.int64)
+
+
+def build_packed_dataset(
+    source: str | os.PathLike[str],
+    tokenizer: PackingTokenizer,
+    seq_len: int,
+    cache_dir: str | os.PathLike[str],
+    val_fraction: float = 0.01,
+    seed: int = 0,
+    *,
+    text_field: str = "text",
+    split: str | None = None,
+    doc_sep: str | None = None,
+    progress: bool | None = None,
+) -> PackedSplits:
+    """Tokenize ``source`` once, split it by documents, wrap-pack both splits into blocks.
+
+    ``val_fraction`` of the documents (rounded, at least one, at most all but one; none when it
+    is 0) are chosen by a permutation seeded with ``seed`` and form the validation split; both
+    splits keep corpus order. Each split is packed as described in the module docstring into
+    ``<cache_dir>/<name>-<key>/{train,val}.bin`` with ``{train,val}.json`` sidecars. The key
+    hashes the source, ``text_field``/``split``/``doc_sep``, the tokenizer fingerprint,
+    ``seq_len``, ``val_fraction`` and ``seed``; a later call with the same arguments reuses the
+    files without tokenizing, unless the sidecars disagree (e.g. a local source file changed
+    size or mtime), in which case they are rebuilt. Call it on one process first under
+    distributed training.
+
+    Returns:
+        ``PackedSplits(train, val)``; blocks are (seq_len,) LongTensors.
+
+    Raises:
+        ValueError: ``seq_len < 3``, ``val_fraction`` outside [0, 1), or a split holding fewer
+            than ``seq_len - 2`` tokens (the message gives both numbers); plus everything
+            :func:`load_texts` raises.
+    """
+    if seq_len < 3:
+        raise ValueError(f"seq_len={seq_len} is too short: a block is BOS + at least one token + EOS")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction} must be in [0, 1)")
+    name, stamp = _source_identity(source)
+    dtype = token_dtype(tokenizer.vocab_size)
+    settings = {
+        "format": _PACK_FORMAT,
+        "source": name,
+        "text_field": text_field,
+        "hf_split": split,
+        "doc_sep": doc_sep,
+        "tokenizer_fingerprint": tokenizer.fingerprint(),
+        "vocab_size": tokenizer.vocab_size,
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "seq_len": seq_len,
+        "dtype": dtype.name,
+        "val_fraction": val_fraction,
+        "seed": seed,
+    }
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    out_dir = Path(cache_dir) / f"{_slug(name)}-{key}"
+    expected = settings | {"source_stamp": stamp}
+    sidecars = {s: out_dir / f"{s}.json" for s in ("train", "val")}
+    if all(_sidecar_ok(sidecars[s], expected | {"split": s}) for s in sidecars):
+        return PackedSplits(train=PackedTokens(sidecars["train"]), val=PackedTokens(sidecars["val"]))
+
+    docs = load_texts(source, text_field=text_field, split=split, doc_sep=doc_sep)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for sidecar in sidecars.values():  # invalidate first: a crash below leaves no stale sidecar
+        sidecar.unlink(missing_ok=True)
+    tmp = f".tmp-{os.getpid()}"
+    all_path = out_dir / f"documents.bin{tmp}"
+    try:
+        lengths = _tokenize_to_file(docs, tokenizer, all_path, dtype, progress, _slug(name))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])  # (n_docs + 1,)
+        val_ids = _hold_out(lengths.size, val_fraction, seed)
+        is_val = np.zeros(lengths.size, dtype=bool)
+        is_val[val_ids] = True
+        split_ids = {"train": np.flatnonzero(~is_val), "val": val_ids}
+        n_tokens = {s: int(lengths[ids].sum()) for s, ids in split_ids.items()}
+        for s in ("train", "val") if val_fraction > 0 else ("train",):
+            if n_tokens[s] < seq_len - 2:
+                hint = " (raise val_fraction)" if s == "val" else ""
+                raise ValueError(
+                    f"the {s} split of {name!r} has {n_tokens[s]} tokens ({len(split_ids[s])} documents, "
+                    f"EOS included), but one block of seq_len={seq_len} needs {seq_len - 2}{hint}"
+                )
+        stream = np.memmap(all_path, dtype=dtype, mode="r") if offsets[-1] else np.zeros(0, dtype)
+        for s, ids in split_ids.items():
+            bin_tmp = out_dir / f"{s}.bin{tmp}"
+            n_blocks = _pack_split(stream, offsets, ids, seq_len, tokenizer.bos_id, tokenizer.eos_id, bin_tmp)
+            os.replace(bin_tmp, out_dir / f"{s}.bin")
+            meta = expected | {
+                "split": s,
+                "file": f"{s}.bin",
+                "num_blocks": n_blocks,
+                "num_tokens": n_tokens[s],
+                "dropped_tokens": n_tokens[s] - n_blocks * (seq_len - 2),
+                "num_documents": int(ids.size),
+                "num_corpus_documents": int(lengths.size),
+            }
+            if s == "val":
+                meta["val_document_ids"] = ids.tolist()
+            side_tmp = out_dir / f"{s}.json{tmp}"
+            side_tmp.write_text(json.dumps(meta, indent=1) + "\n")
+            os.replace(side_tmp, sidecars[s])
+        del stream
+    finally:
+        for leftover in out_dir.glob(f"*{tmp}"):
+            leftover.unlink(missing_ok=True)
+    return PackedSplits(train=PackedTokens(sidecars["train"]), val=PackedTokens(sidecars["val"]))
+
+
+# ============================================================================ batches
+def _epoch_seed(seed: int, epoch: int) -> int:
+    digest = hashlib.sha256(f"tadm-blocks:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class BlockSampler(Sampler[list[int]]):
+    """Deterministic, resumable, rank-sharded batches of block indices (a ``batch_sampler``).
+
+    ``batch_size`` is the GLOBAL batch size. Epoch ``e`` visits the blocks in a permutation
+    seeded by ``(seed, e)``; step ``s`` takes global batch ``s % steps_per_epoch`` of epoch
+    ``s // steps_per_epoch`` (the ``num_blocks % batch_size`` left-over blocks of each
+    permutation are skipped), and rank ``r`` gets its ``r``-th contiguous slice of
+    ``batch_size // world_size`` indices. The global batch of a step depends only on
+    ``(num_blocks, batch_size, seed, step)``, so a run may resume on a different world size.
+
+    Iterating yields this rank's batches forever from the current step, counting them in
+    ``step``; ``state_dict()`` records that count. A ``DataLoader`` prefetches, so the sampler
+    runs ahead of the training loop: resume from the loop's own count of consumed batches,
+    ``BlockSampler(..., start_step=consumed)``. Use as
+    ``DataLoader(packed, batch_sampler=BlockSampler(len(packed), ...))``.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        start_step: int = 0,
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if batch_size < 1 or batch_size % world_size:
+            raise ValueError(f"global batch_size={batch_size} must be a positive multiple of world_size={world_size}")
+        if num_blocks < batch_size:
+            raise ValueError(f"num_blocks={num_blocks} is smaller than one global batch of {batch_size}")
+        if start_step < 0:
+            raise ValueError(f"start_step={start_step} must be >= 0")
+        super().__init__()
+        self.num_blocks, self.batch_size, self.seed = num_blocks, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.step = start_step
+        self._perm_epoch = -1
+        self._perm = torch.empty(0, dtype=torch.long)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_blocks // self.batch_size
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.batch_size // self.world_size
+
+    def epoch_permutation(self, epoch: int) -> torch.Tensor:
+        """The block order of ``epoch``: LongTensor (num_blocks,)."""
+        if epoch != self._perm_epoch:
+            gen = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+            self._perm = torch.randperm(self.num_blocks, generator=gen)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def global_batch(self, step: int) -> list[int]:
+        """All ranks' indices of ``step``, in rank order (``batch_size`` of them)."""
+        epoch, j = divmod(step, self.steps_per_epoch)
+        perm = self.epoch_permutation(epoch)
+        return perm[j * self.batch_size : (j + 1) * self.batch_size].tolist()
+
+    def batch_indices(self, step: int) -> list[int]:
+        """This rank's indices of ``step``."""
+        b = self.local_batch_size
+        return self.global_batch(step)[self.rank * b : (self.rank + 1) * b]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            indices = self.batch_indices(self.step)
+            self.step += 1
+            yield indices
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step, "seed": self.seed, "num_blocks": self.num_blocks, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from ``state['step']``; seed, num_blocks and batch_size must match."""
+        for k in ("seed", "num_blocks", "batch_size"):
+            if state[k] != getattr(self, k):
+                raise ValueError(f"sampler state has {k}={state[k]}, this sampler has {getattr(self, k)}")
+        self.step = int(state["step"])
