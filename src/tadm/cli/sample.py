@@ -1,93 +1,15 @@
-"""Command-line entry point: ``tadm sample | compute`` (and more as the library grows)."""
+"""``tadm sample``: generate with anchor-cache inference (Algorithm 1) from a checkpoint or a builder."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Sequence
 
-from tadm.sampling.protocol import LayerSplit
-
-
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2."""
+from tadm.cli.common import CLIError
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
-
-
-def _nonnegative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
-    return number
-
-
-# ---------------------------------------------------------------------------------------------- compute
-def _add_compute(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "compute",
-        help="analytic Transformer-layer calls of anchor-cache inference (paper Eq. 9 / Table 2)",
-        description="Layer calls C = T (L_S + L_D) + ceil(T/K) L_A for one generation, normalised to a baseline.",
-    )
-    p.add_argument("--shared-layers", type=_nonnegative_int, default=0, metavar="N")
-    p.add_argument("--anchor-layers", type=_nonnegative_int, required=True, metavar="N")
-    p.add_argument("--denoiser-layers", type=_nonnegative_int, required=True, metavar="N")
-    p.add_argument("--steps", type=_positive_int, nargs="+", required=True, metavar="T")
-    p.add_argument("--refresh", type=_positive_int, nargs="+", default=[1], metavar="K")
-    p.add_argument(
-        "--baseline-layers",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="normalise to an uncached N-layer model (paper: 12, MDLM); default: this split at K=1",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON (one object for one (T, K), else a list)")
-    p.set_defaults(func=_run_compute)
-
-
-def _run_compute(args: argparse.Namespace) -> int:
-    from tadm.eval.compute import compute_row
-
-    split = LayerSplit(args.shared_layers, args.anchor_layers, args.denoiser_layers)
-    rows = [
-        compute_row("model", split, t, k, baseline_layers=args.baseline_layers)
-        for t in args.steps
-        for k in args.refresh
-    ]
-    if args.json:
-        dicts = []
-        for row in rows:
-            d = row.as_dict()
-            d.pop("name")
-            d.update(shared_layers=split.shared, anchor_layers=split.anchor, denoiser_layers=split.denoiser)
-            dicts.append(d)
-        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts))
-        return 0
-    print(f"layer split: shared={split.shared} anchor={split.anchor} denoiser={split.denoiser}")
-    print(f"{'T':>6} {'K':>4} {'layer calls':>12} {'baseline':>10} {'relative':>9}")
-    for row in rows:
-        print(
-            f"{row.num_steps:>6} {row.refresh_interval:>4} {row.layer_calls:>12} "
-            f"{row.baseline_layer_calls:>10} {row.relative:>8.2f}x"
-        )
-    return 0
-
-
-# ----------------------------------------------------------------------------------------------- sample
-def _add_sample(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     from tadm.sampling.registry import SAMPLERS
 
     p = sub.add_parser(
@@ -110,7 +32,7 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--progress", action="store_true", help="show a progress bar over reverse steps")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_run_sample)
+    p.set_defaults(func=run)
 
 
 def _load_any_model(name_or_path: str):
@@ -142,7 +64,7 @@ def _load_tokenizer(args: argparse.Namespace):
     return TextTokenizer.load(candidate)
 
 
-def _run_sample(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import torch
 
     from tadm.sampling import generate, get_sampler
@@ -214,26 +136,3 @@ def _run_sample(args: argparse.Namespace) -> int:
         f"{out.seconds:.2f}s, {tokens_per_second:.1f} tokens/s"
     )
     return 0
-
-
-# ------------------------------------------------------------------------------------------------- main
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tadm", description="Time-anchored diffusion language models.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_sample(sub)
-    _add_compute(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (CLIError, ValueError, FileNotFoundError) as err:
-        print(f"tadm {args.command}: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""``tadm compute``: the analytic Transformer-layer cost of anchor-cache inference (Eq. 9, Table 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tadm.cli.common import nonnegative_int, positive_int
+from tadm.sampling.protocol import LayerSplit
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compute",
+        help="analytic Transformer-layer calls of anchor-cache inference (paper Eq. 9 / Table 2)",
+        description="Layer calls C = T (L_S + L_D) + ceil(T/K) L_A for one generation, normalised to a baseline.",
+    )
+    p.add_argument("--shared-layers", type=nonnegative_int, default=0, metavar="N")
+    p.add_argument("--anchor-layers", type=nonnegative_int, required=True, metavar="N")
+    p.add_argument("--denoiser-layers", type=nonnegative_int, required=True, metavar="N")
+    p.add_argument("--steps", type=positive_int, nargs="+", required=True, metavar="T")
+    p.add_argument("--refresh", type=positive_int, nargs="+", default=[1], metavar="K")
+    p.add_argument(
+        "--baseline-layers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="normalise to an uncached N-layer model (paper: 12, MDLM); default: this split at K=1",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON (one object for one (T, K), else a list)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tadm.eval.compute import compute_row
+
+    split = LayerSplit(args.shared_layers, args.anchor_layers, args.denoiser_layers)
+    rows = [
+        compute_row("model", split, t, k, baseline_layers=args.baseline_layers)
+        for t in args.steps
+        for k in args.refresh
+    ]
+    if args.json:
+        dicts = []
+        for row in rows:
+            d = row.as_dict()
+            d.pop("name")
+            d.update(shared_layers=split.shared, anchor_layers=split.anchor, denoiser_layers=split.denoiser)
+            dicts.append(d)
+        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts))
+        return 0
+    print(f"layer split: shared={split.shared} anchor={split.anchor} denoiser={split.denoiser}")
+    print(f"{'T':>6} {'K':>4} {'layer calls':>12} {'baseline':>10} {'relative':>9}")
+    for row in rows:
+        print(
+            f"{row.num_steps:>6} {row.refresh_interval:>4} {row.layer_calls:>12} "
+            f"{row.baseline_layer_calls:>10} {row.relative:>8.2f}x"
+        )
+    return 0

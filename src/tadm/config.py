@@ -1,0 +1,181 @@
+"""Experiment configuration: dataclass schemas, YAML presets, dotted overrides, strict validation.
+
+Only entry points (the CLI, the trainer) see an ``ExperimentConfig``; components take their own
+typed arguments. A preset is a YAML file with any subset of the sections below; ``load_config``
+merges it onto the defaults, then applies ``key=value`` overrides (``train.max_steps=200``).
+Unknown keys and values of the wrong type raise ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+ARCHITECTURES = ("tadm", "mdlm", "adlm", "ar")
+MODEL_PRESETS = ("tiny", "small")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the offending key in the message."""
+
+
+@dataclass
+class ModelSection:
+    """Which network to train: ``arch``-``preset`` builder plus field overrides of its config."""
+
+    arch: str = "tadm"
+    preset: str = "tiny"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataSection:
+    """Corpus, tokenizer and packing (see ``tadm.training.data``)."""
+
+    source: str = "brown"  # the bundled corpus, a file/dir/.jsonl, or a datasets name
+    text_field: str = "text"
+    tokenizer: str = "bpe"  # "bpe" (trained on the corpus), "gpt2", or a tokenizer directory
+    tokenizer_vocab_size: int = 4096  # for "bpe"
+    seq_len: int = 128
+    val_fraction: float = 0.02
+    cache_dir: str = ".tadm-cache"
+
+
+@dataclass
+class ObjectiveSection:
+    """Noise schedule, time sampling and the T-ANELBO's stale-anchor settings (appendix "TADM:Pretrain")."""
+
+    schedule: str = "loglinear"
+    eps: float = 1e-3
+    antithetic: bool = True
+    gamma: float = 0.0  # anchor supervision weight: 0 = TADM-dagger, 3e-3 = TADM-double-dagger
+    refresh_intervals: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    step_budgets: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096])
+
+
+@dataclass
+class OptimSection:
+    """AdamW and the learning-rate schedule (paper: lr 3e-4, betas (0.9, 0.999), no weight decay)."""
+
+    lr: float = 3e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 2500
+    lr_schedule: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+
+
+@dataclass
+class TrainSection:
+    """Loop length, batching, logging, checkpointing, EMA, precision and seed."""
+
+    max_steps: int = 1000
+    global_batch_size: int = 32
+    micro_batch_size: int = 32  # per device; accumulation = global / (micro * world size)
+    log_every: int = 10
+    eval_every: int = 200
+    eval_batches: int = 8
+    save_every: int = 500
+    ema: float = 0.9999
+    seed: int = 0
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    device: str = "auto"
+    out_dir: str = "runs/tadm"
+
+
+@dataclass
+class ExperimentConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    objective: ObjectiveSection = field(default_factory=ObjectiveSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fail(err: OmegaConfBaseException, origin: str) -> ConfigError:
+    key = getattr(err, "full_key", None)
+    first = str(err).splitlines()[0]
+    where = f" (key '{key}')" if key else ""
+    return ConfigError(f"{origin}: {first}{where}")
+
+
+def _validate(cfg: ExperimentConfig) -> None:
+    def positive(name: str, value: float) -> None:
+        if value <= 0:
+            raise ConfigError(f"{name} must be > 0, got {value}")
+
+    if cfg.model.arch not in ARCHITECTURES:
+        raise ConfigError(f"model.arch {cfg.model.arch!r} is unknown; valid: {', '.join(ARCHITECTURES)}")
+    if cfg.model.preset not in MODEL_PRESETS:
+        raise ConfigError(f"model.preset {cfg.model.preset!r} is unknown; valid: {', '.join(MODEL_PRESETS)}")
+    for name in ("seq_len", "tokenizer_vocab_size"):
+        positive(f"data.{name}", getattr(cfg.data, name))
+    if not 0.0 < cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
+    if cfg.objective.gamma < 0:
+        raise ConfigError(f"objective.gamma must be >= 0, got {cfg.objective.gamma}")
+    if not 0.0 < cfg.objective.eps < 1.0:
+        raise ConfigError(f"objective.eps must be in (0, 1), got {cfg.objective.eps}")
+    for name in ("refresh_intervals", "step_budgets"):
+        values = getattr(cfg.objective, name)
+        if not values or any(v < 1 for v in values):
+            raise ConfigError(f"objective.{name} must be a non-empty list of integers >= 1, got {list(values)}")
+    positive("optim.lr", cfg.optim.lr)
+    if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
+        raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(cfg.optim.betas)}")
+    if cfg.optim.lr_schedule not in ("constant", "cosine"):
+        raise ConfigError(f"optim.lr_schedule {cfg.optim.lr_schedule!r} is unknown; valid: constant, cosine")
+    if cfg.optim.warmup_steps < 0:
+        raise ConfigError(f"optim.warmup_steps must be >= 0, got {cfg.optim.warmup_steps}")
+    for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every", "eval_every", "eval_batches",
+                 "save_every"):
+        positive(f"train.{name}", getattr(cfg.train, name))
+    if cfg.train.global_batch_size % cfg.train.micro_batch_size:
+        raise ConfigError(
+            f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "
+            f"train.micro_batch_size ({cfg.train.micro_batch_size})"
+        )
+    if not 0.0 <= cfg.train.ema < 1.0:
+        raise ConfigError(f"train.ema must be in [0, 1), got {cfg.train.ema}")
+    if cfg.train.precision not in ("auto", "fp32", "bf16"):
+        raise ConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: auto, fp32, bf16")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Defaults <- YAML preset at ``path`` <- ``key=value`` overrides, validated strictly."""
+    schema = OmegaConf.structured(ExperimentConfig)
+    merged = schema
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        try:
+            preset = OmegaConf.load(path)
+            merged = OmegaConf.merge(merged, preset)
+        except OmegaConfBaseException as err:
+            raise _fail(err, str(path)) from None
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"overrides must look like section.key=value, got {bad[0]!r}")
+    try:
+        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise _fail(err, "overrides") from None
+    assert isinstance(cfg, ExperimentConfig)
+    _validate(cfg)
+    return cfg
+
+
+def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (saved beside every checkpoint and result)."""
+    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

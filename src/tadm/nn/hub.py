@@ -1,0 +1,243 @@
+"""Saving, loading and naming models: ``save_pretrained`` / ``from_pretrained`` and the registries.
+
+A saved model is a directory (or a Hugging Face Hub repository) holding
+
+* ``config.json``: the model's config dataclass as JSON plus ``"model_type"`` ("tadm", "mdlm",
+  "adlm" or "ar"), so that :func:`load_model` can rebuild the right class;
+* ``model.safetensors``: the state dict.
+
+Every network in :mod:`tadm.nn` inherits :class:`HubMixin` (a thin layer over
+``huggingface_hub.PyTorchModelHubMixin``, which also provides ``push_to_hub`` and a model card)
+and declares its ``model_type`` in the class statement, which files it in :data:`MODEL_CLASSES`.
+Size presets ("tadm-small", "mdlm-tiny", ...) are plain builder functions filed in
+:data:`MODEL_BUILDERS` with :func:`register_builder`; :func:`build_model` picks one by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from pathlib import Path
+from typing import Any, Callable, ClassVar, TypeVar
+
+import torch
+from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from huggingface_hub.utils import validate_repo_id
+from safetensors.torch import load_model as _load_safetensors
+from safetensors.torch import save_model as _save_safetensors
+from torch import nn
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+MODEL_TYPE_KEY = "model_type"
+
+MODEL_CLASSES: dict[str, type[HubMixin]] = {}
+"""``model_type`` -> model class; filled by each class statement that names a ``model_type``."""
+
+MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {}
+"""Preset name ("tadm-small", "mdlm-tiny", ...) -> builder ``f(**overrides) -> model``."""
+
+_MODEL_MODULES = ("tadm.nn.tadm", "tadm.nn.baselines")
+
+TINY_SIZES: dict[str, Any] = dict(
+    vocab_size=65,
+    hidden_size=32,
+    num_heads=2,
+    cond_dim=16,
+    dropout=0.0,
+    max_seq_len=64,
+)
+"""Sizes shared by the "*-tiny" presets: 64 tokens + mask, d = 32, 2 heads, cond_dim 16, no dropout."""
+
+M = TypeVar("M", bound="HubMixin")
+F = TypeVar("F", bound=Callable[..., nn.Module])
+
+
+class HubMixin(PyTorchModelHubMixin):
+    """``save_pretrained`` / ``from_pretrained`` for a module whose ``__init__`` takes one config dataclass.
+
+    Subclasses are declared as ``class TADM(nn.Module, HubMixin, model_type="tadm")``, set
+    ``config_class`` to their config dataclass and store the config as ``self.config``.
+    Loading is strict: unknown config keys, a different ``model_type``, and missing or unexpected
+    weights are errors.
+    """
+
+    model_type: ClassVar[str]
+    config_class: ClassVar[type]
+    config: Any
+
+    def __init_subclass__(cls, *, model_type: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("library_name", "tadm")
+        super().__init_subclass__(**kwargs)
+        if model_type is not None:
+            cls.model_type = model_type
+            MODEL_CLASSES[model_type] = cls
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """Write ``model.safetensors`` and ``config.json`` (called by ``save_pretrained``)."""
+        save_directory = Path(save_directory)
+        _save_safetensors(self, str(save_directory / WEIGHTS_NAME))  # type: ignore[arg-type]
+        payload = {MODEL_TYPE_KEY: self.model_type, **dataclasses.asdict(self.config)}
+        (save_directory / CONFIG_NAME).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_pretrained(  # type: ignore[override]
+        cls: type[M],
+        pretrained_model_name_or_path: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        strict: bool = True,
+        revision: str | None = None,
+        cache_dir: str | Path | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool = False,
+        force_download: bool = False,
+    ) -> M:
+        """Load a model saved by ``save_pretrained`` from a local directory or a Hub repository id.
+
+        Raises FileNotFoundError when neither a local directory nor a downloadable repository holds
+        ``config.json`` and ``model.safetensors``; ValueError when ``config.json`` describes another
+        model type or carries unknown keys. The model is returned in eval mode on ``device``.
+        """
+        hub = dict(
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=local_files_only,
+            force_download=force_download,
+        )
+        config_file = resolve_file(pretrained_model_name_or_path, CONFIG_NAME, **hub)
+        raw = read_config(config_file)
+        found = raw.get(MODEL_TYPE_KEY)
+        if found != cls.model_type:
+            raise ValueError(
+                f"{config_file} describes a model of type {found!r}, but {cls.__name__} loads "
+                f"{cls.model_type!r}; use tadm.nn.load_model to pick the class from config.json"
+            )
+        config = config_from_dict(cls.config_class, raw, source=str(config_file))
+        weights_file = resolve_file(pretrained_model_name_or_path, WEIGHTS_NAME, **hub)
+        model = cls(config).to(device)  # type: ignore[call-arg]
+        missing, unexpected = _load_safetensors(model, str(weights_file), strict=False, device=str(device))
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"{weights_file} does not match {cls.__name__}({config}): "
+                f"missing keys {sorted(missing)}, unexpected keys {sorted(unexpected)}"
+            )
+        model.eval()  # type: ignore[attr-defined]
+        return model
+
+
+def resolve_file(
+    name_or_path: str | Path,
+    filename: str,
+    *,
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool = False,
+    force_download: bool = False,
+) -> Path:
+    """Path of ``filename`` inside a saved-model directory, downloading it if a Hub id is given."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        found = path / filename
+        if not found.is_file():
+            raise FileNotFoundError(
+                f"{found} does not exist; a saved model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}"
+            )
+        return found
+    if path.exists():
+        raise FileNotFoundError(
+            f"{path} is a file; pass the directory that holds {CONFIG_NAME} and {WEIGHTS_NAME}"
+        )
+    name = str(name_or_path)
+    if not _is_repo_id(name):
+        raise FileNotFoundError(f"model directory {name!r} does not exist")
+    try:
+        downloaded = hf_hub_download(
+            repo_id=name,
+            filename=filename,
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=local_files_only,
+            force_download=force_download,
+        )
+    except Exception as err:  # the Hub raises many error types; all mean "not available"
+        raise FileNotFoundError(
+            f"{name!r} is not a local directory, and {filename} could not be fetched from the "
+            f"Hugging Face Hub repository {name!r}: {err}"
+        ) from err
+    return Path(downloaded)
+
+
+def _is_repo_id(name: str) -> bool:
+    if name.startswith((".", "/", "~")) or "\\" in name:
+        return False
+    try:
+        validate_repo_id(name)
+    except ValueError:  # HFValidationError subclasses ValueError
+        return False
+    return True
+
+
+def read_config(config_file: str | Path) -> dict[str, Any]:
+    """Parse a ``config.json``; a non-object payload is a ValueError naming the file."""
+    raw = json.loads(Path(config_file).read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_file} must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def config_from_dict(config_class: type, raw: dict[str, Any], *, source: str = "config") -> Any:
+    """Build ``config_class`` from a parsed ``config.json`` (``model_type`` dropped), rejecting unknown keys."""
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    values = {k: v for k, v in raw.items() if k != MODEL_TYPE_KEY}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(
+            f"{source}: unknown {config_class.__name__} keys {unknown}; valid keys: {sorted(fields)}"
+        )
+    return config_class(**values)
+
+
+def _import_models() -> None:
+    # The model modules file their classes and builders when first imported.
+    for module in _MODEL_MODULES:
+        importlib.import_module(module)
+
+
+def register_builder(name: str) -> Callable[[F], F]:
+    """Decorator filing a size preset ``f(**overrides) -> model`` under ``name`` in MODEL_BUILDERS."""
+
+    def decorate(builder: F) -> F:
+        MODEL_BUILDERS[name] = builder
+        return builder
+
+    return decorate
+
+
+def build_model(name: str, **overrides: Any) -> nn.Module:
+    """Build the preset ``name`` (e.g. "tadm-small", "mdlm-tiny") with config ``overrides``."""
+    _import_models()
+    if name not in MODEL_BUILDERS:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODEL_BUILDERS))}")
+    return MODEL_BUILDERS[name](**overrides)
+
+
+def load_model(name_or_path: str | Path, **kwargs: Any) -> nn.Module:
+    """Load any saved tadm model, choosing the class from ``config.json["model_type"]``.
+
+    ``kwargs`` go to the class's ``from_pretrained`` (``device``, ``strict``, Hub options).
+    """
+    _import_models()
+    hub_keys = ("revision", "cache_dir", "token", "local_files_only", "force_download")
+    config_file = resolve_file(name_or_path, CONFIG_NAME, **{k: kwargs[k] for k in hub_keys if k in kwargs})
+    model_type = read_config(config_file).get(MODEL_TYPE_KEY)
+    if model_type not in MODEL_CLASSES:
+        raise ValueError(
+            f"{config_file} names model_type {model_type!r}; valid model types: "
+            f"{', '.join(sorted(MODEL_CLASSES))}"
+        )
+    return MODEL_CLASSES[model_type].from_pretrained(name_or_path, **kwargs)  # type: ignore[return-value]

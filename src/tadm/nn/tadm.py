@@ -1,0 +1,193 @@
+"""The time-anchored diffusion LM of TADM:Pretraining: shared S, anchor A, fusion Phi, denoiser D.
+
+Section "Model Decomposition" and appendix "TADM:Pretrain":
+
+* S: the token embedding, run on the current state ``z_t`` (and on the stale state ``z_t'``);
+* A: ``anchor_layers`` DiT blocks producing the cacheable anchor ``h_t'``;
+* Phi: :class:`~tadm.nn.fusion.GatedResidualFusion` of ``c_t = S(z_t)`` with ``h_t'``;
+* D: ``denoiser_layers`` DiT blocks and a DiT output layer, SUBS-parameterised.
+
+An optional anchor LM head (a second output layer on ``h``) is used only in training, for the
+anchor loss with gamma > 0 (Eq. (anchor-loss)); it is not part of the inference graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from tadm.nn.dit import (
+    DiTStack,
+    FinalLayer,
+    TimestepEmbedder,
+    check_bool,
+    check_dropout,
+    check_heads,
+    check_int,
+    check_mask_token,
+    remove_mask_log_probs,
+    subs_log_probs,
+    time_condition,
+    token_embedding,
+)
+from tadm.nn.fusion import GatedResidualFusion
+from tadm.nn.hub import TINY_SIZES, HubMixin, register_builder
+from tadm.sampling.protocol import LayerSplit
+
+
+@dataclass
+class TADMConfig:
+    """Sizes of a TADM network. Defaults are the paper's small model (224M inference parameters)."""
+
+    vocab_size: int = 50258  # GPT-2's 50257 tokens + the mask token
+    mask_token_id: int | None = None  # None: vocab_size - 1
+    hidden_size: int = 768
+    num_heads: int = 12
+    anchor_layers: int = 12
+    denoiser_layers: int = 6
+    cond_dim: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.1
+    max_seq_len: int = 1024
+    time_conditioning: bool = False
+    anchor_lm_head: bool = True  # training-only head for the anchor loss (gamma > 0)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        check_int(owner, "vocab_size", self.vocab_size, minimum=2)
+        sizes = ("hidden_size", "num_heads", "anchor_layers", "denoiser_layers", "cond_dim", "mlp_ratio", "max_seq_len")
+        for name in sizes:
+            check_int(owner, name, getattr(self, name))
+        check_heads(owner, self.hidden_size, self.num_heads)
+        check_mask_token(owner, self.mask_token_id, self.vocab_size)
+        check_dropout(owner, "dropout", self.dropout)
+        check_bool(owner, "time_conditioning", self.time_conditioning)
+        check_bool(owner, "anchor_lm_head", self.anchor_lm_head)
+
+    @property
+    def resolved_mask_token_id(self) -> int:
+        """The mask token id, ``vocab_size - 1`` unless set explicitly."""
+        return self.vocab_size - 1 if self.mask_token_id is None else self.mask_token_id
+
+
+@dataclass
+class TADMOutput:
+    """What :meth:`TADM.forward` returns."""
+
+    log_probs: Tensor  # (B, L, V) SUBS log-probabilities of x_theta(z_t, z_t')
+    anchor_log_probs: Tensor | None  # (B, L, V) anchor LM head log-probabilities, or None without the head
+    anchor_hidden: Tensor  # (B, L, D) the anchor h_t' = A(S(z_t'))
+
+
+class TADM(nn.Module, HubMixin, model_type="tadm"):
+    """Time-anchored diffusion LM; satisfies :class:`tadm.sampling.protocol.CacheableDenoiser`.
+
+    Fresh prediction: ``x_theta(z_t) = D(Phi(S(z_t), A(S(z_t))))``; with a cached anchor from
+    ``z_t'``: ``x_theta(z_t, z_t') = D(Phi(S(z_t), A(S(z_t'))))``, Eq. (DenoiserOp).
+    """
+
+    config_class = TADMConfig
+
+    def __init__(self, config: TADMConfig | None = None) -> None:
+        super().__init__()
+        config = TADMConfig() if config is None else config
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.mask_token_id: int | None = config.resolved_mask_token_id
+        self.layer_split = LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers)
+        d = config.hidden_size
+        blocks = dict(
+            hidden_size=d,
+            num_heads=config.num_heads,
+            cond_dim=config.cond_dim,
+            mlp_ratio=config.mlp_ratio,
+            dropout=config.dropout,
+        )
+        self.embed = token_embedding(config.vocab_size, d)
+        self.time_embed = TimestepEmbedder(config.cond_dim)
+        self.anchor = DiTStack(config.anchor_layers, **blocks)
+        self.fusion = GatedResidualFusion(d)
+        self.denoiser = DiTStack(config.denoiser_layers, **blocks)
+        self.head = FinalLayer(d, config.vocab_size, config.cond_dim)
+        self.anchor_head = FinalLayer(d, config.vocab_size, config.cond_dim) if config.anchor_lm_head else None
+
+    def _cond(self, t: Tensor | None, ref: Tensor) -> Tensor:
+        return time_condition(self.time_embed, t, ref.shape[0], ref.device, self.config.time_conditioning)
+
+    def encode(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
+        """S: token ids (B, L) -> current-state representation c_t (B, L, D). ``t`` is unused."""
+        if z_t.dim() != 2:
+            raise ValueError(f"token ids must have shape (B, L), got {tuple(z_t.shape)}")
+        if z_t.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"sequence length {z_t.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
+        return self.embed(z_t)  # (B, L, D)
+
+    def compute_anchor(self, c: Tensor, t: Tensor | None = None) -> Tensor:
+        """A: representation c_t' (B, L, D) -> cacheable anchor h_t' (B, L, D) (no final norm)."""
+        return self.anchor(c, self._cond(t, c))
+
+    def fuse(self, c: Tensor, h: Tensor) -> Tensor:
+        """Phi: current c_t (B, L, D) and cached h_t' (B, L, D) -> fused h~_{t|t'} (B, L, D)."""
+        return self.fusion(c, h)
+
+    def denoise(self, h_tilde: Tensor, z_t: Tensor, t: Tensor | None = None) -> Tensor:
+        """D: fused anchor (B, L, D) -> SUBS log-probabilities (B, L, V) of x_theta given z_t (B, L)."""
+        cond = self._cond(t, h_tilde)  # (B, cond_dim)
+        logits = self.head(self.denoiser(h_tilde, cond), cond)  # (B, L, V)
+        return subs_log_probs(logits, z_t, self.config.resolved_mask_token_id)
+
+    def predict(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> Tensor:
+        """Fusion + denoiser: ``denoise(fuse(c_t, anchor), z_t, t)`` -> (B, L, V) log-probabilities."""
+        return self.denoise(self.fuse(c_t, anchor), z_t, t)
+
+    def anchor_log_probs(self, h: Tensor, t: Tensor | None = None) -> Tensor:
+        """Training-only anchor LM head: h (B, L, D) -> (B, L, V) log-probabilities; the mask token gets NEG_INF."""
+        if self.anchor_head is None:
+            raise RuntimeError("this TADM was built with anchor_lm_head=False and has no anchor LM head")
+        logits = self.anchor_head(h, self._cond(t, h))  # (B, L, V)
+        return remove_mask_log_probs(logits, self.config.resolved_mask_token_id)
+
+    def forward(
+        self,
+        z_t: Tensor,
+        z_anchor: Tensor | None = None,
+        t: Tensor | None = None,
+        t_anchor: Tensor | None = None,
+    ) -> TADMOutput:
+        """Prediction for ``z_t`` (B, L) with the anchor computed from ``z_anchor`` (B, L).
+
+        ``z_anchor`` None means a fresh anchor from ``z_t`` (S runs once). ``t_anchor`` defaults to
+        ``t``; both matter only with time conditioning. Anchor log-probabilities are returned when
+        the config has the anchor LM head.
+        """
+        c_t = self.encode(z_t, t)  # (B, L, D)
+        if t_anchor is None:
+            t_anchor = t
+        if z_anchor is None:
+            c_anchor = c_t
+        else:
+            if z_anchor.shape != z_t.shape:
+                raise ValueError(f"z_anchor shape {tuple(z_anchor.shape)} differs from z_t shape {tuple(z_t.shape)}")
+            c_anchor = self.encode(z_anchor, t_anchor)  # (B, L, D)
+        h = self.compute_anchor(c_anchor, t_anchor)  # (B, L, D)
+        log_probs = self.predict(z_t, c_t, h, t)  # (B, L, V)
+        anchor_lp = self.anchor_log_probs(h, t_anchor) if self.anchor_head is not None else None
+        return TADMOutput(log_probs=log_probs, anchor_log_probs=anchor_lp, anchor_hidden=h)
+
+    def inference_parameters(self) -> int:
+        """Unique parameters of the inference graph (S, A, Phi, D), i.e. without the anchor LM head."""
+        return sum(p.numel() for name, p in self.named_parameters() if not name.startswith("anchor_head."))
+
+
+@register_builder("tadm-small")
+def tadm_small(**overrides: Any) -> TADM:
+    """The paper's TADM: d = 768, 12 heads, 12 anchor + 6 denoiser layers (224M inference parameters)."""
+    return TADM(TADMConfig(**overrides))
+
+
+@register_builder("tadm-tiny")
+def tadm_tiny(**overrides: Any) -> TADM:
+    """A test-sized TADM: vocab 65, d = 32, 2 heads, 2 anchor + 1 denoiser layers."""
+    return TADM(TADMConfig(**{**TINY_SIZES, "anchor_layers": 2, "denoiser_layers": 1, **overrides}))
