@@ -1,0 +1,74 @@
+import json
+
+import pytest
+
+from tadm.cli import main
+from tadm.nn import tadm_tiny
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compute_json_reports_table2_layer_calls(capsys):
+    code, out, _ = _run(capsys, "compute", "--shared-layers", "0", "--anchor-layers", "12", "--denoiser-layers", "6",
+                        "--steps", "1024", "--refresh", "8", "--json")
+    assert code == 0
+    record = json.loads(out)
+    assert record["layer_calls"] == 7680  # Table 2, TADM at T = 1024, K = 8
+    assert record["baseline_layer_calls"] == 1024 * 18
+
+
+def test_compute_table_normalised_to_mdlm(capsys):
+    code, out, _ = _run(capsys, "compute", "--anchor-layers", "12", "--denoiser-layers", "6", "--steps", "2048",
+                        "--refresh", "4", "--baseline-layers", "12", "--json")
+    assert json.loads(out)["relative_to_baseline"] == pytest.approx(0.75)
+
+
+def test_sample_json_counts_layers(capsys):
+    code, out, _ = _run(capsys, "sample", "--model", "tadm-tiny", "--steps", "8", "--refresh", "2", "--length", "16",
+                        "--batch-size", "2", "--sampler", "remdm-cap", "--json")
+    assert code == 0
+    record = json.loads(out)
+    assert len(record["token_ids"]) == 2 and len(record["token_ids"][0]) == 16
+    # tadm-tiny: 2 anchor + 1 denoiser layers; T = 8, K = 2 -> 8 * 1 + 4 * 2
+    assert record["layer_calls"]["total"] == 16
+    assert record["refresh_steps"] == [8, 6, 4, 2]
+
+
+def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
+    tadm_tiny().save_pretrained(tmp_path / "ckpt")
+    args = ("sample", "--model", str(tmp_path / "ckpt"), "--steps", "6", "--length", "8", "--seed", "3", "--json")
+    _, first, _ = _run(capsys, *args)
+    _, second, _ = _run(capsys, *args)
+    assert json.loads(first)["token_ids"] == json.loads(second)["token_ids"]
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["sample", "--refresh", "0"], "refresh interval K must be an integer >= 1, got 0"),
+        (["sample", "--steps", "0"], "number of steps T must be an integer >= 1, got 0"),
+        (["sample", "--sampler", "ddim"], "unknown sampler 'ddim'"),
+        (["sample", "--schedule", "sqrt"], "sqrt"),
+        (["sample", "--length", "100000"], "--length 100000"),
+        (["sample", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+        (["sample", "--top-p", "0"], "top_p must be in (0, 1], got 0"),
+        (["sample", "--model", "no/such/dir/here"], "no/such/dir/here"),
+        (["sample", "--eta", "0.1"], "--eta applies to ReMDM samplers"),
+    ],
+)
+def test_bad_input_gives_one_line_error(capsys, argv, needle):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_compute_rejects_zero_refresh(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["compute", "--anchor-layers", "12", "--denoiser-layers", "6", "--steps", "8", "--refresh", "0"])
+    assert exc.value.code == 2
+    assert "must be >= 1, got 0" in capsys.readouterr().err
