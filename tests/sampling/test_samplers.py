@@ -101,3 +101,22 @@ def test_unknown_sampler_and_bad_parameters():
         MDLMSampler(MASK, schedule="sqrt")
     with pytest.raises(ValueError, match="strategy"):
         ReMDMSampler(MASK, "sometimes")
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.05])
+def test_factorised_transition_samples_the_remdm_posterior(sigma):
+    from tadm.diffusion import remdm_move_probs
+    from tadm.sampling.masked_transition import masked_transition
+
+    N = 60_000
+    x0 = torch.tensor([0.6, 0.3, 0.1, 0.0, 0.0, 0.0])  # SUBS: no mass on the mask id (5)
+    z = torch.tensor([[MASK, 2]]).expand(N, 2).contiguous()
+    a_t, a_s = 0.4, 0.55
+    lp = x0.clamp_min(1e-30).log().expand(N, 2, V).contiguous()
+    unmask, remask = remdm_move_probs(z, a_t, a_s, sigma)
+    z_s, _, _ = masked_transition(lp, z, unmask, remask, MASK, 1.0, torch.Generator().manual_seed(0))
+    expected = remdm_posterior(x0.double().expand(1, 2, V), z[:1], a_t, a_s, sigma, MASK)[0]  # (2, V)
+    for pos in range(2):
+        freq = torch.bincount(z_s[:, pos], minlength=V).double() / N
+        std = (expected[pos] * (1 - expected[pos]) / N).sqrt()
+        assert torch.all((freq - expected[pos]).abs() <= 5 * std + 1e-9), (pos, freq, expected[pos])

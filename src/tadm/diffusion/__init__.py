@@ -19,6 +19,7 @@ from tadm.diffusion.losses import (
 from tadm.diffusion.posteriors import (
     REMDM_STRATEGIES,
     masked_posterior,
+    remdm_move_probs,
     remdm_posterior,
     remdm_sigma,
     remdm_sigma_max,
@@ -55,6 +56,7 @@ __all__ = [
     "masked_posterior",
     "remdm_sigma_max",
     "remdm_sigma",
+    "remdm_move_probs",
     "remdm_posterior",
     "usdm_posterior",
     # losses

@@ -25,6 +25,7 @@ __all__ = [
     "remdm_sigma_max",
     "remdm_sigma",
     "remdm_posterior",
+    "remdm_move_probs",
     "usdm_posterior",
     "REMDM_STRATEGIES",
 ]
@@ -168,6 +169,33 @@ def remdm_sigma(
     return eta_conf * sigma_max.to(device=conf.device, dtype=conf.dtype)
 
 
+def remdm_move_probs(
+    z_t: Tensor, alpha_t: Tensor | float, alpha_s: Tensor | float, sigma: Tensor | float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Per-token move probabilities of the remasking posterior, Eq. (remdm-param) / (inf-post-TADM).
+
+    The reverse step factorises: a masked token is unmasked, to a draw of x_theta, with probability
+    (a_s - (1 - sigma) a_t) / (1 - a_t) and otherwise stays masked; a decoded token is remasked with
+    probability sigma and otherwise kept. sigma = 0 gives MDLM, Eq. (mdlm-posterior-unk). Weights made
+    slightly negative by rounding (or by a sigma above sigma_max) are clamped at 0 and renormalised.
+
+    Args:
+        z_t: (B, L) current token ids (only its shape and device are used).
+        alpha_t, alpha_s: schedule values at t and s < t.
+        sigma: remasking probability; scalar, (B,), (B, 1) or (B, L).
+
+    Returns:
+        (unmask_prob, remask_prob), each (B, L) in float64.
+    """
+    a_t = _per_token(alpha_t, z_t, dtype=torch.float64)  # (B, L)
+    a_s = _per_token(alpha_s, z_t, dtype=torch.float64)  # (B, L)
+    sig = _per_token(sigma, z_t, dtype=torch.float64)  # (B, L)
+    one_minus_at = _safe_den(1.0 - a_t)
+    coef_x = ((a_s - (1.0 - sig) * a_t) / one_minus_at).clamp_min(0.0)
+    coef_m = ((1.0 - a_s - sig * a_t) / one_minus_at).clamp_min(0.0)
+    return coef_x / _safe_den(coef_x + coef_m), sig
+
+
 def remdm_posterior(
     x_probs: Tensor,
     z_t: Tensor,
@@ -176,15 +204,14 @@ def remdm_posterior(
     sigma: Tensor | float,
     mask_id: int,
 ) -> Tensor:
-    """ReMDM / TADM reverse step, Eq. (remdm-param) and (inf-post-TADM).
+    """ReMDM / TADM reverse step, Eq. (remdm-param) and (inf-post-TADM), as (B, L, V) probabilities.
 
     Unmasked: (1 - sigma) one_hot(z_t) + sigma m  (carry-over: x_theta = z_t there).
     Masked:   (a_s - (1 - sigma) a_t) / (1 - a_t) x_theta + (1 - a_s - sigma a_t) / (1 - a_t) m.
 
     With sigma = 0 this is ``masked_posterior``. With x_theta = one_hot(x) it keeps the marginals of
     Eq. (fwd): a sample of q(z_t | x) stepped through it is masked with probability 1 - a_s.
-    Coefficients made slightly negative by rounding (or a sigma above sigma_max) are clamped at 0
-    and the two weights renormalised, so rows always sum to 1.
+    The weights come from ``remdm_move_probs`` (clamped and renormalised), so rows always sum to 1.
 
     Args:
         x_probs: (B, L, V) predicted clean-token distribution.
@@ -198,15 +225,11 @@ def remdm_posterior(
     """
     dtype = x_probs.dtype
     V = x_probs.shape[-1]
-    a_t = _per_token(alpha_t, z_t, dtype=dtype).unsqueeze(-1)  # (B, L, 1)
-    a_s = _per_token(alpha_s, z_t, dtype=dtype).unsqueeze(-1)  # (B, L, 1)
-    sig = _per_token(sigma, z_t, dtype=dtype).unsqueeze(-1)  # (B, L, 1)
-    one_minus_at = _safe_den(1.0 - a_t)
-    coef_x = ((a_s - (1.0 - sig) * a_t) / one_minus_at).clamp_min(0.0)  # (B, L, 1)
-    coef_m = ((1.0 - a_s - sig * a_t) / one_minus_at).clamp_min(0.0)  # (B, L, 1)
-    total = _safe_den(coef_x + coef_m)
-    masked_row = (coef_x / total) * x_probs  # (B, L, V)
-    masked_row[..., mask_id] += (coef_m / total).squeeze(-1)
+    unmask, remask = remdm_move_probs(z_t, alpha_t, alpha_s, sigma)
+    unmask = unmask.to(dtype).unsqueeze(-1)  # (B, L, 1)
+    sig = remask.to(dtype).unsqueeze(-1)  # (B, L, 1)
+    masked_row = unmask * x_probs  # (B, L, V)
+    masked_row[..., mask_id] += (1.0 - unmask).squeeze(-1)
     keep_row = (1.0 - sig) * F.one_hot(z_t, V).to(dtype)  # (B, L, V)
     keep_row[..., mask_id] += sig.squeeze(-1)
     return torch.where((z_t == mask_id).unsqueeze(-1), masked_row, keep_row)

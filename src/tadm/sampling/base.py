@@ -20,11 +20,9 @@ class SamplerOutput:
     """One reverse step's result.
 
     prev_sample: the next canvas z_s, token ids (B, L).
-    x0_probs: the (possibly nucleus-filtered) clean-token distribution used for the step, (B, L, V).
     """
 
     prev_sample: Tensor
-    x0_probs: Tensor
 
 
 class Sampler(Protocol):

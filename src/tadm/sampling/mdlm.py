@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tadm.diffusion import get_schedule, masked_posterior
+from tadm.diffusion import get_schedule, remdm_move_probs
 from tadm.sampling.base import SamplerOutput, check_num_steps, check_step_index, mask_canvas
-from tadm.sampling.categorical import nucleus_filter, sample_categorical
+from tadm.sampling.masked_transition import masked_transition
 
 
 class MDLMSampler:
@@ -48,7 +48,6 @@ class MDLMSampler:
     def step(self, log_probs: Tensor, step_index: int, z_t: Tensor, generator=None) -> SamplerOutput:
         check_step_index(step_index, self.num_steps)
         alpha_t, alpha_s = self.alphas(step_index)
-        x0 = nucleus_filter(log_probs.double().exp(), self.top_p)  # (B, L, V)
-        probs = masked_posterior(x0, z_t, alpha_t, alpha_s, self.mask_id)
-        z_s = sample_categorical(probs, generator)
-        return SamplerOutput(prev_sample=torch.where(z_t == self.mask_id, z_s, z_t), x0_probs=x0)
+        unmask_prob, _ = remdm_move_probs(z_t, alpha_t, alpha_s, 0.0)  # (B, L)
+        z_s, _, _ = masked_transition(log_probs, z_t, unmask_prob, None, self.mask_id, self.top_p, generator)
+        return SamplerOutput(prev_sample=z_s)

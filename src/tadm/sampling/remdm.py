@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_posterior, remdm_sigma, remdm_sigma_max
+from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_move_probs, remdm_sigma, remdm_sigma_max
 from tadm.sampling.base import SamplerOutput, check_num_steps, check_step_index, mask_canvas
-from tadm.sampling.categorical import nucleus_filter, sample_categorical
+from tadm.sampling.masked_transition import masked_transition
 
 
 class ReMDMSampler:
@@ -109,14 +109,13 @@ class ReMDMSampler:
     def step(self, log_probs: Tensor, step_index: int, z_t: Tensor, generator=None) -> SamplerOutput:
         check_step_index(step_index, self.num_steps)
         alpha_t, alpha_s = self.alphas(step_index)
-        x0 = nucleus_filter(log_probs.double().exp(), self.top_p)  # (B, L, V)
         sigma = self._sigma(step_index, alpha_t, alpha_s, z_t)
-        probs = remdm_posterior(x0, z_t, alpha_t, alpha_s, sigma, self.mask_id)
-        z_s = sample_categorical(probs, generator)
+        unmask_prob, remask_prob = remdm_move_probs(z_t, alpha_t, alpha_s, sigma)  # (B, L) each
+        z_s, rows, confidence = masked_transition(
+            log_probs, z_t, unmask_prob, remask_prob, self.mask_id, self.top_p, generator
+        )
         if self.strategy == "conf":
-            newly = (z_t == self.mask_id) & (z_s != self.mask_id)
-            picked = x0.gather(-1, z_s.clamp_max(x0.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
             assert self._confidence is not None
-            self._confidence = torch.where(newly, picked, self._confidence)
+            self._confidence[rows[:, 0], rows[:, 1]] = confidence
             self._confidence = torch.where(z_s == self.mask_id, float("-inf"), self._confidence)
-        return SamplerOutput(prev_sample=z_s, x0_probs=x0)
+        return SamplerOutput(prev_sample=z_s)

@@ -1,0 +1,266 @@
+"""DiffusionGemma's entropy-bound sampler (paper Algorithm 2) and its optional adaptive stopping.
+
+A uniform-state sampler that never calls a network: it receives the denoiser's raw logits for the
+canvas ``z_n`` at reverse step ``n`` (``n = T, ..., 1``) and returns ``z_{n-1}``:
+
+1. temperature ``tau_n = tau_min + (tau_max - tau_min) n / T`` and ``p_n = softmax(L_n / tau_n)``;
+2. a candidate canvas ``x~_n ~ Cat(p_n)`` and the greedy canvas ``x^_n = argmax p_n``;
+3. per-position entropies ``H_l`` sorted ascending (``pi``); position ``pi_m`` is accepted when
+   ``C_m - M_m <= eta`` with ``C_m`` the cumulative and ``M_m`` the running-max entropy (the sum of
+   the accepted entropies but the largest, an upper bound on their joint mutual information);
+4. accepted positions take ``x~_n``, all others are re-noised uniformly over the vocabulary.
+
+After the last step (``n = 1``) the output is the greedy canvas ``x^_1``. The temperature-scaled
+logits ``L_n / tau_n`` are returned too: the next decoder call turns them into the
+self-conditioning signal ``s = p_n E``.
+
+Compatibility with ``transformers``' ``DiffusionGemmaForBlockDiffusion.generate`` (checked in the
+tests): with ``categorical="multinomial"`` the random stream is consumed exactly like the released
+sampler (one ``randint`` canvas, then per step one ``multinomial`` draw and one ``randint``
+re-noising canvas, also at ``n = 1`` where both are discarded), the temperature is computed in
+float32 from an int32 step tensor as there, and entropies use ``torch.distributions.Categorical``,
+so the same seed gives the same tokens. ``categorical="gumbel"`` draws ``x~_n`` with the float64
+Gumbel-max of :func:`tadm.sampling.categorical.sample_categorical` instead (same distribution,
+different stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tadm.sampling.base import check_num_steps, check_step_index
+from tadm.sampling.categorical import sample_categorical
+
+__all__ = [
+    "CATEGORICAL_DRAWS",
+    "EntropyBoundOutput",
+    "EntropyBoundSampler",
+    "StableConfidentStopping",
+    "entropy_bound_accept",
+    "token_entropy",
+]
+
+CATEGORICAL_DRAWS = ("multinomial", "gumbel")
+
+
+def _randint(high: int, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """Uniform ids in [0, high), drawn on the generator's device (a CPU generator can seed CUDA work)."""
+    where = generator.device if generator is not None else device
+    return torch.randint(0, high, shape, generator=generator, device=where).to(device)
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy in nats of softmax(logits) per position: (B, L, V) -> (B, L).
+
+    Computed by ``torch.distributions.Categorical``, as the released DiffusionGemma sampler does, so
+    that sorting and acceptance see bit-identical values.
+    """
+    return torch.distributions.Categorical(logits=logits, validate_args=False).entropy()
+
+
+def entropy_bound_accept(entropy: Tensor, entropy_bound: float) -> Tensor:
+    """Positions accepted by the entropy bound (Algorithm 2): (B, L) entropies -> (B, L) bool.
+
+    Sorting ascending gives ``pi``; ``C_m = sum_{r <= m} H_{pi_r}`` and, the order being ascending,
+    ``M_m = H_{pi_m}``; ``pi_m`` is accepted iff ``C_m - M_m <= eta``. The lowest-entropy position is
+    therefore always accepted (``C_1 - M_1 = 0``).
+    """
+    sorted_entropy, order = torch.sort(entropy, dim=-1, descending=False)  # (B, L)
+    cumulative = torch.cumsum(sorted_entropy, dim=-1)  # (B, L)
+    accepted_sorted = cumulative - sorted_entropy <= entropy_bound  # (B, L)
+    return torch.scatter(torch.zeros_like(accepted_sorted), -1, order, accepted_sorted)
+
+
+@dataclass
+class EntropyBoundOutput:
+    """One step of Algorithm 2 (``prev_sample`` is what every tadm sampler step returns).
+
+    prev_sample: the next canvas z_{n-1} (B, L); at n = 1 the greedy canvas.
+    x0_probs: p_n = softmax(L_n / tau_n) (B, L, V), float32.
+    argmax: the greedy canvas x^_n (B, L).
+    scaled_logits: L_n / tau_n (B, L, V), float32; the next step's self-conditioning logits.
+    accepted: positions that took the sampled token (B, L) bool.
+    entropy: per-position entropy of p_n (B, L).
+    """
+
+    prev_sample: Tensor
+    x0_probs: Tensor
+    argmax: Tensor
+    scaled_logits: Tensor
+    accepted: Tensor
+    entropy: Tensor
+
+
+class EntropyBoundSampler:
+    """Entropy-bound sampling over a uniform-noise canvas (Algorithm 2), diffusers-style.
+
+    ``set_timesteps(T)`` then, for ``n = T, ..., 1``, ``step(logits, n, z_n, generator)``. ``n`` may
+    also be a (B,) tensor of per-row step indices (used by training rollouts, where rows sit at
+    different points of the grid); the temperature is then per row.
+
+    Args:
+        vocab_size: V, the number of ids the canvas and the noise range over.
+        entropy_bound: eta > 0 (paper: 0.1).
+        temperature_max: tau at n = T (paper: 0.8).
+        temperature_min: tau as n -> 0 (paper: 0.4); the schedule is linear in n / T.
+        num_steps: T, the fixed step budget (paper: 48).
+        categorical: "multinomial" (the released sampler's draws) or "gumbel" (float64 Gumbel-max).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        entropy_bound: float = 0.1,
+        temperature_max: float = 0.8,
+        temperature_min: float = 0.4,
+        num_steps: int = 48,
+        categorical: str = "multinomial",
+    ) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+            raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
+        if not entropy_bound > 0:
+            raise ValueError(f"entropy_bound (eta) must be > 0, got {entropy_bound!r}")
+        if not 0 < temperature_min <= temperature_max:
+            raise ValueError(
+                f"temperatures must satisfy 0 < temperature_min <= temperature_max, got "
+                f"min={temperature_min!r}, max={temperature_max!r}"
+            )
+        if categorical not in CATEGORICAL_DRAWS:
+            raise ValueError(f"unknown categorical draw {categorical!r}; valid: {', '.join(CATEGORICAL_DRAWS)}")
+        self.vocab_size = vocab_size
+        self.entropy_bound = float(entropy_bound)
+        self.temperature_max = float(temperature_max)
+        self.temperature_min = float(temperature_min)
+        self.categorical = categorical
+        self.num_steps = check_num_steps(num_steps)
+
+    def set_timesteps(self, num_steps: int) -> None:
+        """Use ``num_steps`` reverse steps; the sampler keeps no other per-run state."""
+        self.num_steps = check_num_steps(num_steps)
+
+    def time(self, step_index: int) -> float:
+        """t(n) = n / T (the sampler itself is time-free; for time-conditioned networks only)."""
+        return step_index / self.num_steps
+
+    def temperature(self, step_index: int | Tensor, device: torch.device | None = None) -> Tensor:
+        """tau_n = tau_min + (tau_max - tau_min) n / T as float32: a 0-d tensor, or (B, 1, 1) for (B,) steps.
+
+        Evaluated like the released sampler (an int32 step tensor divided by T in float32), so that the
+        scaled logits match it bit for bit.
+        """
+        if isinstance(step_index, Tensor):
+            n = step_index.to(device=device if device is not None else step_index.device, dtype=torch.int32)
+            if n.dim() == 1:
+                n = n[:, None, None]  # (B, 1, 1)
+            elif n.dim() != 0:
+                raise ValueError(f"step_index must be an int, a 0-d or a (B,) tensor; got shape {tuple(n.shape)}")
+        else:
+            n = torch.tensor(step_index, dtype=torch.int32, device=device)
+        return self.temperature_min + (self.temperature_max - self.temperature_min) * (n / self.num_steps)
+
+    def _check_steps(self, step_index: int | Tensor) -> None:
+        if isinstance(step_index, Tensor):
+            if step_index.numel() and (int(step_index.min()) < 1 or int(step_index.max()) > self.num_steps):
+                raise ValueError(
+                    f"step indices must be in 1..{self.num_steps}, got values in "
+                    f"[{int(step_index.min())}, {int(step_index.max())}]"
+                )
+        else:
+            check_step_index(step_index, self.num_steps)
+
+    def scale_logits(self, logits: Tensor, step_index: int | Tensor) -> Tensor:
+        """L_n / tau_n in float32: (B, L, V) -> (B, L, V)."""
+        return logits.float() / self.temperature(step_index, device=logits.device)
+
+    def initial_canvas(
+        self, batch_size: int, seq_len: int, generator: torch.Generator | None, device: torch.device
+    ) -> Tensor:
+        """The uniform prior: ids drawn uniformly from the vocabulary, (B, L)."""
+        return _randint(self.vocab_size, (batch_size, seq_len), generator, torch.device(device))
+
+    def _draw(self, probs: Tensor, generator: torch.Generator | None) -> Tensor:
+        B, L, V = probs.shape
+        if self.categorical == "gumbel":
+            return sample_categorical(probs, generator)  # (B, L)
+        flat = probs.view(-1, V)  # (B*L, V)
+        if generator is not None and generator.device != probs.device:
+            return torch.multinomial(flat.to(generator.device), 1, generator=generator).to(probs.device).view(B, L)
+        return torch.multinomial(flat, num_samples=1, generator=generator).view(B, L)
+
+    def step(
+        self, logits: Tensor, step_index: int | Tensor, z_t: Tensor, generator: torch.Generator | None = None
+    ) -> EntropyBoundOutput:
+        """One reverse step of Algorithm 2.
+
+        Args:
+            logits: raw denoiser logits L_n (B, L, V) (log-probabilities work too: softmax is
+                shift-invariant, though then not bit-identical to the released sampler).
+            step_index: n in 1..T, an int or a (B,) tensor.
+            z_t: the current canvas z_n (B, L).
+            generator: source of randomness.
+
+        Returns:
+            EntropyBoundOutput with ``prev_sample`` = z_{n-1} (the greedy canvas where n == 1).
+        """
+        self._check_steps(step_index)
+        if logits.dim() != 3 or logits.shape[:2] != z_t.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} must be (B, L, V) for a canvas of shape {tuple(z_t.shape)}")
+        scaled = self.scale_logits(logits, step_index)  # (B, L, V)
+        probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)  # (B, L, V)
+        candidate = self._draw(probs, generator)  # (B, L)
+        argmax = torch.argmax(scaled, dim=-1)  # (B, L)
+        entropy = token_entropy(scaled)  # (B, L)
+        accepted = entropy_bound_accept(entropy, self.entropy_bound)  # (B, L)
+        kept = torch.where(accepted, candidate, z_t)  # (B, L)
+        noise = _randint(self.vocab_size, tuple(z_t.shape), generator, z_t.device)  # (B, L)
+        renoised = torch.where(~accepted, noise, kept)  # (B, L)
+        if isinstance(step_index, Tensor):
+            last = (step_index.to(z_t.device) == 1)[:, None] if step_index.dim() == 1 else step_index == 1
+            prev = torch.where(last, argmax, renoised)
+        else:
+            # The draws at n = 1 are made and discarded, as the released sampler does.
+            prev = argmax if step_index == 1 else renoised
+        return EntropyBoundOutput(
+            prev_sample=prev, x0_probs=probs, argmax=argmax, scaled_logits=scaled, accepted=accepted, entropy=entropy
+        )
+
+
+class StableConfidentStopping:
+    """DiffusionGemma's adaptive stopping: stop a row once its greedy canvas is stable and confident.
+
+    Stable: the greedy canvas equals each of the previous ``stability_threshold`` greedy canvases
+    (0 = always stable). Confident: the mean per-position entropy of the temperature-scaled logits
+    is below ``confidence_threshold``. Off in the paper's evaluations (a fixed step budget).
+    """
+
+    def __init__(self, stability_threshold: int = 1, confidence_threshold: float = 0.005) -> None:
+        if isinstance(stability_threshold, bool) or not isinstance(stability_threshold, int) or stability_threshold < 0:
+            raise ValueError(f"stability_threshold must be an integer >= 0, got {stability_threshold!r}")
+        if not confidence_threshold > 0:
+            raise ValueError(f"confidence_threshold must be > 0, got {confidence_threshold!r}")
+        self.stability_threshold = stability_threshold
+        self.confidence_threshold = float(confidence_threshold)
+        self._history: Tensor | None = None
+
+    def reset(self) -> None:
+        """Forget the greedy-canvas history (call at the start of every canvas)."""
+        self._history = None
+
+    def __call__(self, argmax: Tensor, scaled_logits: Tensor) -> Tensor:
+        """(B, L) greedy canvas and (B, L, V) scaled logits -> (B,) bool: which rows may stop."""
+        B = argmax.shape[0]
+        if self.stability_threshold == 0:
+            stable = torch.ones(B, dtype=torch.bool, device=argmax.device)
+        else:
+            if self._history is None:
+                self._history = torch.full(
+                    (self.stability_threshold, *argmax.shape), -1, dtype=argmax.dtype, device=argmax.device
+                )  # (S, B, L)
+            stable = (self._history == argmax[None]).all(dim=-1).all(dim=0)  # (B,)
+            self._history = torch.roll(self._history, shifts=-1, dims=0)
+            self._history[-1] = argmax
+        confident = token_entropy(scaled_logits).mean(dim=-1) < self.confidence_threshold  # (B,)
+        return stable & confident
