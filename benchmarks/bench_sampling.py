@@ -4,7 +4,7 @@
     python benchmarks/bench_sampling.py --device cuda --dtype bfloat16 --sizes small --length 1024
 
 For each model size and refresh interval K it generates ``--batch-size`` sequences of ``--length``
-tokens with ``--steps`` reverse steps (MDLM sampler, random weights: speed does not depend on the
+tokens with ``--steps`` reverse steps (``--sampler``, random weights: speed does not depend on the
 weights) and prints tokens/s (all L positions counted, as in the paper), the measured speedup over
 K = 1, and the analytic Transformer-layer ratio C(K=1) / C(K) of Eq. (anchor-cache-compute).
 """
@@ -36,7 +36,7 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(model, args, K: int, device: torch.device) -> float:
-    sampler = get_sampler("mdlm", model.mask_token_id)
+    sampler = get_sampler(args.sampler, model.mask_token_id)
     seconds = []
     for rep in range(args.warmup + args.repeats):
         g = torch.Generator(device=device).manual_seed(rep)
@@ -60,12 +60,13 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--sampler", default="mdlm", help="mdlm, remdm-cap (top-p 0.9), remdm-loop, ...")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = p.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    print(f"device={device} dtype={args.dtype} steps T={args.steps} length L={args.length} batch={args.batch_size} "
+    print(f"device={device} sampler={args.sampler} dtype={args.dtype} steps T={args.steps} length L={args.length} batch={args.batch_size} "
           f"threads={torch.get_num_threads()}")
     print(f"{'model':<6} {'split S/A/D':>11} {'K':>3} {'tokens/s':>10} {'speedup':>8} {'analytic':>9}")
     for size in args.sizes:
