@@ -1,0 +1,103 @@
+"""TADM:Post-train: turn a frozen pretrained diffusion LM into a time-anchored one by training a fusion.
+
+* :mod:`~tadm.posttrain.backbone` - adapters exposing a layer-stack LM stage by stage
+  (``DiffusionGemmaForBlockDiffusion`` from ``transformers``, tadm's MDLM);
+* :mod:`~tadm.posttrain.model` - :class:`AnchoredBackbone`: shared / anchor / denoiser split plus the
+  paired-attention fusion, a :class:`~tadm.sampling.protocol.CacheableDenoiser`;
+* :mod:`~tadm.posttrain.generate` - block-wise generation over a prompt (Algorithm 2 inside
+  Algorithm 1, with the prompt KV cache);
+* :mod:`~tadm.posttrain.rollout` - the on-policy rollouts of Eq. (anchor-sft-rollout);
+* :mod:`~tadm.posttrain.trainer` - the cache objective, Eq. (anchor-sft-objective), and the loop;
+* :mod:`~tadm.posttrain.data` - chat JSONL -> (context, canvas) pairs;
+* :mod:`~tadm.posttrain.adapter_io` - the fusion saved apart from the backbone.
+
+Importing this package does not import ``transformers``; it is loaded when a DiffusionGemma
+backbone is built or loaded.
+"""
+
+from tadm.posttrain.adapter_io import AdapterConfig, attach_adapter, load_adapter_config, save_adapter
+from tadm.posttrain.backbone import (
+    BACKBONES,
+    DiffusionGemmaBackbone,
+    LayerStackBackbone,
+    MDLMBackbone,
+    PromptCache,
+    StackContext,
+    load_backbone,
+    wrap_backbone,
+)
+from tadm.posttrain.data import (
+    CanvasBatch,
+    CanvasExample,
+    ChatCanvasDataset,
+    ChatExample,
+    collate_canvases,
+    encode_chat,
+    read_chat_jsonl,
+    split_into_canvases,
+)
+from tadm.posttrain.generate import BlockGenerationOutput, generate_blocks
+from tadm.posttrain.model import FUSION_MODES, AnchoredBackbone, FusionSpec, SplitSpec
+from tadm.posttrain.rollout import (
+    CACHE_AGE_PROBS,
+    CACHE_AGES,
+    RolloutState,
+    on_policy_rollout,
+    rollout_indices,
+    sample_cache_ages,
+)
+from tadm.posttrain.trainer import (
+    PosttrainConfig,
+    PosttrainConfigError,
+    PosttrainLoss,
+    PosttrainTrainer,
+    canvas_batches,
+    cosine_lr_factor,
+    load_posttrain_config,
+    posttrain_loss,
+    run_posttrain,
+)
+
+__all__ = [
+    "AdapterConfig",
+    "AnchoredBackbone",
+    "BACKBONES",
+    "BlockGenerationOutput",
+    "CACHE_AGES",
+    "CACHE_AGE_PROBS",
+    "CanvasBatch",
+    "CanvasExample",
+    "ChatCanvasDataset",
+    "ChatExample",
+    "DiffusionGemmaBackbone",
+    "FUSION_MODES",
+    "FusionSpec",
+    "LayerStackBackbone",
+    "MDLMBackbone",
+    "PosttrainConfig",
+    "PosttrainConfigError",
+    "PosttrainLoss",
+    "PosttrainTrainer",
+    "PromptCache",
+    "RolloutState",
+    "SplitSpec",
+    "StackContext",
+    "attach_adapter",
+    "canvas_batches",
+    "collate_canvases",
+    "cosine_lr_factor",
+    "encode_chat",
+    "generate_blocks",
+    "load_adapter_config",
+    "load_backbone",
+    "load_posttrain_config",
+    "on_policy_rollout",
+    "posttrain_loss",
+    "read_chat_jsonl",
+    "rollout_indices",
+    "run_posttrain",
+    "sample_cache_ages",
+    "save_adapter",
+    "split_into_canvases",
+    "wrap_backbone",
+]

@@ -1,0 +1,217 @@
+"""On-policy rollouts for TADM:Post-train (sec. "TADM:Post-train", Eq. (anchor-sft-rollout)).
+
+For a clean response canvas ``x0`` each row draws a cache age ``k`` in {0, 1, 2} (probabilities
+0.34 / 0.33 / 0.33) and an anchor time ``t' ~ U(0, 1)`` (antithetic across the batch), and is
+corrupted with uniform noise: ``z_t' ~ q(. | x0)`` of Eq. (fwd). ``t'`` is projected on the T-step
+grid,
+
+    i_a = clip(floor(t' T + 1/2), k + 1, T),    i_s = i_a - k,
+
+the anchor ``[H0, C0]`` is computed once at ``z~_{i_a} = z_t'`` and, keeping it fixed, the current
+model makes ``k`` reverse transitions ``z~_{j-1} ~ S(p(. | z~_j, h_t'), j)`` for
+``j = i_a, ..., i_s + 1`` with the same sampler as inference (Algorithm 2). The end point
+``z~_{i_s}`` (the state at ``t = t' - k / T``) is what the loss trains on. The rollout is
+stop-gradient (run under ``torch.no_grad``).
+
+Self-conditioning (probability 0.5 per row): a row with it on conditions every pass on the previous
+step's temperature-scaled logits, as at inference. Its anchor step ``i_a`` has a previous step
+unless ``i_a = T``; that signal is bootstrapped from a fresh pass of the frozen model on ``z_t'``
+without self-conditioning, scaled at the previous step's temperature (the usual two-pass
+self-conditioning recipe). At ``i_a = T`` the signal is zero, as at the first inference step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tadm.diffusion import NoiseSchedule, sample_t, uniform_corrupt
+from tadm.posttrain.backbone import PromptCache, StackContext
+from tadm.posttrain.model import AnchoredBackbone
+from tadm.sampling.entropy_bound import EntropyBoundSampler
+
+__all__ = [
+    "CACHE_AGES",
+    "CACHE_AGE_PROBS",
+    "RolloutState",
+    "on_policy_rollout",
+    "rollout_indices",
+    "sample_cache_ages",
+]
+
+CACHE_AGES: tuple[int, ...] = (0, 1, 2)
+CACHE_AGE_PROBS: tuple[float, ...] = (0.34, 0.33, 0.33)
+
+
+def rollout_indices(t_anchor: Tensor, cache_age: Tensor, num_steps: int) -> tuple[Tensor, Tensor]:
+    """Anchor and current grid indices ``i_a = clip(floor(t' T + 1/2), k + 1, T)``, ``i_s = i_a - k``.
+
+    Args:
+        t_anchor: (B,) anchor times t' in [0, 1].
+        cache_age: (B,) integer cache ages k >= 0, each < T.
+        num_steps: T >= 1.
+
+    Returns:
+        (i_a, i_s), each a (B,) LongTensor with 1 <= i_s <= i_a <= T.
+    """
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"number of steps T must be an integer >= 1, got {num_steps!r}")
+    k = cache_age.long()
+    if k.numel() and (int(k.min()) < 0 or int(k.max()) >= num_steps):
+        raise ValueError(f"cache ages must lie in 0..T-1 = 0..{num_steps - 1}, got values in [{int(k.min())}, {int(k.max())}]")
+    if t_anchor.shape != k.shape:
+        raise ValueError(f"t_anchor {tuple(t_anchor.shape)} and cache_age {tuple(k.shape)} must have the same shape")
+    nearest = torch.floor(t_anchor.double() * num_steps + 0.5).long()  # (B,)
+    i_a = torch.minimum(torch.maximum(nearest, k + 1), torch.full_like(k, num_steps))  # (B,)
+    return i_a, i_a - k
+
+
+def sample_cache_ages(
+    batch_size: int,
+    ages: Sequence[int] = CACHE_AGES,
+    probs: Sequence[float] = CACHE_AGE_PROBS,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Draw ``batch_size`` cache ages from ``ages`` with probabilities ``probs`` (renormalised): (B,) long."""
+    if len(ages) == 0 or len(ages) != len(probs):
+        raise ValueError(f"cache ages {tuple(ages)} and probabilities {tuple(probs)} must be non-empty and equally long")
+    if any(int(a) != a or a < 0 for a in ages):
+        raise ValueError(f"cache ages must be integers >= 0, got {tuple(ages)}")
+    if any(p < 0 for p in probs) or not math.isfinite(sum(probs)) or sum(probs) <= 0:
+        raise ValueError(f"cache-age probabilities must be >= 0 with a positive sum, got {tuple(probs)}")
+    where = generator.device if generator is not None else device
+    weights = torch.tensor([float(p) for p in probs], dtype=torch.float64, device=where)
+    index = torch.multinomial(weights, batch_size, replacement=True, generator=generator)  # (B,)
+    return torch.tensor([int(a) for a in ages], dtype=torch.long, device=where)[index].to(device)
+
+
+@dataclass
+class RolloutState:
+    """The end point of a rollout and everything the loss recomputes from; tensors are (B, ...)."""
+
+    x0: Tensor  # (B, L) clean canvas
+    z_anchor: Tensor  # (B, L) z_t', where the anchor was computed
+    z_current: Tensor  # (B, L) z~_{i_s}, sampled by the model
+    anchor: Tensor  # (B, L, 2d) cached [H0, C0] from z_t'
+    c_current: Tensor  # (B, L, d) shallow state C of z~_{i_s}
+    prepared: Any  # the backbone's per-pass state for z~_{i_s} (context, masks, rotary tables)
+    t_anchor: Tensor  # (B,) t'
+    cache_age: Tensor  # (B,) k
+    i_a: Tensor  # (B,) anchor grid index
+    i_s: Tensor  # (B,) current grid index, i_a - k
+    self_conditioning: Tensor  # (B,) bool, rows trained with self-conditioning
+
+
+def _where_rows(rows: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """``a`` on rows where ``rows`` (B,) is True, else ``b``."""
+    return torch.where(rows.view(-1, *([1] * (a.dim() - 1))), a, b)
+
+
+@torch.no_grad()
+def on_policy_rollout(
+    model: AnchoredBackbone,
+    x0: Tensor,
+    *,
+    sampler: EntropyBoundSampler,
+    schedule: NoiseSchedule,
+    prompt: PromptCache | None = None,
+    cache_ages: Sequence[int] = CACHE_AGES,
+    cache_age_probs: Sequence[float] = CACHE_AGE_PROBS,
+    self_conditioning_prob: float = 0.5,
+    antithetic: bool = True,
+    cache_age: Tensor | None = None,
+    t_anchor: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> RolloutState:
+    """Sample (t', k), corrupt ``x0`` (B, L) to z_t', cache the anchor there and roll out k reverse steps.
+
+    Args:
+        model: the split backbone with its current fusion (the student).
+        x0: (B, L) clean canvas ids.
+        sampler: Algorithm 2 with T = ``sampler.num_steps``, used for the k transitions.
+        schedule: alpha_t of the uniform forward process.
+        prompt: encoded context (block-diffusion backbones), shared by the anchor and current passes.
+        cache_ages, cache_age_probs: the distribution of k (paper: {0, 1, 2}, (0.34, 0.33, 0.33)).
+        self_conditioning_prob: probability that a row uses self-conditioning (paper: 0.5); it must
+            be 0 for backbones without self-conditioning.
+        antithetic: stratify t' across the batch.
+        cache_age, t_anchor: fix k and/or t' per row (B,) instead of drawing them.
+        generator: source of randomness.
+
+    Returns:
+        RolloutState at the rollout's end point.
+    """
+    if getattr(model.backbone, "prior", "uniform") != "uniform":
+        raise ValueError(
+            f"on-policy rollouts use the uniform-noise entropy-bound sampler; backbone "
+            f"{type(model.backbone).__name__} has prior {model.backbone.prior!r}"
+        )
+    if not 0.0 <= self_conditioning_prob <= 1.0:
+        raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")
+    if self_conditioning_prob > 0 and not getattr(model.backbone, "supports_self_conditioning", False):
+        raise ValueError(f"{type(model.backbone).__name__} has no self-conditioning; set self_conditioning_prob=0")
+    B, L = x0.shape
+    device = x0.device
+    T = sampler.num_steps
+    k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None else cache_age.to(device)
+    if t_anchor is None:
+        t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
+    t_anchor = t_anchor.to(device)
+    i_a, i_s = rollout_indices(t_anchor, k, T)
+    z = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
+    z_anchor = z
+
+    where = generator.device if generator is not None else device
+    sc_rows = (torch.rand(B, generator=generator, device=where) < self_conditioning_prob).to(device)  # (B,)
+    has_signal = sc_rows & (i_a < T)  # (B,) a previous step exists
+    embed_dtype = getattr(model.backbone, "dtype", torch.float32)
+    sc_logits: Tensor | None = None
+    if bool(has_signal.any()):
+        first = model.prepare(z, StackContext(prompt=prompt))
+        boot = model.fresh_logits(model.encode(z, prepared=first), first)  # (B, L, V)
+        previous_step = torch.clamp(i_a + 1, max=T)
+        sc_logits = sampler.scale_logits(boot, previous_step).to(embed_dtype)  # (B, L, V)
+
+    def context() -> StackContext:
+        if sc_logits is None:
+            return StackContext(prompt=prompt)
+        return StackContext(prompt=prompt, self_conditioning_logits=sc_logits, self_conditioning_mask=has_signal)
+
+    prepared = model.prepare(z, context())
+    c = model.encode(z, prepared=prepared)  # (B, L, d)
+    anchor = model.compute_anchor(c, prepared=prepared)  # (B, L, 2d)
+    for r in range(int(k.max()) if k.numel() else 0):
+        active = r < k  # (B,)
+        j = torch.where(active, i_a - r, torch.full_like(i_a, T))  # idle rows get any valid index
+        if r > 0:
+            prepared = model.prepare(z, context())
+            c = model.encode(z, prepared=prepared)
+        logits = model.predict_logits(z, c, anchor, prepared=prepared)  # (B, L, V)
+        out = sampler.step(logits, j, z, generator)
+        z = _where_rows(active, out.prev_sample, z)
+        if bool((active & sc_rows).any()):
+            new_sc = out.scaled_logits.to(embed_dtype)
+            sc_logits = new_sc if sc_logits is None else _where_rows(active & sc_rows, new_sc, sc_logits)
+            has_signal = has_signal | (active & sc_rows)
+    if k.numel() and int(k.max()) > 0:
+        prepared = model.prepare(z, context())
+        c = model.encode(z, prepared=prepared)
+    return RolloutState(
+        x0=x0,
+        z_anchor=z_anchor,
+        z_current=z,
+        anchor=anchor,
+        c_current=c,
+        prepared=prepared,
+        t_anchor=t_anchor,
+        cache_age=k,
+        i_a=i_a,
+        i_s=i_s,
+        self_conditioning=sc_rows,
+    )

@@ -1,0 +1,606 @@
+"""TADM:Post-train training: config schema, the cache objective, and the fusion-only training loop.
+
+Objective, Eq. (anchor-sft-objective): for a rollout end point ``z~_t`` (see
+:mod:`tadm.posttrain.rollout`) with cached anchor ``h_t'``, the student prediction
+``x^ = D(Phi(S(z~_t), [H0, C0]))`` is trained with
+
+    L = L_CE(x^, x0) + lambda_KD * KL(p_theta0(. | z~_t) || x^),
+
+averaged over the canvas' response tokens, where the teacher ``p_theta0`` is the frozen base model
+run fresh on the same state (its own anchor, no fusion) at temperature 1. The backbone is frozen:
+only the fusion receives gradients; they flow to it through the frozen denoiser layers. Because
+``S`` and ``A`` hold no trainable parameter, the shallow state and cached anchor of the rollout are
+reused as they are instead of being recomputed with autograd (the result is identical).
+
+Optimisation (appendix "TADM:Post-train", training details): AdamW (lr 1.5e-4, betas (0.95, 0.99),
+eps 1e-8, weight decay 1e-4), cosine decay after 100 warm-up steps to 0.1 of the peak, gradient
+accumulation, clipping at norm 1.0, bf16 autocast on GPU, and data parallelism with ``torchrun``
+(the fusion is wrapped in ``DistributedDataParallel``; the frozen backbone is replicated, not
+synchronised).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from tadm.diffusion import get_schedule, kd_loss
+from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases
+from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
+from tadm.posttrain.rollout import RolloutState, on_policy_rollout
+from tadm.sampling.entropy_bound import CATEGORICAL_DRAWS, EntropyBoundSampler
+
+__all__ = [
+    "BaseSection",
+    "DataSection",
+    "FusionSection",
+    "LossSection",
+    "OptimSection",
+    "PosttrainConfig",
+    "PosttrainConfigError",
+    "PosttrainLoss",
+    "PosttrainTrainer",
+    "RolloutSection",
+    "SplitSection",
+    "TrainSection",
+    "canvas_batches",
+    "cosine_lr_factor",
+    "load_posttrain_config",
+    "posttrain_loss",
+    "run_posttrain",
+]
+
+
+# ===================================================================================== configuration
+class PosttrainConfigError(ValueError):
+    """A post-training configuration problem; the message names the key."""
+
+
+@dataclass
+class BaseSection:
+    """The frozen pretrained model."""
+
+    path: str = "google/diffusiongemma-26B-A4B-it"  # checkpoint directory or hub id
+    backbone: str = "diffusion-gemma"  # adapter kind, see tadm.posttrain.backbone.BACKBONES
+    dtype: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+
+
+@dataclass
+class SplitSection:
+    """Layer counts of S / A / D (paper, 30 layers: 2 / 20 / 8)."""
+
+    shared_layers: int = 2
+    anchor_layers: int = 20
+    denoiser_layers: Optional[int] = 8
+
+
+@dataclass
+class FusionSection:
+    """Paired-attention fusion size (paper: rank 256, 4 heads, gate bias -3)."""
+
+    rank: int = 256
+    num_heads: int = 4
+    gate_bias: float = -3.0
+    eps: float = 1e-6
+
+
+@dataclass
+class RolloutSection:
+    """Rollout construction and the sampler it shares with inference."""
+
+    cache_ages: list[int] = field(default_factory=lambda: [0, 1, 2])
+    cache_age_probs: list[float] = field(default_factory=lambda: [0.34, 0.33, 0.33])
+    num_steps: int = 48  # T, the sampling grid
+    entropy_bound: float = 0.1
+    temperature_max: float = 0.8
+    temperature_min: float = 0.4
+    categorical: str = "multinomial"
+    schedule: str = "loglinear"  # alpha_t of the uniform forward process for z_t'
+    antithetic: bool = True
+    self_conditioning_prob: float = 0.5
+
+
+@dataclass
+class LossSection:
+    """Weights of Eq. (anchor-sft-objective)."""
+
+    ce_weight: float = 1.0
+    kd_weight: float = 1.0  # lambda_KD
+    kd_temperature: float = 1.0
+    loss_on_padding: bool = False  # also train the padding after a reply's end
+
+
+@dataclass
+class DataSection:
+    """Chat JSONL and how it becomes canvases."""
+
+    train_file: str = ""
+    tokenizer: Optional[str] = None  # default: base.path
+    prompt_field: str = "prompt"
+    response_field: str = "response"
+    max_prompt_tokens: int = 2048
+    max_response_tokens: int = 2048
+    canvases_per_example: int = 8
+    canvas_length: Optional[int] = None  # default: the backbone's canvas length
+    pad_id: Optional[int] = None  # default: the tokenizer's pad id
+
+
+@dataclass
+class OptimSection:
+    lr: float = 1.5e-4
+    betas: list[float] = field(default_factory=lambda: [0.95, 0.99])
+    eps: float = 1e-8
+    weight_decay: float = 1e-4
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+
+
+@dataclass
+class TrainSection:
+    max_steps: int = 18750
+    micro_batch_size: int = 1  # per device
+    grad_accum_steps: int = 4
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    device: str = "auto"
+    seed: int = 42
+    out_dir: str = "runs/posttrain"
+    log_every: int = 10
+    save_every: int = 1000
+    resume: bool = True
+
+
+@dataclass
+class PosttrainConfig:
+    base: BaseSection = field(default_factory=BaseSection)
+    split: SplitSection = field(default_factory=SplitSection)
+    fusion: FusionSection = field(default_factory=FusionSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    loss: LossSection = field(default_factory=LossSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _validate(cfg: PosttrainConfig) -> None:
+    def positive(name: str, value: float) -> None:
+        if value <= 0:
+            raise PosttrainConfigError(f"{name} must be > 0, got {value!r}")
+
+    for name in ("num_steps",):
+        positive(f"rollout.{name}", getattr(cfg.rollout, name))
+    ages, probs = list(cfg.rollout.cache_ages), list(cfg.rollout.cache_age_probs)
+    if not ages or len(ages) != len(probs):
+        raise PosttrainConfigError(
+            f"rollout.cache_ages {ages} and rollout.cache_age_probs {probs} must be non-empty and equally long"
+        )
+    if any(a < 0 or a >= cfg.rollout.num_steps for a in ages):
+        raise PosttrainConfigError(f"rollout.cache_ages must lie in 0..num_steps-1, got {ages}")
+    if any(p < 0 for p in probs) or sum(probs) <= 0:
+        raise PosttrainConfigError(f"rollout.cache_age_probs must be >= 0 with a positive sum, got {probs}")
+    if cfg.rollout.categorical not in CATEGORICAL_DRAWS:
+        raise PosttrainConfigError(
+            f"rollout.categorical {cfg.rollout.categorical!r} is unknown; valid: {', '.join(CATEGORICAL_DRAWS)}"
+        )
+    if not 0.0 <= cfg.rollout.self_conditioning_prob <= 1.0:
+        raise PosttrainConfigError(
+            f"rollout.self_conditioning_prob must be in [0, 1], got {cfg.rollout.self_conditioning_prob}"
+        )
+    positive("rollout.entropy_bound", cfg.rollout.entropy_bound)
+    if not 0 < cfg.rollout.temperature_min <= cfg.rollout.temperature_max:
+        raise PosttrainConfigError("rollout temperatures must satisfy 0 < temperature_min <= temperature_max")
+    try:
+        get_schedule(cfg.rollout.schedule)
+    except ValueError as err:
+        raise PosttrainConfigError(f"rollout.schedule: {err}") from None
+    for name in ("ce_weight", "kd_weight"):
+        if getattr(cfg.loss, name) < 0:
+            raise PosttrainConfigError(f"loss.{name} must be >= 0, got {getattr(cfg.loss, name)}")
+    positive("loss.kd_temperature", cfg.loss.kd_temperature)
+    for name in ("rank", "num_heads"):
+        positive(f"fusion.{name}", getattr(cfg.fusion, name))
+    if cfg.fusion.rank % cfg.fusion.num_heads:
+        raise PosttrainConfigError(f"fusion.rank {cfg.fusion.rank} must be divisible by fusion.num_heads {cfg.fusion.num_heads}")
+    for name in ("max_prompt_tokens", "max_response_tokens", "canvases_per_example"):
+        positive(f"data.{name}", getattr(cfg.data, name))
+    positive("optim.lr", cfg.optim.lr)
+    if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
+        raise PosttrainConfigError(f"optim.betas must be two numbers in [0, 1), got {list(cfg.optim.betas)}")
+    if cfg.optim.warmup_steps < 0:
+        raise PosttrainConfigError(f"optim.warmup_steps must be >= 0, got {cfg.optim.warmup_steps}")
+    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
+        raise PosttrainConfigError(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
+    positive("optim.grad_clip", cfg.optim.grad_clip)
+    for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "log_every", "save_every"):
+        positive(f"train.{name}", getattr(cfg.train, name))
+    if cfg.train.precision not in ("auto", "fp32", "bf16"):
+        raise PosttrainConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: auto, fp32, bf16")
+
+
+def load_posttrain_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> PosttrainConfig:
+    """Defaults <- YAML preset at ``path`` <- ``key=value`` overrides; unknown keys and bad types fail by name."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    merged = OmegaConf.structured(PosttrainConfig)
+    origin = "defaults"
+    try:
+        if path is not None:
+            origin = str(path)
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"post-training config {str(path)!r} does not exist")
+            merged = OmegaConf.merge(merged, OmegaConf.load(str(path)))
+        if overrides:
+            origin = "overrides"
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise PosttrainConfigError(f"overrides must look like key=value, got {bad}")
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        where = f" (key '{key}')" if key else ""
+        raise PosttrainConfigError(f"{origin}: {str(err).splitlines()[0]}{where}") from None
+    assert isinstance(cfg, PosttrainConfig)
+    _validate(cfg)
+    return cfg
+
+
+# ========================================================================================= objective
+@dataclass
+class PosttrainLoss:
+    """One micro-batch's objective: ``loss`` carries gradients, the rest are detached floats."""
+
+    loss: Tensor
+    ce: float
+    kd: float
+    tokens: int
+    loss_by_age: dict[int, float] = field(default_factory=dict)
+
+
+def posttrain_loss(
+    model: AnchoredBackbone,
+    state: RolloutState,
+    *,
+    token_mask: Tensor | None = None,
+    ce_weight: float = 1.0,
+    kd_weight: float = 1.0,
+    kd_temperature: float = 1.0,
+    fusion: Callable[..., Tensor] | None = None,
+) -> PosttrainLoss:
+    """Eq. (anchor-sft-objective) at a rollout end point, averaged over ``token_mask`` (B, L) tokens.
+
+    ``fusion`` is the module to evaluate (default ``model.fusion``; a DDP wrapper when distributed);
+    it is always evaluated, also for fresh rows (k = 0) where its correction is exactly zero.
+    """
+    x0 = state.x0
+    runner = model.fusion if fusion is None else fusion
+    student = model.predict_logits(
+        state.z_current, state.c_current, state.anchor, prepared=state.prepared, fusion=runner
+    )  # (B, L, V)
+    with torch.no_grad():
+        teacher = model.fresh_logits(state.c_current, state.prepared)  # (B, L, V)
+    log_q = model.backbone.log_probs(student, state.z_current)  # (B, L, V)
+    ce = -log_q.gather(-1, x0.unsqueeze(-1)).squeeze(-1).float()  # (B, L)
+    kd = kd_loss(teacher, student, temperature=kd_temperature).float()  # (B, L)
+    per_token = ce_weight * ce + kd_weight * kd  # (B, L)
+    mask = torch.ones_like(per_token) if token_mask is None else token_mask.to(per_token.dtype)
+    count = mask.sum().clamp_min(1.0)
+    loss = (per_token * mask).sum() / count
+    by_age: dict[int, float] = {}
+    with torch.no_grad():
+        ce_mean, kd_mean = float((ce * mask).sum() / count), float((kd * mask).sum() / count)
+        row_tokens = mask.sum(-1)  # (B,)
+        row_loss = (per_token * mask).sum(-1)  # (B,)
+        for age in torch.unique(state.cache_age).tolist():
+            rows = state.cache_age == age
+            by_age[int(age)] = float(row_loss[rows].sum() / row_tokens[rows].sum().clamp_min(1.0))
+    return PosttrainLoss(
+        loss=loss,
+        ce=ce_mean,
+        kd=kd_mean,
+        tokens=int(mask.sum()),
+        loss_by_age=by_age,
+    )
+
+
+def cosine_lr_factor(step: int, max_steps: int, warmup_steps: int, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warm-up over ``warmup_steps``, then cosine from 1 to ``min_ratio``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(1, max_steps - warmup_steps)
+    progress = min(1.0, max(0.0, (step - warmup_steps) / span))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# =========================================================================================== trainer
+def _autocast(device: torch.device, precision: str):
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if not use_bf16:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+class PosttrainTrainer:
+    """Trains the fusion of an :class:`AnchoredBackbone` on canvas batches with on-policy rollouts.
+
+    Args:
+        model: the split backbone; only ``model.fusion`` is optimised.
+        config: the full config (the trainer reads rollout, loss, optim and train).
+        device: where the batches go (the model must already be there).
+        fusion_runner: the callable evaluated as the fusion in the loss (a DDP wrapper of
+            ``model.fusion`` when distributed; default ``model.fusion``).
+        rank: data-parallel rank, used to decorrelate the rollout noise.
+    """
+
+    def __init__(
+        self,
+        model: AnchoredBackbone,
+        config: PosttrainConfig,
+        *,
+        device: torch.device | str = "cpu",
+        fusion_runner: nn.Module | None = None,
+        rank: int = 0,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.device = torch.device(device)
+        self.fusion_runner = fusion_runner if fusion_runner is not None else model.fusion
+        r = config.rollout
+        self.sampler = EntropyBoundSampler(
+            model.vocab_size,
+            entropy_bound=r.entropy_bound,
+            temperature_max=r.temperature_max,
+            temperature_min=r.temperature_min,
+            num_steps=r.num_steps,
+            categorical=r.categorical,
+        )
+        self.schedule = get_schedule(r.schedule)
+        o = config.optim
+        params = [p for p in model.fusion.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: cosine_lr_factor(s, config.train.max_steps, o.warmup_steps, o.min_lr_ratio),
+        )
+        self.generator = torch.Generator(device=self.device).manual_seed(config.train.seed * 1000 + rank)
+        self.step = 0
+
+    def micro_step(self, batch: CanvasBatch, *, scale: float = 1.0, sync: bool = True) -> PosttrainLoss:
+        """Rollout, loss and backward (loss multiplied by ``scale``) on one micro-batch."""
+        r, lc = self.config.rollout, self.config.loss
+        batch = batch.to(self.device)
+        backbone = self.model.backbone
+        sync_context = nullcontext() if sync or not hasattr(self.fusion_runner, "no_sync") else self.fusion_runner.no_sync()
+        with _autocast(self.device, self.config.train.precision):
+            prompt = None
+            if hasattr(backbone, "prefill"):
+                with torch.no_grad():
+                    prompt = backbone.prefill(batch.context_ids, batch.context_mask)
+            state = on_policy_rollout(
+                self.model,
+                batch.targets,
+                sampler=self.sampler,
+                schedule=self.schedule,
+                prompt=prompt,
+                cache_ages=r.cache_ages,
+                cache_age_probs=r.cache_age_probs,
+                self_conditioning_prob=r.self_conditioning_prob if backbone.supports_self_conditioning else 0.0,
+                antithetic=r.antithetic,
+                generator=self.generator,
+            )
+            with sync_context:
+                out = posttrain_loss(
+                    self.model,
+                    state,
+                    token_mask=None if lc.loss_on_padding else batch.target_mask,
+                    ce_weight=lc.ce_weight,
+                    kd_weight=lc.kd_weight,
+                    kd_temperature=lc.kd_temperature,
+                    fusion=self.fusion_runner,
+                )
+                (out.loss * scale).backward()
+        return out
+
+    def train_step(self, micro_batches: Sequence[CanvasBatch]) -> dict[str, Any]:
+        """One optimiser step over ``micro_batches`` (gradient accumulation); returns metrics."""
+        if not micro_batches:
+            raise ValueError("train_step needs at least one micro-batch")
+        self.model.train()
+        start = time.perf_counter()
+        n = len(micro_batches)
+        losses, ces, kds, tokens = [], [], [], 0
+        for m, batch in enumerate(micro_batches):
+            out = self.micro_step(batch, scale=1.0 / n, sync=m == n - 1)
+            losses.append(float(out.loss.detach()))
+            ces.append(out.ce)
+            kds.append(out.kd)
+            tokens += out.tokens
+        params = [p for p in self.model.fusion.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {
+            "step": self.step,
+            "loss": sum(losses) / n,
+            "ce": sum(ces) / n,
+            "kd": sum(kds) / n,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "tokens": tokens,
+            "seconds": time.perf_counter() - start,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "fusion": self.model.fusion.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.fusion.load_state_dict(state["fusion"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self.step = int(state["step"])
+
+
+def canvas_batches(
+    dataset: Sequence[Any],
+    batch_size: int,
+    pad_id: int,
+    *,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[CanvasBatch]:
+    """Endless shuffled batches of this rank's shard; epoch e uses permutation seed ``seed + e``."""
+    per_epoch = len(dataset) // (batch_size * world_size)
+    if per_epoch < 1:
+        raise ValueError(
+            f"{len(dataset)} canvases cannot fill one batch of {batch_size} on each of {world_size} ranks"
+        )
+    epoch = 0
+    while True:
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+        shard = order[rank::world_size]
+        for b in range(per_epoch):
+            yield collate_canvases([dataset[i] for i in shard[b * batch_size : (b + 1) * batch_size]], pad_id)
+        epoch += 1
+
+
+# ======================================================================================= entry point
+def _resolve_device(name: str, local_rank: int) -> torch.device:
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device(name)
+
+
+def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print) -> Path:
+    """Post-train a fusion as ``config`` says; returns the adapter directory (``out_dir/adapter``).
+
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank trains on its shard and gradients of the fusion
+    are averaged by DDP. With ``train.resume`` a run continues from ``out_dir/adapter/training_state.pt``.
+    """
+    import torch.distributed as dist
+
+    from transformers import AutoTokenizer
+
+    from tadm.posttrain.adapter_io import save_adapter
+    from tadm.posttrain.backbone import load_backbone
+    from tadm.posttrain.data import read_chat_jsonl
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _resolve_device(config.train.device, local_rank)
+    distributed = world_size > 1
+    if distributed and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    is_main = rank == 0
+    torch.manual_seed(config.train.seed)
+
+    if not config.data.train_file:
+        raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
+    backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=device)
+    tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or config.base.path)
+    pad_id = config.data.pad_id if config.data.pad_id is not None else tokenizer.pad_token_id
+    if pad_id is None:
+        raise PosttrainConfigError("the tokenizer has no pad token; set data.pad_id")
+    canvas_length = config.data.canvas_length or getattr(backbone, "canvas_length", None)
+    if canvas_length is None:
+        raise PosttrainConfigError("data.canvas_length is required for backbones without a canvas length")
+    examples = read_chat_jsonl(
+        config.data.train_file, prompt_field=config.data.prompt_field, response_field=config.data.response_field
+    )
+    dataset = ChatCanvasDataset(
+        examples,
+        tokenizer,
+        canvas_length=canvas_length,
+        pad_id=pad_id,
+        max_prompt_tokens=config.data.max_prompt_tokens,
+        max_response_tokens=config.data.max_response_tokens,
+        canvases_per_example=config.data.canvases_per_example,
+    )
+    split = SplitSpec(config.split.shared_layers, config.split.anchor_layers, config.split.denoiser_layers)
+    fusion = FusionSpec(config.fusion.rank, config.fusion.num_heads, config.fusion.eps, config.fusion.gate_bias)
+    model = AnchoredBackbone(backbone, split, fusion)
+    model.fusion.to(device)
+    runner: nn.Module = model.fusion
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        runner = DistributedDataParallel(model.fusion, device_ids=[device.index] if device.type == "cuda" else None)
+    trainer = PosttrainTrainer(model, config, device=device, fusion_runner=runner, rank=rank)
+
+    out_dir = Path(config.train.out_dir)
+    adapter_dir = out_dir / "adapter"
+    state_path = adapter_dir / "training_state.pt"
+    if config.train.resume and state_path.is_file():
+        trainer.load_state_dict(torch.load(state_path, map_location=device, weights_only=False))
+        log(f"resumed from {state_path} at step {trainer.step}")
+    batches = canvas_batches(
+        dataset, config.train.micro_batch_size, pad_id, seed=config.train.seed, rank=rank, world_size=world_size
+    )
+    for _ in range(trainer.step * config.train.grad_accum_steps):  # replay the data order up to the resume point
+        next(batches)
+    if is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        trainable = sum(p.numel() for p in model.fusion.parameters())
+        log(f"post-training {trainable:,} fusion parameters on {len(dataset)} canvases "
+            f"(split {model.layer_split.shared}/{model.layer_split.anchor}/{model.layer_split.denoiser})")
+
+    def save() -> None:
+        if not is_main:
+            return
+        save_adapter(
+            adapter_dir,
+            model,
+            base_model=config.base.path,
+            extra={"step": trainer.step, "config": config.to_dict()},
+        )
+        tmp = state_path.with_suffix(".tmp")
+        torch.save(trainer.state_dict(), tmp)
+        os.replace(tmp, state_path)
+        from omegaconf import OmegaConf
+
+        (adapter_dir / "posttrain_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
+
+    metrics_path = out_dir / "metrics.jsonl"
+    while trainer.step < config.train.max_steps:
+        micro = [next(batches) for _ in range(config.train.grad_accum_steps)]
+        metrics = trainer.train_step(micro)
+        if is_main and (trainer.step % config.train.log_every == 0 or trainer.step == 1):
+            line = json.dumps(metrics)
+            log(line)
+            with metrics_path.open("a") as handle:
+                handle.write(line + "\n")
+        if trainer.step % config.train.save_every == 0:
+            save()
+    save()
+    if distributed:
+        dist.barrier()
+    return adapter_dir

@@ -1,0 +1,73 @@
+"""Adapter checkpoints: the fusion saved apart from the backbone, with its base model and split."""
+
+import json
+
+import pytest
+import torch
+
+from tadm.posttrain import (
+    AnchoredBackbone,
+    DiffusionGemmaBackbone,
+    FusionSpec,
+    SplitSpec,
+    StackContext,
+    attach_adapter,
+    load_adapter_config,
+    save_adapter,
+)
+from tadm.posttrain.adapter_io import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+
+from .conftest import build_tiny_gemma, randomize
+
+V, L = 128, 8
+
+
+def _trained(gemma):
+    model = AnchoredBackbone(DiffusionGemmaBackbone(gemma), SplitSpec(1, 3), FusionSpec(rank=8, num_heads=2, gate_bias=-2.0))
+    randomize(model.fusion, seed=4)
+    return model
+
+
+def test_round_trip_restores_fusion_and_predictions(gemma, tmp_path):
+    model = _trained(gemma)
+    directory = save_adapter(tmp_path / "adapter", model, base_model="some/base", extra={"step": 7})
+    assert sorted(p.name for p in directory.iterdir()) == sorted([ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME])
+    config = load_adapter_config(directory)
+    assert (config.base_model, config.backbone, config.num_layers, config.hidden_size) == ("some/base", "diffusion-gemma", 6, 32)
+    assert (config.shared_layers, config.anchor_layers, config.denoiser_layers) == (1, 3, 2)
+    assert (config.rank, config.num_heads, config.gate_bias, config.extra) == (8, 2, -2.0, {"step": 7})
+    # The weights file holds the fusion only (tiny), none of the backbone.
+    size = (directory / ADAPTER_WEIGHTS_NAME).stat().st_size
+    assert size < 4 * sum(p.numel() for p in model.fusion.parameters()) + 4096
+
+    restored = attach_adapter(DiffusionGemmaBackbone(build_tiny_gemma()), directory)
+    assert restored.layer_split == model.layer_split
+    for (name, a), b in zip(model.fusion.state_dict().items(), restored.fusion.state_dict().values()):
+        assert torch.equal(a, b), name
+    # Stale-anchor predictions agree.
+    g = torch.Generator().manual_seed(0)
+    prompt, z_old = torch.randint(3, V, (2, 5), generator=g), torch.randint(0, V, (2, L), generator=g)
+    z_new = (z_old + torch.randint(0, 2, (2, L), generator=g)) % V
+
+    def stale(m):
+        ctx = StackContext(prompt=m.backbone.prefill(prompt))
+        p_old, p_new = m.prepare(z_old, ctx), m.prepare(z_new, ctx)
+        anchor = m.compute_anchor(m.encode(z_old, prepared=p_old), prepared=p_old)
+        return m.predict_logits(z_new, m.encode(z_new, prepared=p_new), anchor, prepared=p_new)
+
+    assert torch.equal(stale(model), stale(restored))
+    naive = attach_adapter(DiffusionGemmaBackbone(build_tiny_gemma()), directory, fusion_mode="naive")
+    assert naive.fusion_mode == "naive"
+
+
+def test_mismatched_backbone_and_corrupt_files_are_refused(gemma, tmp_path):
+    directory = save_adapter(tmp_path / "a", _trained(gemma), base_model="tiny")
+    with pytest.raises(ValueError, match="trained on a 6-layer backbone of hidden size 32"):
+        attach_adapter(DiffusionGemmaBackbone(build_tiny_gemma(num_layers=8)), directory)
+    payload = json.loads((directory / ADAPTER_CONFIG_NAME).read_text())
+    payload["learning_rate"] = 1.0
+    (directory / ADAPTER_CONFIG_NAME).write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="unknown keys \\['learning_rate'\\]"):
+        load_adapter_config(directory)
+    with pytest.raises(FileNotFoundError, match="not a tadm adapter directory"):
+        load_adapter_config(tmp_path)

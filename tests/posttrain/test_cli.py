@@ -1,0 +1,69 @@
+"""``tadm posttrain train`` and ``tadm posttrain sample`` on a tiny base model saved to disk."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tadm.cli import main
+
+from .conftest import build_tiny_gemma, tiny_chat_tokenizer
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("posttrain-cli")
+    base = root / "base"
+    build_tiny_gemma().save_pretrained(base)
+    tiny_chat_tokenizer().save_pretrained(base)
+    rows = [
+        {"prompt": "hello how are you", "response": "fine thanks the cat sat on a mat"},
+        {"prompt": "what is it", "response": "it is a dog"},
+        {"prompt": "the cat", "response": "sat on a mat the dog ran far away"},
+    ]
+    (root / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return root
+
+
+def test_train_then_sample_with_the_adapter(base_dir, capsys):
+    out = base_dir / "run"
+    code = main([
+        "posttrain", "train", str(CONFIGS / "posttrain-tiny.yaml"),
+        f"base.path={base_dir / 'base'}", f"data.train_file={base_dir / 'chat.jsonl'}", f"train.out_dir={out}",
+        "train.max_steps=2", "train.micro_batch_size=2", "train.save_every=1", "fusion.rank=8", "rollout.num_steps=6",
+        "data.canvases_per_example=1",
+    ])
+    assert code == 0
+    adapter = out / "adapter"
+    assert (adapter / "adapter.safetensors").is_file() and (adapter / "training_state.pt").is_file()
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model"] == str(base_dir / "base") and config["extra"]["step"] == 2
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1  # step 1 (log_every = 20)
+    capsys.readouterr()
+
+    argv = ["posttrain", "sample", "--base", str(base_dir / "base"), "--adapter", str(adapter), "--prompt", "hello",
+            "--prompt", "what is it", "-K", "2", "--steps", "4", "--max-new-tokens", "8", "--json"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert len(record["texts"]) == 2 and len(record["token_ids"][0]) == 8
+    calls = record["layer_calls"]
+    assert (calls["shared"], calls["anchor"], calls["denoiser"], calls["anchor_refreshes"]) == (4, 6, 8, 2)  # one canvas, T = 4, K = 2
+    # Same seed, same output; the naive baseline runs too.
+    assert main(argv) == 0 and json.loads(capsys.readouterr().out)["token_ids"] == record["token_ids"]
+    assert main(argv + ["--naive"]) == 0
+    assert json.loads(capsys.readouterr().out)["fusion_mode"] == "naive"
+
+
+def test_sample_without_adapter_and_user_errors(base_dir, capsys):
+    argv = ["posttrain", "sample", "--base", str(base_dir / "base"), "--prompt", "the cat", "--split", "1,3",
+            "--steps", "3", "--max-new-tokens", "8"]
+    assert main(argv) == 0
+    assert "denoiser layer calls: total=18" in capsys.readouterr().out
+    assert main(argv[:-6] + ["--split", "1,9"]) == 2
+    assert "exceeds the backbone's 6 layers" in capsys.readouterr().err
+    assert main(["posttrain", "sample", "--base", str(base_dir / "base")]) == 2
+    assert "--prompt" in capsys.readouterr().err
+    assert main(["posttrain", "train", str(CONFIGS / "posttrain-tiny.yaml"), "train.nope=1"]) == 2
+    assert "train.nope" in capsys.readouterr().err
