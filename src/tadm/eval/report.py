@@ -1,0 +1,266 @@
+"""Result files of an evaluation sweep and their Markdown tables in the paper's layout.
+
+A sweep directory holds
+
+* ``results.json``: ``{"settings": ..., "machine": ..., "rows": [...]}``, the resolved settings
+  (seeds included), a description of the machine, and one row per finished cell;
+* ``results.csv``: the same rows, one line each (columns :data:`RESULT_FIELDS`);
+* ``table.md``: :func:`markdown_report`, the paper's Table 2 layout (MAUVE, Gen PPL, entropy,
+  compute (x MDLM) and throughput, one column per T) and Table 5 layout (per T: MAUVE, Gen PPL,
+  entropy, tok/s, one row per model and refresh interval K).
+
+Both result files are rewritten atomically after every cell, so an interrupted sweep loses at most
+the cell it was working on.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DATA_MODEL",
+    "RESULT_FIELDS",
+    "cell_key",
+    "machine_info",
+    "markdown_report",
+    "read_results",
+    "write_results",
+    "zero_shot_markdown",
+]
+
+RESULTS_JSON = "results.json"
+RESULTS_CSV = "results.csv"
+DATA_MODEL = "data"  # the row of the held-out reference text itself
+
+RESULT_FIELDS = (
+    "model",
+    "path",
+    "steps",
+    "refresh",
+    "sampler",
+    "length",
+    "num_samples",
+    "seed",
+    "mauve",
+    "gen_ppl",
+    "gen_ppl_nll",
+    "gen_ppl_tokens",
+    "entropy",
+    "layer_calls",
+    "layer_calls_counted",
+    "baseline_layer_calls",
+    "compute_relative",
+    "tokens_per_second",
+    "throughput_generations",
+    "throughput_batch_size",
+    "sampling_seconds",
+    "cell_seconds",
+)
+
+
+def cell_key(row: dict[str, Any]) -> tuple[str, int | None, int | None]:
+    """(model, T, K) of a result row; the data row has T = K = None."""
+    steps, refresh = row.get("steps"), row.get("refresh")
+    return (str(row["model"]), None if steps is None else int(steps), None if refresh is None else int(refresh))
+
+
+def machine_info() -> dict[str, Any]:
+    """Python, torch, CPU/GPU and thread count of this machine, for result files."""
+    import torch
+
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    try:
+        from tadm import __version__
+
+        info["tadm"] = __version__
+    except ImportError:  # pragma: no cover - the package always has a version
+        pass
+    return info
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN / inf
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+def write_results(
+    out_dir: str | os.PathLike[str],
+    settings: dict[str, Any],
+    rows: Sequence[dict[str, Any]],
+    machine: dict[str, Any] | None = None,
+) -> tuple[Path, Path]:
+    """Write ``results.json`` and ``results.csv`` into ``out_dir`` (atomically); return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"settings": settings, "machine": machine or machine_info(), "rows": list(rows)}
+    json_path, csv_path = out / RESULTS_JSON, out / RESULTS_CSV
+    _atomic_write(json_path, json.dumps(_json_ready(payload), indent=2) + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(RESULT_FIELDS), extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in RESULT_FIELDS})
+    _atomic_write(csv_path, buf.getvalue())
+    return json_path, csv_path
+
+
+def read_results(out_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """(settings, rows) of an earlier sweep in ``out_dir``, or None if it holds no results.json."""
+    path = Path(out_dir) / RESULTS_JSON
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(path.read_text())
+        return dict(payload["settings"]), list(payload["rows"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a tadm sweep results file ({err}); move it away or use another --out") from err
+
+
+# ----------------------------------------------------------------------------------------- tables
+def _fmt(value: Any, digits: int) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{float(value):.{digits}f}"
+
+
+def _row_label(row: dict[str, Any]) -> str:
+    if row["model"] == DATA_MODEL:
+        return "Data"
+    return f"{row['model']} (K={row['refresh']})"
+
+
+def _ordered(rows: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, int]], list[int]]:
+    """Distinct (model, K) in first-seen model order then K, and the sorted T values."""
+    models: list[str] = []
+    for r in rows:
+        if r["model"] != DATA_MODEL and r["model"] not in models:
+            models.append(r["model"])
+    pairs = sorted({(r["model"], int(r["refresh"])) for r in rows if r["model"] != DATA_MODEL},
+                   key=lambda p: (models.index(p[0]), p[1]))
+    steps = sorted({int(r["steps"]) for r in rows if r["model"] != DATA_MODEL})
+    return pairs, steps
+
+
+def _table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def markdown_report(
+    rows: Sequence[dict[str, Any]],
+    *,
+    throughput_baseline: str | None = None,
+    title: str = "Evaluation sweep",
+    notes: Sequence[str] = (),
+) -> str:
+    """Markdown tables of sweep rows in the paper's Table 2 and Table 5 layouts.
+
+    Compute is printed as "calls (ratio x)" relative to the baseline of each row
+    (``compute_relative``, normalised to MDLM). Throughput is printed as "tok/s (ratio x)" relative
+    to ``throughput_baseline``'s K = 1 row at the same T when that model is in the sweep (the
+    paper normalises to ADLM), else as plain tok/s.
+    """
+    index = {cell_key(r): r for r in rows}
+    pairs, steps = _ordered(rows)
+    data = index.get((DATA_MODEL, None, None))
+
+    def base_tps(T: int) -> float | None:
+        if throughput_baseline is None:
+            return None
+        ref = index.get((throughput_baseline, T, 1))
+        value = None if ref is None else ref.get("tokens_per_second")
+        return float(value) if value else None
+
+    def metric(row: dict[str, Any] | None, name: str, T: int) -> str:
+        if row is None:
+            return "-"
+        if name == "mauve":
+            return _fmt(row.get("mauve"), 3)
+        if name == "gen_ppl":
+            return _fmt(row.get("gen_ppl"), 2)
+        if name == "entropy":
+            return _fmt(row.get("entropy"), 3)
+        if name == "compute":
+            calls, rel = row.get("layer_calls"), row.get("compute_relative")
+            return "-" if calls is None else f"{int(calls)} ({_fmt(rel, 2)}x)"
+        tps = row.get("tokens_per_second")
+        base = base_tps(T)
+        if tps is None:
+            return "-"
+        return f"{_fmt(tps, 2)} ({float(tps) / base:.2f}x)" if base else _fmt(tps, 2)
+
+    parts = [f"# {title}", ""]
+    parts += list(notes) + ([""] if notes else [])
+    # Table 2 layout: one column per (metric, T)
+    names = [("mauve", "MAUVE ↑"), ("gen_ppl", "Gen PPL ↓"), ("entropy", "Entropy ↑"),
+             ("compute", "Compute ↓"), ("throughput", "Throughput ↑")]
+    header = ["Method"] + [f"{label} T={T}" for _, label in names for T in steps]
+    body = []
+    if data is not None:
+        span = [_fmt(data.get("mauve"), 2), _fmt(data.get("gen_ppl"), 2), _fmt(data.get("entropy"), 3), "-", "-"]
+        body.append(["Data"] + [span[i] for i in range(len(names)) for _ in steps])
+    for model, K in pairs:
+        body.append([f"{model} (K={K})"] + [metric(index.get((model, T, K)), n, T) for n, _ in names for T in steps])
+    parts += ["## Quality, compute and throughput (Table 2 layout)", "", _table(header, body), ""]
+    # Table 5 layout: per T, MAUVE / Gen PPL / entropy / tok/s for each (model, K)
+    header = ["Method (K)"] + [f"{label} T={T}" for T in steps
+                               for label in ("MAUVE ↑", "Gen PPL ↓", "Entropy ↑", "Tok/s ↑")]
+    body = []
+    for model, K in pairs:
+        cells = []
+        for T in steps:
+            row = index.get((model, T, K))
+            cells += [metric(row, "mauve", T), metric(row, "gen_ppl", T), metric(row, "entropy", T),
+                      _fmt(None if row is None else row.get("tokens_per_second"), 2)]
+        body.append([f"{model} (K={K})"] + cells)
+    parts += ["## Refresh-interval sweep (Table 5 layout)", "", _table(header, body), ""]
+    return "\n".join(parts)
+
+
+def zero_shot_markdown(records: Sequence[dict[str, Any]]) -> str:
+    """Perplexities in the layout of the paper's zero-shot table: one row per model, one column per dataset.
+
+    ``records`` carry ``model``, ``data``, ``ppl`` and ``kind``; NELBO bounds are marked with "≤".
+    """
+    models = list(dict.fromkeys(r["model"] for r in records))
+    datasets = list(dict.fromkeys(r["data"] for r in records))
+    index = {(r["model"], r["data"]): r for r in records}
+    body = []
+    for model in models:
+        cells = []
+        for data in datasets:
+            r = index.get((model, data))
+            cells.append("-" if r is None else ("≤ " if r.get("kind") == "nelbo" else "") + _fmt(r.get("ppl"), 2))
+        body.append([model] + cells)
+    return _table(["Model"] + datasets, body)

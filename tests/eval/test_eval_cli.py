@@ -1,0 +1,87 @@
+"""The single-metric ``tadm eval`` subcommands with --json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tadm.cli import main
+from tadm.eval.likelihood import diffusion_nelbo, packed_eval_blocks
+from tadm.eval.mauve import mauve_score
+from tests.eval.test_evaluator import (
+    FIXTURE,
+    fixture_docs,
+    save_ar_evaluator,
+    tiny_ar_evaluator,
+    tiny_diffusion,
+    tiny_tokenizer,
+)
+
+
+def test_likelihood_json_matches_the_api(tmp_path, capsys):
+    model_dir = tmp_path / "mdlm"
+    tiny_diffusion("mdlm").save_pretrained(model_dir)
+    tiny_tokenizer().save(model_dir)
+    argv = ["eval", "likelihood", "--model", str(model_dir), "--data", str(FIXTURE), "--seq-len", "32",
+            "--max-blocks", "3", "--t-samples", "2", "--seed", "4", "--cache-dir", str(tmp_path / "cache"), "--json"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out)
+    blocks = packed_eval_blocks(FIXTURE, tiny_tokenizer(), 32, cache_dir=tmp_path / "cache")
+    expected = diffusion_nelbo(tiny_diffusion("mdlm"), blocks, num_t_samples=2, max_blocks=3, seed=4)
+    assert record["kind"] == "nelbo" and record["num_sequences"] == 3
+    assert record["ppl"] == pytest.approx(expected.ppl, rel=1e-6)
+
+
+def test_throughput_json_reports_counted_and_analytic_calls(capsys):
+    argv = ["eval", "throughput", "--model", "tadm-tiny", "--steps", "6", "--refresh", "1", "4", "--length", "8",
+            "--generations", "1", "--warmup", "0", "--json"]
+    assert main(argv) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["refresh_interval"] for r in records] == [1, 4]
+    for r in records:
+        assert r["layer_calls"]["total"] == r["analytic_layer_calls"] and r["tokens_per_second"] > 0
+    assert records[1]["analytic_layer_calls"] == 6 * 1 + 2 * 2  # 1 denoiser layer per step, 2 anchor layers x 2
+
+
+def test_mauve_json_matches_the_api(tmp_path, capsys):
+    evaluator = save_ar_evaluator(tmp_path / "ar")
+    argv = ["eval", "mauve", "--texts", str(FIXTURE), "--reference", str(FIXTURE), "--max-texts", "12",
+            "--num-buckets", "2", "--evaluator", str(evaluator), "--max-tokens", "48", "--json"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["num_samples"] == record["num_reference"] == 12
+    docs = fixture_docs(12)
+    expected = mauve_score(docs, docs, tiny_ar_evaluator(), max_tokens=48, num_buckets=2)
+    assert record["mauve"] == pytest.approx(expected.mauve) and record["num_buckets"] == 2
+    assert main(argv[:-1] + ["--num-buckets", "many"]) == 2
+    assert "--num-buckets must be 'auto' or an integer" in capsys.readouterr().err
+
+
+def test_prepare_evaluator_reports_an_existing_copy(tmp_path, capsys):
+    (tmp_path / "ready").mkdir()
+    (tmp_path / "ready" / "config.json").write_text("{}")
+    assert main(["eval", "prepare-evaluator", "--dest", str(tmp_path / "ready")]) == 0
+    assert "already prepared" in capsys.readouterr().out
+
+
+def test_likelihood_zero_shot_table(tmp_path, capsys):
+    mdlm_dir = tmp_path / "mdlm"
+    tiny_diffusion("mdlm").save_pretrained(mdlm_dir)
+    tiny_tokenizer().save(mdlm_dir)
+    ar_dir = save_ar_evaluator(tmp_path / "ar")
+    other = tmp_path / "other.txt"
+    other.write_text(" ".join(fixture_docs()[-3:]))
+    argv = ["eval", "likelihood", "--model", f"AR={ar_dir}", f"MDLM={mdlm_dir}", "--data", f"brown={FIXTURE}",
+            str(other), "--seq-len", "32", "--max-blocks", "2", "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "| Model | brown | other.txt |"
+    assert lines[2].startswith("| AR | ") and "≤" not in lines[2]  # exact perplexity
+    assert lines[3].startswith("| MDLM | ≤ ") and lines[3].count("≤") == 2  # NELBO bounds
+    assert main(argv + ["--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["model"], r["data"], r["kind"]) for r in records] == [
+        ("AR", "brown", "exact"), ("AR", "other.txt", "exact"), ("MDLM", "brown", "nelbo"), ("MDLM", "other.txt", "nelbo")]
+    ar_brown = f"{records[0]['ppl']:.2f}"
+    assert f"| AR | {ar_brown} |" in "\n".join(lines)
