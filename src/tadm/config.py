@@ -55,6 +55,9 @@ class ObjectiveSection:
     gamma: float = 0.0  # anchor supervision weight: 0 = TADM-dagger, 3e-3 = TADM-double-dagger
     refresh_intervals: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     step_budgets: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096])
+    # ADLM only: anchor targets are the "rare" tokens, i.e. those outside the most frequent ids that
+    # together make up this share of the training tokens (see tadm.training.objectives.rare_token_mask).
+    anchor_common_mass: float = 0.5
 
 
 @dataclass
@@ -68,7 +71,7 @@ class OptimSection:
     warmup_steps: int = 2500
     lr_schedule: str = "constant"  # constant | cosine
     min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
 
 @dataclass
@@ -82,11 +85,14 @@ class TrainSection:
     eval_every: int = 200
     eval_batches: int = 8
     save_every: int = 500
-    ema: float = 0.9999
+    ema: float = 0.9999  # 0 disables EMA (evaluate and save the raw weights)
     seed: int = 0
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
-    device: str = "auto"
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     out_dir: str = "runs/tadm"
+    overwrite: bool = False  # start afresh in an out_dir that already holds a run
+    save_best: bool = False  # also save the EMA model with the best validation NELBO to out_dir/best
+    tensorboard: bool = False  # also log to out_dir/tensorboard (needs the tensorboard package)
 
 
 @dataclass
@@ -125,6 +131,8 @@ def _validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"objective.gamma must be >= 0, got {cfg.objective.gamma}")
     if not 0.0 < cfg.objective.eps < 1.0:
         raise ConfigError(f"objective.eps must be in (0, 1), got {cfg.objective.eps}")
+    if not 0.0 < cfg.objective.anchor_common_mass <= 1.0:
+        raise ConfigError(f"objective.anchor_common_mass must be in (0, 1], got {cfg.objective.anchor_common_mass}")
     for name in ("refresh_intervals", "step_budgets"):
         values = getattr(cfg.objective, name)
         if not values or any(v < 1 for v in values):
@@ -136,6 +144,12 @@ def _validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"optim.lr_schedule {cfg.optim.lr_schedule!r} is unknown; valid: constant, cosine")
     if cfg.optim.warmup_steps < 0:
         raise ConfigError(f"optim.warmup_steps must be >= 0, got {cfg.optim.warmup_steps}")
+    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
+        raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
+    if cfg.optim.grad_clip < 0:
+        raise ConfigError(f"optim.grad_clip must be >= 0 (0 disables clipping), got {cfg.optim.grad_clip}")
+    if cfg.optim.weight_decay < 0:
+        raise ConfigError(f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
     for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every", "eval_every", "eval_batches",
                  "save_every"):
         positive(f"train.{name}", getattr(cfg.train, name))
@@ -148,6 +162,39 @@ def _validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"train.ema must be in [0, 1), got {cfg.train.ema}")
     if cfg.train.precision not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: auto, fp32, bf16")
+    device = cfg.train.device
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(f"train.device {device!r} is unknown; valid: auto, cpu, cuda, cuda:N")
+    if not cfg.train.out_dir.strip():
+        raise ConfigError("train.out_dir must not be empty")
+
+
+def preset_dirs() -> list[Path]:
+    """Where shipped presets are looked up: ``./configs``, then the source checkout's ``configs/``."""
+    candidates = [Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs"]  # <repo>/configs
+    dirs: list[Path] = []
+    for d in candidates:
+        if d.is_dir() and all(d.resolve() != seen.resolve() for seen in dirs):
+            dirs.append(d)
+    return dirs
+
+
+def preset_path(name: str) -> Path:
+    """Path of the shipped preset ``name`` ("tadm-brown-cpu" or "tadm-brown-cpu.yaml") in :func:`preset_dirs`.
+
+    Raises:
+        FileNotFoundError: no such preset; the message lists the presets that exist.
+    """
+    filename = name if name.endswith(".yaml") else f"{name}.yaml"
+    dirs = preset_dirs()
+    for directory in dirs:
+        if (directory / filename).is_file():
+            return directory / filename
+    found = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+    where = ", ".join(str(d) for d in dirs) or "no configs/ directory found"
+    raise FileNotFoundError(
+        f"no preset {name!r} (looked in {where}); available: {', '.join(found) or 'none'}"
+    )
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:

@@ -1,0 +1,163 @@
+"""Checkpoints: the exported model directory and the resumable training state.
+
+Two kinds of files are written into a run's ``out_dir``:
+
+* a **model directory** (``final/``, optionally ``best/``): ``save_pretrained`` of the EMA model
+  (``config.json`` + ``model.safetensors``), the tokenizer (``tokenizer.json`` +
+  ``tadm_tokenizer.json``) and the resolved experiment config (``train_config.yaml``), so that
+  ``tadm sample --model out_dir/final`` works as is. It is assembled in a temporary directory and
+  moved into place, so a crash never leaves a half-written model behind.
+* the **training state** (``training_state.pt``): raw weights, optimizer, learning-rate schedule,
+  EMA weights, every rank's RNG states, the data sampler and the step. It holds only tensors and
+  plain Python values, is loaded with ``torch.load(weights_only=True)``, and is written atomically
+  (temporary file, fsync, ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tadm.config import ExperimentConfig, save_config
+
+__all__ = [
+    "CONFIG_FILENAME",
+    "STATE_FILENAME",
+    "STATE_FORMAT",
+    "capture_rng_state",
+    "load_training_state",
+    "restore_rng_state",
+    "save_model_dir",
+    "save_training_state",
+]
+
+STATE_FILENAME = "training_state.pt"
+CONFIG_FILENAME = "train_config.yaml"
+STATE_FORMAT = 1
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_training_state(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """``torch.save(state)`` to ``path`` atomically: a temporary file beside it, fsync, ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a state written by :func:`save_training_state` (``weights_only=True``, tensors on CPU)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no training state at {path}")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path} is not a tadm training state of format {STATE_FORMAT}")
+    return state
+
+
+# ------------------------------------------------------------------------------------ RNG states
+def capture_rng_state() -> dict[str, Any]:
+    """This process's torch (CPU and CUDA), numpy and Python RNG states as tensors and plain values."""
+    np_state = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "key": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": {
+            "version": int(py_version),
+            "internal": torch.tensor(py_internal, dtype=torch.int64),
+            "gauss_next": py_gauss,
+        },
+    }
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["key"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    py_state = state["python"]
+    random.setstate((py_state["version"], tuple(int(v) for v in py_state["internal"].tolist()), py_state["gauss_next"]))
+
+
+# ---------------------------------------------------------------------------------- model dirs
+def save_model_dir(
+    model: nn.Module,
+    directory: str | os.PathLike[str],
+    *,
+    tokenizer: Any | None = None,
+    config: ExperimentConfig | None = None,
+) -> Path:
+    """Write ``model.save_pretrained`` + tokenizer + ``train_config.yaml`` into ``directory``, replacing it.
+
+    The files are written into a temporary sibling directory that is then renamed into place.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        model.save_pretrained(tmp)  # type: ignore[operator]
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+        if config is not None:
+            save_config(config, tmp / CONFIG_FILENAME)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        _fsync_dir(directory.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return directory

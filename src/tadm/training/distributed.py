@@ -1,0 +1,155 @@
+"""Data-parallel training under ``torchrun``: process group, DDP wrapping, rank-0-first and reductions.
+
+A run is distributed when ``WORLD_SIZE`` > 1 in the environment (set by ``torchrun``): the process
+group is opened with NCCL on CUDA and gloo on CPU, each process drives one device
+(``cuda:LOCAL_RANK``), and only rank 0 logs and writes files. Without ``WORLD_SIZE`` every helper
+here degrades to a no-op on a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+__all__ = [
+    "DistInfo",
+    "all_gather_objects",
+    "all_reduce_mean",
+    "all_reduce_sum",
+    "barrier",
+    "cleanup",
+    "init_distributed",
+    "main_process_first",
+    "resolve_device",
+    "wrap_model",
+]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # this module opened the process group (and closes it)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """``"auto"`` -> ``cuda:LOCAL_RANK`` when CUDA is available, else CPU; ``"cuda"`` -> ``cuda:LOCAL_RANK``."""
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {spec!r} requested but CUDA is not available; use train.device=cpu")
+        return torch.device(f"cuda:{local_rank}") if spec == "cuda" else torch.device(spec)
+    if spec != "cpu":
+        raise ValueError(f"unknown device {spec!r}; valid: auto, cpu, cuda, cuda:N")
+    return torch.device("cpu")
+
+
+def init_distributed(device: str = "auto") -> DistInfo:
+    """Read ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``; open the process group when ``WORLD_SIZE`` > 1.
+
+    NCCL is used when the run's device is CUDA, gloo otherwise. ``MASTER_ADDR``/``MASTER_PORT``
+    come from the environment (``torchrun`` sets them). A process group opened by the caller is
+    reused and left open.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"inconsistent RANK={rank} / WORLD_SIZE={world_size}")
+    resolved = resolve_device(device, local_rank)
+    if resolved.type == "cuda":
+        torch.cuda.set_device(resolved)
+    owns = False
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if resolved.type == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"device_id": resolved} if backend == "nccl" else {}
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
+        owns = True
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=resolved, owns_group=owns)
+
+
+def cleanup(info: DistInfo) -> None:
+    """Close the process group if :func:`init_distributed` opened it."""
+    if info.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()
+
+
+@contextmanager
+def main_process_first(info: DistInfo) -> Iterator[None]:
+    """Rank 0 runs the body first (e.g. trains the tokenizer, packs the data); the others then reuse its files.
+
+    If rank 0 fails inside the body, the other ranks are released from the barrier only when
+    the process group is torn down (``torchrun`` does that when a worker exits).
+    """
+    if not info.is_main:
+        barrier(info)
+    yield
+    if info.is_main:
+        barrier(info)
+
+
+def all_reduce_sum(tensor: Tensor, info: DistInfo) -> Tensor:
+    """Sum of ``tensor`` over ranks (a new tensor; the input is left unchanged)."""
+    out = tensor.detach().clone()
+    if info.distributed:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def all_reduce_mean(tensor: Tensor, info: DistInfo) -> Tensor:
+    """Mean of ``tensor`` over ranks."""
+    return all_reduce_sum(tensor, info) / info.world_size
+
+
+def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every rank (picklable objects)."""
+    if not info.distributed:
+        return [obj]
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def wrap_model(model: nn.Module, info: DistInfo, find_unused_parameters: bool = False) -> nn.Module:
+    """``DistributedDataParallel(model)`` in a distributed run (rank 0's weights are broadcast), else ``model``."""
+    if not info.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)

@@ -1,0 +1,623 @@
+"""The pretraining loop: ``train(cfg) -> TrainResult`` (appendix "TADM:Pretrain", training details).
+
+One call runs a whole experiment described by an :class:`~tadm.config.ExperimentConfig`:
+
+1. tokenizer: a byte-level BPE trained on the corpus into ``out_dir/tokenizer`` (``data.tokenizer:
+   bpe``, reused when present), GPT-2's (``gpt2``) or a saved one (a directory);
+2. data: the corpus packed into blocks of ``data.seq_len`` (:mod:`tadm.training.data`), cached;
+3. model: ``model.arch``-``model.preset`` with ``model.overrides``; the vocabulary comes from the
+   tokenizer and ``max_seq_len`` defaults to ``data.seq_len``;
+4. optimisation: AdamW, linear warmup then constant or cosine learning rate, gradient clipping,
+   gradient accumulation up to ``train.global_batch_size``, bf16 autocast on CUDA, an EMA copy of
+   the weights;
+5. validation NELBO per token (and its perplexity bound ``exp``) of the EMA model on held-out
+   blocks at the start, every ``train.eval_every`` steps and at the end;
+6. files in ``out_dir``: ``metrics.jsonl``, ``training_state.pt`` (every ``train.save_every``
+   steps and at the end; ``train(cfg, resume=True)`` continues from it), ``final/`` (EMA model,
+   tokenizer, config) and optionally ``best/``.
+
+Randomness. The model is initialised from ``train.seed`` on every rank; afterwards the global
+RNGs (dropout) are reseeded with ``seed + rank``. The diffusion noise of micro-batch ``j`` of a step
+is drawn from its own generator seeded by ``(seed, step, global micro-batch index)``, so it does not
+depend on the number of processes, and a resumed run draws exactly what an uninterrupted one does.
+On CPU a resumed run reproduces the uninterrupted run's losses bit for bit.
+
+Under ``torchrun`` the run is data-parallel (:mod:`tadm.training.distributed`): each rank takes its
+slice of every global batch, only rank 0 writes files and prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from tadm.config import ConfigError, ExperimentConfig
+from tadm.diffusion import get_schedule
+from tadm.nn import build_model
+from tadm.training.checkpoint import (
+    STATE_FILENAME,
+    STATE_FORMAT,
+    capture_rng_state,
+    load_training_state,
+    restore_rng_state,
+    save_model_dir,
+    save_training_state,
+)
+from tadm.training.data import BlockSampler, PackedSplits, PackedTokens, build_packed_dataset, load_texts
+from tadm.training.distributed import (
+    DistInfo,
+    all_gather_objects,
+    all_reduce_mean,
+    all_reduce_sum,
+    barrier,
+    cleanup,
+    init_distributed,
+    main_process_first,
+    wrap_model,
+)
+from tadm.training.ema import EMA
+from tadm.training.lr import build_lr_scheduler
+from tadm.training.metrics import MetricsLogger
+from tadm.training.objectives import (
+    LossOutput,
+    ObjectiveConfig,
+    get_objective,
+    rare_token_mask,
+    validation_config,
+)
+from tadm.training.tokenization import (
+    META_FILENAME,
+    TextTokenizer,
+    check_vocab_compatible,
+    load_tokenizer,
+    train_bpe_tokenizer,
+)
+
+__all__ = [
+    "DataPreparationError",
+    "NonFiniteLossError",
+    "TrainResult",
+    "build_training_model",
+    "evaluate",
+    "objective_config",
+    "prepare_tokenizer",
+    "train",
+]
+
+FINAL_DIRNAME = "final"
+BEST_DIRNAME = "best"
+TOKENIZER_DIRNAME = "tokenizer"
+# Parts of the config a resumed run must share with the run it continues (the rest, e.g.
+# train.max_steps, eval_every or log_every, may change between invocations).
+_RESUME_FIXED = ("model", "data.source", "data.text_field", "data.tokenizer", "data.tokenizer_vocab_size",
+                 "data.seq_len", "data.val_fraction", "objective", "optim", "train.global_batch_size",
+                 "train.seed", "train.ema")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm became NaN/inf; the step was not applied."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class DataPreparationError(ValueError):
+    """The corpus or tokenizer could not be prepared (missing file or package, offline hub, ...)."""
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns."""
+
+    out_dir: Path
+    model_dir: Path  # out_dir/final: EMA model + tokenizer + train_config.yaml
+    state_path: Path  # out_dir/training_state.pt
+    start_step: int  # steps already done when this call began (0 unless resumed)
+    step: int  # steps done at the end
+    losses: list[float] = field(default_factory=list)  # train loss of steps start_step + 1, ..., step
+    val_history: list[tuple[int, float]] = field(default_factory=list)  # (step, val NELBO per token)
+    best_val_nelbo: float | None = None
+    tokens_seen: int = 0
+    wall_time_s: float = 0.0
+    num_parameters: int = 0
+
+    @property
+    def val_nelbo(self) -> float | None:
+        """Validation NELBO per token (nats) at the end of the run."""
+        return self.val_history[-1][1] if self.val_history else None
+
+    @property
+    def val_ppl(self) -> float | None:
+        """Perplexity bound exp(val NELBO) at the end of the run."""
+        return math.exp(self.val_history[-1][1]) if self.val_history else None
+
+
+# ================================================================================ building blocks
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _noise_seed(seed: int, step: int, chunk: int, split: str = "train") -> int:
+    """Seed of the diffusion noise of micro-batch ``chunk`` (global index) of optimizer step ``step``."""
+    digest = hashlib.sha256(f"tadm-noise:{split}:{seed}:{step}:{chunk}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def _noise_generator(seed: int, step: int, chunk: int, split: str = "train") -> torch.Generator:
+    # A CPU generator: the diffusion functions draw on it and move the draws to the batch's device,
+    # so CPU and CUDA runs see the same noise.
+    return torch.Generator().manual_seed(_noise_seed(seed, step, chunk, split))
+
+
+def prepare_tokenizer(cfg: ExperimentConfig, out_dir: Path) -> TextTokenizer:
+    """The run's tokenizer (see the module docstring); a BPE tokenizer is trained once and reused."""
+    data = cfg.data
+    if data.tokenizer == "bpe":
+        tok_dir = out_dir / TOKENIZER_DIRNAME
+        if (tok_dir / META_FILENAME).is_file():
+            return TextTokenizer.load(tok_dir)
+        texts = load_texts(data.source, text_field=data.text_field)
+        return train_bpe_tokenizer(texts, data.tokenizer_vocab_size, save_dir=tok_dir)
+    return load_tokenizer(data.tokenizer)
+
+
+def _token_counts(packed: PackedTokens, vocab_size: int) -> torch.Tensor:
+    """(V,) int64 counts of every id in the packed blocks, cached beside them."""
+    cache = packed.sidecar.with_name(f"{packed.meta['split']}.counts.npy")
+    if cache.is_file():
+        counts = np.load(cache)
+        if counts.shape == (vocab_size,):
+            return torch.from_numpy(counts)
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    rows = 1 << 14
+    for lo in range(0, len(packed), rows):
+        counts += np.bincount(np.asarray(packed.array[lo : lo + rows]).ravel(), minlength=vocab_size)[:vocab_size]
+    tmp = cache.with_name(cache.name + ".tmp.npy")
+    np.save(tmp, counts)
+    tmp.replace(cache)
+    return torch.from_numpy(counts)
+
+
+def objective_config(cfg: ExperimentConfig, anchor_token_mask: torch.Tensor | None = None) -> ObjectiveConfig:
+    """The objective's own settings from the experiment config."""
+    o = cfg.objective
+    try:
+        get_schedule(o.schedule)
+    except ValueError as err:
+        raise ConfigError(f"objective.schedule: {err}") from None
+    return ObjectiveConfig(
+        schedule=o.schedule,
+        eps=o.eps,
+        antithetic=o.antithetic,
+        gamma=o.gamma,
+        refresh_intervals=tuple(int(k) for k in o.refresh_intervals),
+        step_budgets=tuple(int(T) for T in o.step_budgets),
+        anchor_token_mask=anchor_token_mask,
+    )
+
+
+def build_training_model(cfg: ExperimentConfig, tokenizer: TextTokenizer) -> nn.Module:
+    """``model.arch``-``model.preset`` with the tokenizer's vocabulary and ``max_seq_len >= data.seq_len``.
+
+    Raises:
+        ConfigError: an explicit ``vocab_size``/``mask_token_id``/``max_seq_len`` override that
+            does not fit the tokenizer or ``data.seq_len``, an unknown override key, or an anchor
+            loss (``objective.gamma > 0``) for a TADM without its anchor LM head.
+    """
+    arch = cfg.model.arch
+    overrides = dict(cfg.model.overrides)
+    vocab = tokenizer.vocab_size
+    if overrides.get("vocab_size", vocab) != vocab:
+        raise ConfigError(
+            f"model.overrides.vocab_size={overrides['vocab_size']} does not match the tokenizer's "
+            f"{vocab} tokens (mask included); drop the override to take the tokenizer's size"
+        )
+    overrides["vocab_size"] = vocab
+    seq_len = cfg.data.seq_len
+    if overrides.get("max_seq_len", seq_len) < seq_len:
+        raise ConfigError(f"model.overrides.max_seq_len={overrides['max_seq_len']} < data.seq_len={seq_len}")
+    overrides.setdefault("max_seq_len", seq_len)
+    if arch == "tadm":
+        # The anchor LM head serves only the anchor loss; without it every parameter gets a gradient.
+        overrides.setdefault("anchor_lm_head", cfg.objective.gamma > 0)
+        if cfg.objective.gamma > 0 and not overrides["anchor_lm_head"]:
+            raise ConfigError("objective.gamma > 0 needs model.overrides.anchor_lm_head=true")
+    name = f"{arch}-{cfg.model.preset}"
+    try:
+        model = build_model(name, **overrides)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model {name} with overrides {dict(cfg.model.overrides)}: {err}") from None
+    if arch != "ar":
+        try:
+            check_vocab_compatible(tokenizer, model.vocab_size, model.mask_token_id)  # type: ignore[arg-type]
+        except ValueError as err:
+            raise ConfigError(f"model.overrides: {err}") from None
+    return model
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    data: PackedTokens,
+    objective: Callable[..., LossOutput],
+    cfg: ObjectiveConfig,
+    *,
+    batch_size: int,
+    num_batches: int,
+    seed: int,
+    info: DistInfo | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> float:
+    """Loss per token over the first ``batch_size * num_batches`` blocks of ``data`` (fewer if it has fewer).
+
+    Batch ``i`` always sees the same noise (a generator seeded by ``(seed, i)``), so successive
+    evaluations differ only through the model. Under DDP the batches are shared out round-robin
+    and the sums reduced. Returns nats per token.
+    """
+    info = info or DistInfo()
+    device = next(model.parameters()).device
+    n_blocks = min(len(data), batch_size * num_batches)
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # (loss sum, tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        for i, lo in enumerate(range(0, n_blocks, batch_size)):
+            if i % info.world_size != info.rank:
+                continue
+            x = data.get_batch(range(lo, min(lo + batch_size, n_blocks))).to(device)  # (B, L)
+            with autocast():
+                out = objective(model, x, _noise_generator(seed, 0, i, "val"), cfg)
+            totals[0] += out.loss.double() * out.num_tokens
+            totals[1] += out.num_tokens
+    finally:
+        model.train(was_training)
+    totals = all_reduce_sum(totals, info)
+    return (totals[0] / totals[1]).item()
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "overrides":
+            out.update(_flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def _check_resumable(saved: dict[str, Any], cfg: ExperimentConfig, state_path: Path) -> None:
+    old, new = _flatten(saved), _flatten(cfg.to_dict())
+    differ = sorted(
+        k for k in set(old) | set(new)
+        if any(k == f or k.startswith(f + ".") for f in _RESUME_FIXED) and old.get(k) != new.get(k)
+    )
+    if differ:
+        details = "; ".join(f"{k}: saved {old.get(k)!r}, now {new.get(k)!r}" for k in differ)
+        raise ConfigError(f"cannot resume from {state_path}: the config changed ({details})")
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class _Printer:
+    """Rank-0 messages that do not break the progress bar."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            tqdm.write(message, file=sys.stdout)
+
+
+# ====================================================================================== the loop
+def train(cfg: ExperimentConfig, *, resume: bool = False) -> TrainResult:
+    """Run (or, with ``resume``, continue) the experiment ``cfg``; see the module docstring.
+
+    Raises:
+        ConfigError: settings that do not fit together (batch sizes vs world size, vocabulary,
+            an ``out_dir`` that already holds a run without ``resume``/``train.overwrite``, a
+            resumed run whose fixed settings changed).
+        DataPreparationError: the corpus or tokenizer could not be loaded.
+        NonFiniteLossError: the loss or gradient norm became NaN/inf; nothing of that step was
+            applied or saved, and ``training_state.pt`` still holds the last good state.
+    """
+    info = init_distributed(cfg.train.device)
+    try:
+        return _train(cfg, resume, info)
+    finally:
+        cleanup(info)
+
+
+def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> TrainResult:
+    wall_start = time.perf_counter()
+    tc = cfg.train
+    say = _Printer(info.is_main)
+    out_dir = Path(tc.out_dir)
+    state_path = out_dir / STATE_FILENAME
+    final_dir, best_dir = out_dir / FINAL_DIRNAME, out_dir / BEST_DIRNAME
+
+    # ---------------------------------------------------------------- batch geometry
+    per_step = tc.micro_batch_size * info.world_size
+    if tc.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size ({tc.global_batch_size}) must be a multiple of train.micro_batch_size "
+            f"({tc.micro_batch_size}) x world size ({info.world_size})"
+        )
+    accum = tc.global_batch_size // per_step
+
+    # ---------------------------------------------------------------- run directory
+    if resume and not state_path.is_file():
+        raise ConfigError(f"nothing to resume: no training state at {state_path}")
+    if not resume and (state_path.exists() or final_dir.exists()) and not tc.overwrite:
+        raise ConfigError(
+            f"train.out_dir {str(out_dir)!r} already holds a run; pass --resume to continue it, "
+            "train.overwrite=true to start afresh, or choose another train.out_dir"
+        )
+    state = load_training_state(state_path) if resume else None
+    if state is not None:
+        _check_resumable(state["config"], cfg, state_path)
+
+    # ---------------------------------------------------------------- tokenizer and data (rank 0 first)
+    anchor_mask = None
+    with main_process_first(info):
+        if info.is_main and not resume and tc.overwrite:
+            for stale in (state_path, out_dir / "metrics.jsonl"):
+                stale.unlink(missing_ok=True)
+            for stale_dir in (final_dir, best_dir, out_dir / TOKENIZER_DIRNAME):
+                shutil.rmtree(stale_dir, ignore_errors=True)
+        try:
+            tokenizer = prepare_tokenizer(cfg, out_dir)
+            splits: PackedSplits = build_packed_dataset(
+                cfg.data.source,
+                tokenizer,
+                cfg.data.seq_len,
+                cfg.data.cache_dir,
+                cfg.data.val_fraction,
+                seed=0,  # the held-out documents do not depend on train.seed
+                text_field=cfg.data.text_field,
+                progress=None if info.is_main else False,
+            )
+        except (ImportError, OSError, RuntimeError) as err:
+            raise DataPreparationError(str(err).splitlines()[0] if str(err) else repr(err)) from err
+        if cfg.model.arch == "adlm" and cfg.objective.gamma > 0:
+            counts = _token_counts(splits.train, tokenizer.vocab_size)
+            exclude = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.mask_id}
+            anchor_mask = rare_token_mask(counts, cfg.objective.anchor_common_mass, sorted(exclude))
+    train_data, val_data = splits.train, splits.val
+    try:
+        sampler = BlockSampler(len(train_data), tc.global_batch_size, seed=tc.seed, rank=info.rank,
+                               world_size=info.world_size)
+    except ValueError as err:
+        raise ConfigError(f"train.global_batch_size={tc.global_batch_size} does not fit the data: {err}") from None
+
+    # ---------------------------------------------------------------- model, optimizer, EMA
+    _seed_everything(tc.seed)  # identical initial weights on every rank
+    raw_model = build_training_model(cfg, tokenizer).to(info.device)
+    anchor_head = getattr(raw_model, "anchor_head", None)
+    if cfg.model.arch == "tadm" and anchor_head is not None and cfg.objective.gamma == 0:
+        # An anchor LM head kept on request (model.overrides.anchor_lm_head) gets no loss without
+        # gamma; freezing it keeps it out of the optimizer and out of DDP's gradient reduction.
+        anchor_head.requires_grad_(False)
+    _seed_everything(tc.seed + info.rank)
+    obj_cfg = objective_config(cfg, anchor_mask)
+    val_cfg = validation_config(obj_cfg)
+    objective = get_objective(cfg.model.arch)
+    oc = cfg.optim
+    optimizer = torch.optim.AdamW(
+        [p for p in raw_model.parameters() if p.requires_grad],
+        lr=oc.lr,
+        betas=(oc.betas[0], oc.betas[1]),
+        eps=oc.eps,
+        weight_decay=oc.weight_decay,
+    )
+    scheduler = build_lr_scheduler(
+        optimizer, warmup_steps=oc.warmup_steps, max_steps=tc.max_steps, schedule=oc.lr_schedule,
+        min_lr_ratio=oc.min_lr_ratio,
+    )
+    ema = EMA(raw_model, tc.ema) if tc.ema > 0 else None
+    eval_model = ema.model if ema is not None else raw_model
+
+    start_step, best_val, last_saved = 0, None, None
+    if state is not None:
+        raw_model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["lr_scheduler"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        sampler.load_state_dict(state["sampler"])
+        start_step = last_saved = int(state["step"])
+        best_val = state["best_val_nelbo"]
+        rng_states = state["rng"]
+        if len(rng_states) == info.world_size:
+            restore_rng_state(rng_states[info.rank])
+        else:  # a different world size: exact continuation is impossible, fresh streams per rank
+            _seed_everything(tc.seed + info.rank + 7919 * start_step)
+            say(f"resuming on {info.world_size} ranks a run saved on {len(rng_states)}: dropout RNG streams reseeded")
+
+    model = wrap_model(raw_model, info)
+
+    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and info.device.type == "cuda")
+
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(info.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def run_eval() -> float:
+        return evaluate(eval_model, val_data, objective, val_cfg, batch_size=tc.micro_batch_size,
+                        num_batches=tc.eval_batches, seed=tc.seed, info=info, autocast=autocast)
+
+    def save_state(step: int) -> None:
+        rng = all_gather_objects(capture_rng_state(), info)  # every rank's streams, for exact resumption
+        if info.is_main:
+            save_training_state(
+                {
+                    "format": STATE_FORMAT,
+                    "step": step,
+                    "model": raw_model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "lr_scheduler": scheduler.state_dict(),
+                    "ema": ema.state_dict() if ema is not None else None,
+                    "rng": rng,
+                    "sampler": sampler.state_dict(),
+                    "best_val_nelbo": best_val,
+                    "world_size": info.world_size,
+                    "config": cfg.to_dict(),
+                },
+                state_path,
+            )
+        barrier(info)
+
+    # ---------------------------------------------------------------- report the setup
+    tokens_per_step = tc.global_batch_size * cfg.data.seq_len
+    n_params = sum(p.numel() for p in raw_model.parameters())
+    say(
+        f"tadm train: {cfg.model.arch}-{cfg.model.preset} ({n_params / 1e6:.2f}M parameters, vocab "
+        f"{tokenizer.vocab_size}) on {cfg.data.source!r}: {len(train_data):,} train / {len(val_data):,} val blocks "
+        f"of {cfg.data.seq_len} tokens; global batch {tc.global_batch_size} = {tc.micro_batch_size} x "
+        f"{info.world_size} rank(s) x {accum} accumulation; {info.device}, {'bf16 autocast' if bf16 else 'fp32'}; "
+        f"out_dir {out_dir}"
+    )
+    if start_step:
+        say(f"resuming from step {start_step} ({state_path})")
+
+    metrics = MetricsLogger(out_dir, enabled=info.is_main, tensorboard=tc.tensorboard,
+                            resume_step=start_step if state is not None else None)
+    result = TrainResult(out_dir=out_dir, model_dir=final_dir, state_path=state_path, start_step=start_step,
+                         step=start_step, best_val_nelbo=best_val, num_parameters=n_params)
+
+    def record_val(step: int) -> None:
+        nonlocal best_val
+        nelbo = run_eval()
+        result.val_history.append((step, nelbo))
+        metrics.log(step, "val", {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700.0))})
+        say(f"step {step}: val NELBO {nelbo:.4f} nats/token, perplexity bound {math.exp(min(nelbo, 700.0)):.2f}")
+        if best_val is None or nelbo < best_val:
+            best_val = result.best_val_nelbo = nelbo
+            if tc.save_best and step > 0:
+                if info.is_main:
+                    save_model_dir(eval_model, best_dir, tokenizer=tokenizer, config=cfg)
+                barrier(info)
+
+    bar = tqdm(total=tc.max_steps, initial=start_step, unit="step", desc="train", dynamic_ncols=True,
+               disable=None if info.is_main else True)
+    try:
+        if state is None:
+            record_val(0)
+        model.train()
+        window_start, window_steps = time.perf_counter(), 0
+        last_eval = start_step if state is None else -1
+        for step in range(start_step, tc.max_steps):
+            done = step + 1
+            x_local = train_data.get_batch(sampler.batch_indices(step)).to(info.device)  # (B_local, L)
+            loss_sum = torch.zeros((), device=info.device)
+            part_sums: dict[str, torch.Tensor] = {}
+            for j in range(accum):
+                x = x_local[j * tc.micro_batch_size : (j + 1) * tc.micro_batch_size]  # (micro, L)
+                generator = _noise_generator(tc.seed, step, info.rank * accum + j)
+                sync = contextlib.nullcontext() if (j == accum - 1 or not info.distributed) else model.no_sync()
+                with sync:
+                    with autocast():
+                        out = objective(model, x, generator, obj_cfg)
+                    (out.loss / accum).backward()
+                loss_sum += out.loss.detach().float()
+                for k, v in out.parts.items():
+                    part_sums[k] = part_sums.get(k, 0.0) + v.float()
+            stats = all_reduce_mean(torch.stack([loss_sum, *part_sums.values()]) / accum, info)
+            loss = stats[0].item()
+            saved_hint = (f"the last good training state is {state_path} (step {last_saved}); continue with "
+                          "--resume after fixing the cause (e.g. a lower optim.lr)") if last_saved is not None \
+                else "no training state had been saved yet"
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(f"training loss is {loss} at step {done}; stopped before applying it; "
+                                         f"{saved_hint}", done)
+            max_norm = oc.grad_clip if oc.grad_clip > 0 else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm).item()
+            if not math.isfinite(grad_norm):
+                raise NonFiniteLossError(f"gradient norm is {grad_norm} at step {done}; stopped before applying "
+                                         f"it; {saved_hint}", done)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.update(raw_model)
+            sampler.step = done
+            result.step = done
+            result.losses.append(loss)
+            window_steps += 1
+
+            now = time.perf_counter()
+            tokens_per_s = window_steps * tokens_per_step / max(now - window_start, 1e-9)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            bar.update(1)
+            if done % tc.log_every == 0 or done == tc.max_steps:
+                parts = dict(zip(part_sums, stats[1:].tolist()))
+                metrics.log(done, "train", {"loss": loss, **parts, "lr": lr, "grad_norm": grad_norm,
+                                            "tokens_per_s": tokens_per_s, "tokens_seen": done * tokens_per_step,
+                                            "elapsed_s": time.perf_counter() - wall_start})
+                if bar.disable:
+                    eta = (tc.max_steps - done) * tokens_per_step / max(tokens_per_s, 1e-9)
+                    say(f"step {done}/{tc.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | "
+                        f"eta {_fmt_time(eta)}")
+                window_start, window_steps = time.perf_counter(), 0
+            if done % tc.eval_every == 0:
+                record_val(done)
+                last_eval = done
+            if done % tc.save_every == 0:
+                save_state(done)
+                last_saved = done
+        bar.close()
+
+        # ------------------------------------------------------------ wrap up
+        end = result.step
+        if last_eval != end:
+            record_val(end)
+        if last_saved != end:
+            save_state(end)
+        if info.is_main:
+            save_model_dir(eval_model, final_dir, tokenizer=tokenizer, config=cfg)
+        barrier(info)
+    finally:
+        bar.close()
+        metrics.close()
+    result.tokens_seen = end * tokens_per_step
+    result.wall_time_s = time.perf_counter() - wall_start
+    _summary(say, result, start_step, tokens_per_step, ema is not None)
+    return result
+
+
+def _summary(say: _Printer, result: TrainResult, start_step: int, tokens_per_step: int, ema: bool) -> None:
+    ran = result.step - start_step
+    rate = ran * tokens_per_step / max(result.wall_time_s, 1e-9)
+    recent = result.losses[-10:]
+    lines = [f"done: {result.step} steps ({ran} in this run) in {_fmt_time(result.wall_time_s)}, "
+             f"{result.tokens_seen:,} tokens seen, {rate:,.0f} tok/s overall"]
+    if recent:
+        lines.append(f"  train loss (mean of last {len(recent)} steps): {sum(recent) / len(recent):.4f}")
+    if result.val_nelbo is not None:
+        lines.append(f"  val NELBO {result.val_nelbo:.4f} nats/token, perplexity bound {result.val_ppl:.2f}"
+                     + (f" (best {result.best_val_nelbo:.4f})" if result.best_val_nelbo is not None else ""))
+    lines.append(f"  model ({'EMA' if ema else 'raw'} weights + tokenizer + config): {result.model_dir}")
+    lines.append(f"  training state (for --resume): {result.state_path}")
+    say("\n".join(lines))

@@ -1,0 +1,109 @@
+"""Experiment configs: every shipped preset loads and builds its model; strict validation; overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tadm.config import ConfigError, ExperimentConfig, load_config, save_config
+from tadm.training.trainer import build_training_model, objective_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# Every pretraining preset: the configs launched with `tadm train` (others, e.g. configs/posttrain-*.yaml,
+# belong to other commands with their own schemas).
+SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml") if "tadm train configs/" in p.read_text())
+
+
+class FakeTokenizer:
+    """Just the vocabulary facts the model builder checks (GPT-2 + mask, or a 4096-id BPE)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.mask_id = vocab_size - 1
+
+
+def test_the_expected_presets_ship() -> None:
+    expected = {"tadm-owt-small.yaml", "tadm-tiny.yaml", "mdlm-tiny.yaml", "adlm-tiny.yaml", "ar-tiny.yaml",
+                "tadm-brown-cpu.yaml"}
+    assert expected <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_config_loads_and_builds(name: str) -> None:
+    path = CONFIGS / name
+    header = path.read_text().splitlines()
+    launch = [line for line in header if line.startswith("#") and f"tadm train configs/{name}" in line]
+    assert launch, f"{name} needs its launch command in a header comment"
+    cfg = load_config(path)
+    vocab = 50258 if cfg.data.tokenizer == "gpt2" else cfg.data.tokenizer_vocab_size
+    objective_config(cfg)
+    with torch.device("meta"):  # sizes only, no memory
+        model = build_training_model(cfg, FakeTokenizer(vocab))  # type: ignore[arg-type]
+    assert model.vocab_size == vocab
+    assert model.config.max_seq_len >= cfg.data.seq_len
+    assert cfg.train.out_dir == f"runs/{name.removesuffix('.yaml')}"
+
+
+def test_owt_small_is_the_paper_setting() -> None:
+    cfg = load_config(CONFIGS / "tadm-owt-small.yaml")
+    assert (cfg.model.arch, cfg.model.preset, cfg.data.source, cfg.data.tokenizer) == (
+        "tadm", "small", "openwebtext", "gpt2")
+    assert (cfg.data.seq_len, cfg.train.global_batch_size, cfg.train.max_steps) == (1024, 512, 1_000_000)
+    assert (cfg.optim.lr, cfg.optim.betas, cfg.optim.eps, cfg.optim.weight_decay) == (3e-4, [0.9, 0.999], 1e-8, 0.0)
+    assert (cfg.optim.warmup_steps, cfg.optim.grad_clip, cfg.train.ema, cfg.train.precision) == (
+        2500, 1.0, 0.9999, "bf16")
+    assert cfg.objective.refresh_intervals == [1, 2, 4, 8]
+    assert cfg.objective.step_budgets == [128, 256, 512, 1024, 2048, 4096]
+    with torch.device("meta"):
+        model = build_training_model(cfg, FakeTokenizer(50258))  # type: ignore[arg-type]
+    # 224M inference parameters (the paper's count; gamma = 0 builds no anchor LM head)
+    assert sum(p.numel() for p in model.parameters()) == model.inference_parameters() == 223_960_146
+    assert (model.config.anchor_layers, model.config.denoiser_layers, model.config.hidden_size) == (12, 6, 768)
+
+
+def test_overrides_and_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(CONFIGS / "tadm-tiny.yaml", ["train.max_steps=7", "objective.refresh_intervals=[1,3]",
+                                                   "model.overrides.hidden_size=64", "train.save_best=true"])
+    assert cfg.train.max_steps == 7 and cfg.objective.refresh_intervals == [1, 3]
+    assert cfg.model.overrides == {"hidden_size": 64} and cfg.train.save_best is True
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+    assert load_config() == ExperimentConfig()
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.max_stepz=3", "max_stepz"),
+        ("optim.nope=1", "optim.nope"),
+        ("train.max_steps=lots", "train.max_steps"),
+        ("train.global_batch_size=30", "multiple of"),
+        ("objective.anchor_common_mass=0", "objective.anchor_common_mass"),
+        ("optim.grad_clip=-1", "optim.grad_clip"),
+        ("optim.min_lr_ratio=2", "optim.min_lr_ratio"),
+        ("train.device=tpu", "train.device"),
+        ("train.ema=1.0", "train.ema"),
+        ("model.arch=sedd", "valid: tadm, mdlm, adlm, ar"),
+        ("objective.refresh_intervals=[0]", "objective.refresh_intervals"),
+        ("train.overwrite=maybe", "train.overwrite"),
+    ],
+)
+def test_bad_values_fail_loudly_naming_the_key(override: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        load_config(None, ["train.micro_batch_size=8", override])
+
+
+def test_unknown_schedule_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="objective.schedule.*valid names"):
+        objective_config(load_config(None, ["objective.schedule=quadratic"]))
+
+
+def test_preset_path_finds_shipped_presets() -> None:
+    from tadm.config import preset_path
+
+    assert preset_path("tadm-brown-cpu") == preset_path("tadm-brown-cpu.yaml")
+    assert preset_path("tadm-brown-cpu").resolve() == (CONFIGS / "tadm-brown-cpu.yaml").resolve()
+    with pytest.raises(FileNotFoundError, match="available: .*tadm-tiny"):
+        preset_path("tadm-hugee")
