@@ -24,7 +24,7 @@
     python scripts/posttrain_demo.py                 # writes runs/posttrain-demo/
     python scripts/posttrain_demo.py --quick         # a much shorter smoke run
 
-The base model, tokenizer and chat JSONL it writes are what ``configs/posttrain-tiny.yaml`` trains on.
+The base model, tokenizer and chat JSONL it writes are what the shipped preset ``posttrain-tiny`` trains on.
 """
 
 from __future__ import annotations

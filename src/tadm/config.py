@@ -169,42 +169,46 @@ def _validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("train.out_dir must not be empty")
 
 
-def preset_dirs() -> list[Path]:
-    """Where shipped presets are looked up: ``./configs``, then the source checkout's ``configs/``."""
-    candidates = [Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs"]  # <repo>/configs
-    dirs: list[Path] = []
-    for d in candidates:
-        if d.is_dir() and all(d.resolve() != seen.resolve() for seen in dirs):
-            dirs.append(d)
-    return dirs
+PRESET_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def list_presets() -> list[str]:
+    """Names of the presets shipped inside the package (``src/tadm/configs/*.yaml``)."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
 def preset_path(name: str) -> Path:
-    """Path of the shipped preset ``name`` ("tadm-brown-cpu" or "tadm-brown-cpu.yaml") in :func:`preset_dirs`.
+    """Path of the shipped preset ``name`` ("tadm-brown-cpu" or "tadm-brown-cpu.yaml").
 
     Raises:
         FileNotFoundError: no such preset; the message lists the presets that exist.
     """
-    filename = name if name.endswith(".yaml") else f"{name}.yaml"
-    dirs = preset_dirs()
-    for directory in dirs:
-        if (directory / filename).is_file():
-            return directory / filename
-    found = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
-    where = ", ".join(str(d) for d in dirs) or "no configs/ directory found"
-    raise FileNotFoundError(
-        f"no preset {name!r} (looked in {where}); available: {', '.join(found) or 'none'}"
-    )
+    path = PRESET_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if not path.is_file():
+        raise FileNotFoundError(f"no preset {name!r}; shipped presets: {', '.join(list_presets())}")
+    return path
+
+
+def resolve_config_path(path_or_preset: str | Path) -> Path:
+    """A YAML file path if it exists, else the shipped preset of that name (clear error if neither)."""
+    path = Path(path_or_preset)
+    if path.is_file():
+        return path
+    try:
+        return preset_path(str(path_or_preset))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"config {str(path_or_preset)!r} is neither a file nor a shipped preset "
+            f"(presets: {', '.join(list_presets())})"
+        ) from None
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
-    """Defaults <- YAML preset at ``path`` <- ``key=value`` overrides, validated strictly."""
+    """Defaults <- YAML file or shipped preset ``path`` <- ``key=value`` overrides, validated strictly."""
     schema = OmegaConf.structured(ExperimentConfig)
     merged = schema
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
+        path = resolve_config_path(path)
         try:
             preset = OmegaConf.load(path)
             merged = OmegaConf.merge(merged, preset)

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
+from tadm.config import PRESET_DIR
+
 from tadm.cli import main
 
 from .conftest import build_tiny_gemma, tiny_chat_tokenizer
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = PRESET_DIR
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tadm.config import PRESET_DIR
+
 from tadm.diffusion import get_schedule
 from tadm.posttrain import (
     AnchoredBackbone,
@@ -26,7 +28,7 @@ from tadm.sampling.entropy_bound import EntropyBoundSampler
 from .conftest import build_tiny_gemma
 
 V, L = 128, 8
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = PRESET_DIR
 
 
 def _config(**overrides):

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tadm.config import ConfigError, ExperimentConfig, load_config, save_config
+from tadm.config import PRESET_DIR, ConfigError, ExperimentConfig, load_config, save_config
 from tadm.training.trainer import build_training_model, objective_config
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-# Every pretraining preset: the configs launched with `tadm train` (others, e.g. configs/posttrain-*.yaml,
+CONFIGS = PRESET_DIR
+# Every pretraining preset: the configs launched with `tadm train` (others, e.g. posttrain-*.yaml,
 # belong to other commands with their own schemas).
-SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml") if "tadm train configs/" in p.read_text())
+SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml") if "tadm train " in p.read_text())
 
 
 class FakeTokenizer:
@@ -34,7 +34,7 @@ def test_the_expected_presets_ship() -> None:
 def test_shipped_config_loads_and_builds(name: str) -> None:
     path = CONFIGS / name
     header = path.read_text().splitlines()
-    launch = [line for line in header if line.startswith("#") and f"tadm train configs/{name}" in line]
+    launch = [line for line in header if line.startswith("#") and f"tadm train {name.removesuffix('.yaml')}" in line]
     assert launch, f"{name} needs its launch command in a header comment"
     cfg = load_config(path)
     vocab = 50258 if cfg.data.tokenizer == "gpt2" else cfg.data.tokenizer_vocab_size
@@ -105,5 +105,5 @@ def test_preset_path_finds_shipped_presets() -> None:
 
     assert preset_path("tadm-brown-cpu") == preset_path("tadm-brown-cpu.yaml")
     assert preset_path("tadm-brown-cpu").resolve() == (CONFIGS / "tadm-brown-cpu.yaml").resolve()
-    with pytest.raises(FileNotFoundError, match="available: .*tadm-tiny"):
+    with pytest.raises(FileNotFoundError, match="shipped presets: .*tadm-tiny"):
         preset_path("tadm-hugee")

@@ -24,9 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t = actions.add_parser(
         "train",
         help="train the fusion (run under torchrun for data parallelism)",
-        description="Post-train a fusion adapter from a YAML preset (configs/posttrain-*.yaml) plus key=value overrides.",
+        description="Post-train a fusion adapter from a YAML preset (a file, or a shipped preset such as posttrain-tiny) plus key=value overrides.",
     )
-    t.add_argument("config", help="YAML preset, e.g. configs/posttrain-diffusiongemma.yaml")
+    t.add_argument("config", help="YAML preset, a YAML file or a shipped preset name, e.g. posttrain-diffusiongemma")
     t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. train.max_steps=100 data.train_file=x.jsonl")
     t.set_defaults(func=run_train)
 

@@ -239,9 +239,10 @@ def load_posttrain_config(path: str | os.PathLike[str] | None = None, overrides:
     origin = "defaults"
     try:
         if path is not None:
+            from tadm.config import resolve_config_path
+
+            path = resolve_config_path(path)
             origin = str(path)
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"post-training config {str(path)!r} does not exist")
             merged = OmegaConf.merge(merged, OmegaConf.load(str(path)))
         if overrides:
             origin = "overrides"
