@@ -195,7 +195,7 @@ def test_cli_user_errors_print_one_line_and_exit_2(tmp_path: Path, capsys: pytes
         f"data:\n  source: {empty}\n  cache_dir: {tmp_path / 'cache'}\ntrain:\n  out_dir: {tmp_path / 'run'}\n"
     )
     cases = [
-        (["train", str(tmp_path / "missing.yaml")], "config file not found"),
+        (["train", str(tmp_path / "missing.yaml")], "is neither a file nor a shipped preset"),
         (["train", str(good), "train.max_stepz=3"], "max_stepz"),
         (["train", str(good), "train.max_steps=many"], "max_steps"),
         (["train", str(good)], "holds no non-blank text"),
