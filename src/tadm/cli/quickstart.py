@@ -30,13 +30,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="runs/quickstart", help="output directory (model in OUT/final)")
     p.add_argument("--train-steps", type=positive_int, default=None, help="override the preset's training steps")
+    p.add_argument("--source", default=None, help="train on another corpus (file, dir, .jsonl) instead of Brown")
     p.add_argument("--samples", type=positive_int, default=8, help="sequences generated per K")
     p.add_argument("--steps", type=positive_int, default=128, help="reverse steps T")
     p.add_argument("--refresh", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="refresh intervals K")
     p.add_argument("--sampler", default="remdm-cap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue an interrupted quickstart run in OUT")
-    p.add_argument("--json", action="store_true", help="also write OUT/quickstart.json (always written)")
     p.set_defaults(func=run)
 
 
@@ -63,7 +63,17 @@ def unigram_entropy(rows: list[list[int]]) -> float:
     return sum(values) / max(len(values), 1)
 
 
-def _sample_table(model, tokenizer, args, vocabulary, label: str) -> list[dict]:
+def _load_local_evaluator():
+    """The prepared SmolLM2 evaluator if present (``tadm eval prepare-evaluator``), else None."""
+    try:
+        from tadm.eval.evaluator import load_evaluator
+
+        return load_evaluator()
+    except (FileNotFoundError, ImportError):
+        return None
+
+
+def _sample_table(model, tokenizer, args, vocabulary, label: str, evaluator=None) -> list[dict]:
     import torch
 
     from tadm.sampling import generate, get_sampler
@@ -88,10 +98,19 @@ def _sample_table(model, tokenizer, args, vocabulary, label: str) -> list[dict]:
                 "anchor_refreshes": out.layer_calls.anchor_refreshes,
                 "word_validity": word_validity(texts, vocabulary),
                 "entropy": unigram_entropy(ids),
+                "gen_ppl": _gen_ppl(texts, evaluator),
                 "texts": texts,
             }
         )
     return rows
+
+
+def _gen_ppl(texts: list[str], evaluator) -> float | None:
+    if evaluator is None:
+        return None
+    from tadm.eval.gen_ppl import gen_ppl
+
+    return gen_ppl(texts, evaluator).gen_ppl
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,10 +126,12 @@ def run(args: argparse.Namespace) -> int:
     overrides = [f"train.out_dir={out_dir}"]
     if args.train_steps is not None:
         overrides.append(f"train.max_steps={args.train_steps}")
+    if args.source is not None:
+        overrides.append(f"data.source={args.source}")
     cfg = load_config(preset_path(PRESET), overrides)
     torch.manual_seed(args.seed)
     started = time.perf_counter()
-    print(f"[1/3] training {PRESET} for {cfg.train.max_steps} steps on the bundled Brown corpus -> {out_dir}")
+    print(f"[1/3] training {PRESET} for {cfg.train.max_steps} steps on {cfg.data.source!r} -> {out_dir}")
     result = train(cfg, resume=args.resume or (out_dir / "training_state.pt").exists())
     train_seconds = time.perf_counter() - started
 
@@ -120,20 +141,24 @@ def run(args: argparse.Namespace) -> int:
     vocabulary = corpus_vocabulary(load_texts(cfg.data.source))
     torch.manual_seed(args.seed)
     untrained = build_training_model(cfg, tokenizer).eval()
+    evaluator = _load_local_evaluator()
     rows = _sample_table(untrained, tokenizer, argparse.Namespace(**{**vars(args), "refresh": [1]}), vocabulary,
-                         "untrained")
-    rows += _sample_table(model, tokenizer, args, vocabulary, "trained")
+                         "untrained", evaluator)
+    rows += _sample_table(model, tokenizer, args, vocabulary, "trained", evaluator)
 
     print("[3/3] results")
     val = result.best_val_nelbo
     print(f"trained {result.step} steps in {train_seconds / 60:.1f} min; "
           f"validation NELBO {val:.3f} nats/token (perplexity bound {math.exp(val):.1f})" if val is not None else "")
     print(f"sampler {args.sampler}, T = {args.steps}, {args.samples} x {model.config.max_seq_len} tokens per row")
-    print(f"| model     |  K | tokens/s | layer calls | anchor refreshes | words in corpus | entropy |")
-    print(f"|-----------|---:|---------:|------------:|-----------------:|----------------:|--------:|")
+    print("| model     |  K | tokens/s | layer calls | anchor refreshes | words in corpus | entropy | Gen PPL |")
+    print("|-----------|---:|---------:|------------:|-----------------:|----------------:|--------:|--------:|")
     for r in rows:
+        ppl = f"{r['gen_ppl']:>7.0f}" if r["gen_ppl"] is not None else "    n/a"
         print(f"| {r['model']:<9} | {r['K']:>2} | {r['tokens_per_s']:>8.0f} | {r['layer_calls']:>11} | "
-              f"{r['anchor_refreshes']:>16} | {100 * r['word_validity']:>14.1f}% | {r['entropy']:>7.2f} |")
+              f"{r['anchor_refreshes']:>16} | {100 * r['word_validity']:>14.1f}% | {r['entropy']:>7.2f} | {ppl} |")
+    if evaluator is None:
+        print("(Gen PPL: run `tadm eval prepare-evaluator` once to score samples with SmolLM2-135M)")
     for r in rows:
         if r["model"] == "untrained" or r["K"] in (args.refresh[0], args.refresh[-1]):
             print(f"\n--- {r['model']}, K = {r['K']} ---\n{r['texts'][0][:600]}")
