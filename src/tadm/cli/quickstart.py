@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {r['model']:<9} | {r['K']:>2} | {r['tokens_per_s']:>8.0f} | {r['layer_calls']:>11} | "
               f"{r['anchor_refreshes']:>16} | {100 * r['word_validity']:>14.1f}% | {r['entropy']:>7.2f} | {ppl} |")
     if evaluator is None:
-        print("(Gen PPL: run `tadm eval prepare-evaluator` once to score samples with SmolLM2-135M)")
+        print("(Gen PPL: `pip install -e '.[eval]' && tadm eval prepare-evaluator` once scores samples with SmolLM2-135M)")
     for r in rows:
         if r["model"] == "untrained" or r["K"] in (args.refresh[0], args.refresh[-1]):
             print(f"\n--- {r['model']}, K = {r['K']} ---\n{r['texts'][0][:600]}")
