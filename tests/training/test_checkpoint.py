@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 import random
 from pathlib import Path
@@ -25,23 +24,10 @@ from tadm.training.checkpoint import (
     save_training_state,
 )
 from tadm.training.metrics import read_metrics
-from tadm.training.tokenization import TextTokenizer, train_bpe_tokenizer
+from tadm.training.tokenization import TextTokenizer
 from tadm.training.trainer import TrainResult, train
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "brown_slice.jsonl"
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
-    out = tmp_path_factory.mktemp("tok")
-    train_bpe_tokenizer(docs, vocab_size=320, save_dir=out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
 
 
 def run_config(out_dir: Path, tokenizer_dir: Path, cache_dir: Path, *overrides: str) -> ExperimentConfig:

@@ -18,24 +18,11 @@ from tadm.training.checkpoint import CONFIG_FILENAME, load_training_state
 from tadm.training.ema import EMA
 from tadm.training.lr import WarmupSchedule, build_lr_scheduler
 from tadm.training.metrics import MetricsLogger, read_metrics
-from tadm.training.tokenization import TextTokenizer, train_bpe_tokenizer
+from tadm.training.tokenization import TextTokenizer
 from tadm.training.trainer import DataPreparationError, NonFiniteLossError, build_training_model, train
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "brown_slice.jsonl"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "tadm_tiny_losses.json"
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
-    out = tmp_path_factory.mktemp("tok")
-    train_bpe_tokenizer(docs, vocab_size=320, save_dir=out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
 
 
 def tiny(out_dir: Path, tokenizer: str | Path, cache_dir: Path, *overrides: str) -> ExperimentConfig:

@@ -42,6 +42,7 @@ from tadm.nn.dit import (
     check_int,
     check_mask_token,
     remove_mask_log_probs,
+    stack_kwargs,
     subs_log_probs,
     time_condition,
     token_embedding,
@@ -107,9 +108,7 @@ class MDLM(nn.Module, HubMixin, model_type="mdlm"):
         self.layer_split = LayerSplit(shared=0, anchor=0, denoiser=config.num_layers)
         self.embed = token_embedding(config.vocab_size, config.hidden_size)
         self.time_embed = TimestepEmbedder(config.cond_dim)
-        self.blocks = DiTStack(
-            config.num_layers, config.hidden_size, config.num_heads, config.cond_dim, config.mlp_ratio, config.dropout
-        )
+        self.blocks = DiTStack(config.num_layers, **stack_kwargs(config))
         self.head = FinalLayer(config.hidden_size, config.vocab_size, config.cond_dim)
 
     def _cond(self, t: Tensor | None, ref: Tensor) -> Tensor:
@@ -180,13 +179,7 @@ class ADLM(nn.Module, HubMixin, model_type="adlm"):
         self.mask_token_id: int | None = config.resolved_mask_token_id
         self.layer_split = LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers)
         d = config.hidden_size
-        blocks = dict(
-            hidden_size=d,
-            num_heads=config.num_heads,
-            cond_dim=config.cond_dim,
-            mlp_ratio=config.mlp_ratio,
-            dropout=config.dropout,
-        )
+        blocks = stack_kwargs(config)
         self.embed = token_embedding(config.vocab_size, d)
         self.time_embed = TimestepEmbedder(config.cond_dim)
         self.anchor = DiTStack(config.anchor_layers, **blocks)
@@ -266,15 +259,7 @@ class ARTransformer(nn.Module, HubMixin, model_type="ar"):
         self.vocab_size = config.vocab_size
         self.embed = token_embedding(config.vocab_size, config.hidden_size)
         self.time_embed = TimestepEmbedder(config.cond_dim)
-        self.blocks = DiTStack(
-            config.num_layers,
-            config.hidden_size,
-            config.num_heads,
-            config.cond_dim,
-            config.mlp_ratio,
-            config.dropout,
-            causal=True,
-        )
+        self.blocks = DiTStack(config.num_layers, **stack_kwargs(config), causal=True)
         self.head = FinalLayer(config.hidden_size, config.vocab_size, config.cond_dim)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -8,6 +8,8 @@ model turns logits into log-probabilities identically.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 
 import torch
@@ -273,6 +275,17 @@ class FinalLayer(nn.Module):
         """x (B, L, D), cond (B, cond_dim) -> (B, L, out_dim)."""
         shift, scale = self.adaLN_modulation(cond)[:, None, :].chunk(2, dim=-1)  # each (B, 1, D)
         return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+def stack_kwargs(config: Any) -> dict[str, Any]:
+    """The DiTStack size arguments shared by every model config (hidden size, heads, cond dim, MLP ratio, dropout)."""
+    return dict(
+        hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+        cond_dim=config.cond_dim,
+        mlp_ratio=config.mlp_ratio,
+        dropout=config.dropout,
+    )
 
 
 class DiTStack(nn.Module):

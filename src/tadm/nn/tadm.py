@@ -28,6 +28,7 @@ from tadm.nn.dit import (
     check_int,
     check_mask_token,
     remove_mask_log_probs,
+    stack_kwargs,
     subs_log_probs,
     time_condition,
     token_embedding,
@@ -98,13 +99,7 @@ class TADM(nn.Module, HubMixin, model_type="tadm"):
         self.mask_token_id: int | None = config.resolved_mask_token_id
         self.layer_split = LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers)
         d = config.hidden_size
-        blocks = dict(
-            hidden_size=d,
-            num_heads=config.num_heads,
-            cond_dim=config.cond_dim,
-            mlp_ratio=config.mlp_ratio,
-            dropout=config.dropout,
-        )
+        blocks = stack_kwargs(config)
         self.embed = token_embedding(config.vocab_size, d)
         self.time_embed = TimestepEmbedder(config.cond_dim)
         self.anchor = DiTStack(config.anchor_layers, **blocks)
