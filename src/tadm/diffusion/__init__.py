@@ -9,6 +9,7 @@ Depends only on torch.
 from tadm.diffusion.forward import PRIORS, forward_marginal, further_mask, mask_corrupt, uniform_corrupt
 from tadm.diffusion.losses import (
     TANELBOTerms,
+    discrete_cached_nelbo,
     discrete_masked_nelbo,
     discrete_weight,
     kd_loss,
@@ -34,7 +35,7 @@ from tadm.diffusion.schedules import (
     NoiseSchedule,
     get_schedule,
 )
-from tadm.diffusion.time_sampling import StaleAnchorTimes, sample_stale_anchor_times, sample_t
+from tadm.diffusion.time_sampling import StaleAnchorTimes, last_refresh_step, sample_stale_anchor_times, sample_t
 
 __all__ = [
     # schedules
@@ -67,8 +68,10 @@ __all__ = [
     "usdm_loss",
     "kd_loss",
     "discrete_masked_nelbo",
+    "discrete_cached_nelbo",
     # time sampling
     "sample_t",
     "StaleAnchorTimes",
     "sample_stale_anchor_times",
+    "last_refresh_step",
 ]

@@ -124,6 +124,8 @@ def further_mask(
     alpha_tp: Tensor | float,
     mask_id: int,
     generator: torch.Generator | None = None,
+    *,
+    uniform: Tensor | None = None,
 ) -> Tensor:
     """Sample z_t' ~ q(z_t' | z_t) of Eq. (fwd_t_t') for t' >= t (absorbing prior).
 
@@ -137,6 +139,9 @@ def further_mask(
         alpha_tp: alpha at the anchor time t' >= t, so alpha_tp <= alpha_t.
         mask_id: id of the mask token.
         generator: source of randomness.
+        uniform: (B, L) U[0, 1) draws to use instead of drawing from ``generator``. Passing the
+            same draws for several anchor times couples them: the masks of z_t' then grow with t'
+            (nested), which makes a curve over cache ages free of sampling noise between points.
 
     Returns:
         z_t': token ids (B, L) whose masks are a superset of those of z_t.
@@ -155,7 +160,12 @@ def further_mask(
         )
     # alpha_t = 0 means z_t is all noise already; any keep probability gives the same z_t'.
     keep_prob = torch.where(a_t > 0, a_tp / a_t.clamp_min(torch.finfo(torch.float64).tiny), 0.0).clamp(0.0, 1.0)
-    u = _rand(tuple(z_t.shape), generator, z_t.device)  # (B, L)
+    if uniform is None:
+        u = _rand(tuple(z_t.shape), generator, z_t.device)  # (B, L)
+    else:
+        if uniform.shape != z_t.shape:
+            raise ValueError(f"uniform draws of shape {tuple(uniform.shape)} do not match z_t {tuple(z_t.shape)}")
+        u = uniform.to(z_t.device)
     return torch.where(u < keep_prob, z_t, torch.full_like(z_t, mask_id))
 
 

@@ -8,14 +8,15 @@ float64 when the inputs are float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tadm.diffusion.forward import _column, _per_token, mask_corrupt
+from tadm.diffusion.forward import _column, _per_token, _rand, further_mask, mask_corrupt
 from tadm.diffusion.schedules import NoiseSchedule
+from tadm.diffusion.time_sampling import last_refresh_step
 
 __all__ = [
     "discrete_weight",
@@ -25,6 +26,7 @@ __all__ = [
     "usdm_loss",
     "kd_loss",
     "discrete_masked_nelbo",
+    "discrete_cached_nelbo",
 ]
 
 
@@ -287,3 +289,85 @@ def discrete_masked_nelbo(
         weight = (-discrete_weight(a_t, a_s)).to(device=x.device, dtype=total.dtype).expand(B, L)  # >= 0
         total = total + _masked_weighted(weight, _nll_at(lp, x, total.dtype), z_t == mask_id)
     return total
+
+
+def discrete_cached_nelbo(
+    log_probs_fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor],
+    x: Tensor,
+    num_steps: int,
+    refresh_intervals: Sequence[int],
+    schedule: NoiseSchedule,
+    mask_id: int,
+    generator: torch.Generator | None = None,
+    anchor_generator: torch.Generator | None = None,
+) -> dict[int, Tensor]:
+    """Monte-Carlo discrete-time bound of the CACHED reverse process, Theorem T-ANELBO (sigma = gamma = 0).
+
+    The reverse process of Eq. (joint-inf-post-TADM) denoises step i with the anchor of the most
+    recent refresh, t'(i) = j / T with j = ``last_refresh_step(i, T, K)`` (Algorithm 1). Its bound is
+
+        sum_{i=1}^{T} E_{q(z_t(i), z_t'(i) | x)} [ (-lambda_t(i)) (-log <x_theta(z_t(i), z_t'(i)), x>) ]
+        + reconstruction -log p(x | z_0) at positions masked in z_0,
+
+    with z_t(i) ~ q(z_t | x) (Eq. (fwd)), z_t'(i) ~ q(z_t' | z_t(i)) (Eq. (fwd_t_t')) and lambda from
+    ``discrete_weight``; the reconstruction uses the anchor of step 1. One z_t(i) and one set of
+    further-masking uniforms per step are shared by every K (common random numbers), so the bounds
+    of different K differ only through the anchor ages. The z_t draws come from ``generator`` in the
+    order of :func:`discrete_masked_nelbo` and the further masking from ``anchor_generator``, so
+    K = 1 (t' = t) reproduces :func:`discrete_masked_nelbo` with the same ``generator`` exactly.
+    A step whose anchor is fresh (j = i) passes ``z_t`` itself as the anchor state.
+
+    Args:
+        log_probs_fn: maps (z_t (B, L), t (B,), z_anchor (B, L), t_anchor (B,)) to (B, L, V) log x_theta.
+        x: (B, L) clean ids.
+        num_steps: T >= 1.
+        refresh_intervals: the K values (each >= 1) to bound.
+        schedule: the noise schedule.
+        mask_id: id of the mask token.
+        generator: source of the z_t draws.
+        anchor_generator: source of the further-masking draws (default: ``generator``).
+
+    Returns:
+        {K: (B, L) per-token bound in nats}.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    intervals = [int(k) for k in refresh_intervals]
+    if not intervals or any(k < 1 for k in intervals):
+        raise ValueError(f"refresh intervals K must be integers >= 1, got {list(refresh_intervals)}")
+    anchor_generator = generator if anchor_generator is None else anchor_generator
+    B, L = x.shape
+    totals = {K: torch.zeros(B, L, dtype=torch.float32, device=x.device) for K in intervals}
+
+    def anchor_state(z_t: Tensor, a_t: Tensor, j: int, i: int, u: Tensor) -> tuple[Tensor, Tensor]:
+        if j == i:
+            return z_t, torch.full((B,), i / num_steps, device=x.device)
+        a_tp = schedule.alpha(torch.tensor(j / num_steps, dtype=torch.float64))
+        return further_mask(z_t, a_t, a_tp, mask_id, uniform=u), torch.full((B,), j / num_steps, device=x.device)
+
+    alpha0 = schedule.alpha(torch.zeros((), dtype=torch.float64))
+    z0 = mask_corrupt(x, alpha0, mask_id, generator)  # (B, L)
+    if bool((z0 == mask_id).any()):
+        u = _rand((B, L), anchor_generator, x.device)
+        for K in intervals:
+            j = last_refresh_step(1, num_steps, K)
+            z_a, t_a = anchor_state(z0, alpha0, j, 0, u)
+            lp = log_probs_fn(z0, torch.zeros(B, device=x.device), z_a, t_a)  # (B, L, V)
+            nll = _nll_at(lp, x, torch.float32)
+            totals[K] = totals[K] + _masked_weighted(torch.ones_like(totals[K]), nll, z0 == mask_id)
+    for i in range(1, num_steps + 1):
+        t = torch.tensor(i / num_steps, dtype=torch.float64)
+        s = torch.tensor((i - 1) / num_steps, dtype=torch.float64)
+        a_t, a_s = schedule.alpha(t), schedule.alpha(s)
+        z_t = mask_corrupt(x, a_t, mask_id, generator)  # (B, L)
+        u = _rand((B, L), anchor_generator, x.device)
+        weight = (-discrete_weight(a_t, a_s)).to(device=x.device, dtype=torch.float32).expand(B, L)  # >= 0
+        by_anchor: dict[int, Tensor] = {}  # anchor step j -> (B, L) nll; K values sharing j share a call
+        for K in intervals:
+            j = last_refresh_step(i, num_steps, K)
+            if j not in by_anchor:
+                z_a, t_a = anchor_state(z_t, a_t, j, i, u)
+                lp = log_probs_fn(z_t, torch.full((B,), i / num_steps, device=x.device), z_a, t_a)  # (B, L, V)
+                by_anchor[j] = _nll_at(lp, x, torch.float32)
+            totals[K] = totals[K] + _masked_weighted(weight, by_anchor[j], z_t == mask_id)
+    return totals

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["sample_t", "StaleAnchorTimes", "sample_stale_anchor_times"]
+__all__ = ["sample_t", "StaleAnchorTimes", "sample_stale_anchor_times", "last_refresh_step"]
 
 
 def _draw_rand(n: int, generator: torch.Generator | None, device: torch.device | str | None) -> Tensor:
@@ -115,3 +115,19 @@ def sample_stale_anchor_times(
     k = torch.minimum(torch.floor(u * K).long(), K - 1)  # (B,)
     t_anchor = torch.clamp(t + (k.double() / T.double()).to(t.dtype), max=1.0)  # (B,)
     return StaleAnchorTimes(t=t, t_anchor=t_anchor, cache_age=k, refresh_interval=K, num_steps=T)
+
+
+def last_refresh_step(step_index: int, num_steps: int, refresh_interval: int) -> int:
+    """Index j >= i of the most recent anchor refresh seen by reverse step i under Algorithm 1.
+
+    Reverse steps run i = T, ..., 1 and the anchor is recomputed at the steps with
+    (T - i) mod K == 0, so step i reuses the anchor of step j = T - K * floor((T - i) / K); its
+    time t'(i) = j / T is the anchor time of the cached reverse process, Eq. (joint-inf-post-TADM).
+    K = 1 gives j = i (a fresh anchor at every step).
+    """
+    for name, value in (("num_steps", num_steps), ("refresh_interval", refresh_interval)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not 1 <= step_index <= num_steps:
+        raise ValueError(f"step index must be in 1..{num_steps} (reverse steps run T..1), got {step_index}")
+    return num_steps - refresh_interval * ((num_steps - step_index) // refresh_interval)

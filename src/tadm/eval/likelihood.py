@@ -17,25 +17,55 @@ perplexity = exp(nats per token).
   ``discrete_steps = T`` the discrete-time bound of Eq. (masked-nelbo) is used instead (T network
   calls per batch; ``discrete_masked_nelbo``).
 * The AR Transformer: exact next-token NLL of positions 1..L-1 of each block given the prefix.
+
+Stale anchors (what the anchor cache costs in likelihood), for any anchored model (TADM, ADLM,
+``tadm.nn.NaiveReuse`` of a TADM):
+
+* :func:`stale_anchor_nelbo`: the continuous-time T-ANELBO (Theorem T-ANELBO, gamma = 0) with the
+  anchor at a fixed cache age k on a T-step grid: t' = min(1, t + k / T), z_t' ~ q(z_t' | z_t) by
+  Eq. (fwd_t_t'), the denoiser at t on z_t. Every k (and every T) reuses the t draws and z_t of
+  the fresh estimate, drawn exactly as :func:`diffusion_nelbo` draws them, and one set of
+  further-masking uniforms (nested masks), so k = 0 equals :func:`diffusion_nelbo` to the last digit
+  and the increase over k = 0 carries no sampling noise of its own. The further-masking draws come
+  from a second generator seeded from ``seed``. Optionally also the bound with an uninformative
+  anchor, computed on a fully masked canvas (t' = 1).
+* :func:`cached_process_nelbo`: the discrete-time bound of the cached reverse process for a
+  refresh interval K under Algorithm 1 (t'(i) = time of the most recent refresh,
+  Eq. (joint-inf-post-TADM)); K = 1 equals the discrete bound of :func:`diffusion_nelbo`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from tadm.diffusion import discrete_masked_nelbo, get_schedule, mask_corrupt, masked_diffusion_loss, sample_t
+from tadm.diffusion import (
+    discrete_cached_nelbo,
+    discrete_masked_nelbo,
+    further_mask,
+    get_schedule,
+    mask_corrupt,
+    masked_diffusion_loss,
+    sample_t,
+)
 
 __all__ = [
+    "CachedBoundResult",
     "LikelihoodResult",
+    "StalenessResult",
+    "anchored_log_probs",
     "ar_perplexity",
+    "cached_process_nelbo",
+    "check_anchored",
+    "stale_anchor_nelbo",
     "diffusion_nelbo",
     "evaluate_likelihood",
     "is_autoregressive",
@@ -277,3 +307,273 @@ def evaluate_likelihood(model: nn.Module, blocks: Any, **kwargs: Any) -> Likelih
         keep = {k: v for k, v in kwargs.items() if k in ("batch_size", "max_blocks", "device", "progress")}
         return ar_perplexity(model, blocks, **keep)
     return diffusion_nelbo(model, blocks, **kwargs)
+
+
+# ------------------------------------------------------------------------------------ stale anchors
+def _anchor_seed(seed: int) -> int:
+    """Seed of the further-masking generator: a fixed function of ``seed``, apart from the main stream."""
+    return (int(seed) * 0x9E3779B1 + 0x5EED) % (2**63 - 1)
+
+
+def _time_arg(model: nn.Module, t: Tensor) -> Tensor | None:
+    return t if bool(getattr(getattr(model, "config", None), "time_conditioning", False)) else None
+
+
+def check_anchored(model: nn.Module) -> None:
+    """Refuse a model without an anchor network (MDLM, AR): a stale anchor means nothing for it."""
+    mask_id = getattr(model, "mask_token_id", None)
+    split = getattr(model, "layer_split", None)
+    if mask_id is None or not hasattr(model, "compute_anchor") or split is None:
+        raise ValueError(f"{type(model).__name__} is not a masked diffusion model with an anchor: "
+                         "stale-anchor bounds need TADM or ADLM")
+    if split.anchor == 0:
+        raise ValueError(f"{type(model).__name__} has no anchor network (0 anchor layers): "
+                         "stale-anchor bounds need TADM or ADLM")
+
+
+def anchored_log_probs(
+    model: nn.Module, z_t: Tensor, t: Tensor, z_anchor: Tensor, t_anchor: Tensor, c_t: Tensor | None = None
+) -> Tensor:
+    """log x_theta(z_t, z_t') (B, L, V): denoiser at t on z_t, anchor computed from z_anchor at t'.
+
+    This is what Algorithm 1 computes at a step whose cache was filled at the canvas ``z_anchor``:
+    with ``z_anchor is z_t`` (cache age 0) it is the log-probabilities of a refresh step. ``c_t``
+    may pass a precomputed S(z_t).
+    """
+    t_arg, ta_arg = _time_arg(model, t), _time_arg(model, t_anchor)
+    if c_t is None:
+        c_t = model.encode(z_t, t_arg)  # (B, L, D)
+    c_a = c_t if z_anchor is z_t else model.encode(z_anchor, ta_arg)  # (B, L, D)
+    h = model.compute_anchor(c_a, ta_arg)  # (B, L, D_a)
+    return model.predict(z_t, c_t, h, t_arg)  # (B, L, V)
+
+
+def _check_steps(values: Sequence[int], name: str, minimum: int) -> list[int]:
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"{name} must be integers >= {minimum}, got {v!r}")
+        out.append(v)
+    if not out:
+        raise ValueError(f"{name} must not be empty")
+    return out
+
+
+@dataclass
+class StalenessResult:
+    """Continuous-time T-ANELBO (nats/token) against the cache age k, per step budget T.
+
+    ``curves[T][k]`` is the bound with the anchor k steps old on a T-step grid; ``curves[T][0]`` is
+    the fresh NELBO (equal for every T). ``uninformative`` is the bound with the anchor computed on
+    a fully masked canvas (t' = 1), or None if not measured.
+    """
+
+    curves: dict[int, list[float]]
+    uninformative: float | None
+    num_tokens: int
+    num_sequences: int
+    num_t_samples: int
+    seed: int
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of the fresh and of the stale passes
+
+    @property
+    def fresh(self) -> float:
+        return next(iter(self.curves.values()))[0]
+
+    def increase(self, num_steps: int, age: int) -> float:
+        """Relative increase of the bound at cache age ``age`` over the fresh bound."""
+        return self.curves[num_steps][age] / self.fresh - 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fresh": self.fresh,
+            "curves": {str(T): v for T, v in self.curves.items()},
+            "increase": {str(T): [x / self.fresh - 1.0 for x in v] for T, v in self.curves.items()},
+            "uninformative": self.uninformative,
+            "uninformative_increase": None if self.uninformative is None else self.uninformative / self.fresh - 1.0,
+            "num_tokens": self.num_tokens,
+            "num_sequences": self.num_sequences,
+            "num_t_samples": self.num_t_samples,
+            "seed": self.seed,
+            "seconds": self.seconds,
+        }
+
+
+@torch.no_grad()
+def stale_anchor_nelbo(
+    model: nn.Module,
+    blocks: Any,
+    *,
+    steps: Sequence[int] = (128,),
+    max_age: int = 7,
+    uninformative: bool = True,
+    schedule: str = "loglinear",
+    num_t_samples: int = 1,
+    batch_size: int = 8,
+    eps: float = 1e-3,
+    antithetic: bool = True,
+    seed: int = 0,
+    max_blocks: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> StalenessResult:
+    """T-ANELBO per token at cache ages k = 0 .. ``max_age`` for each T in ``steps`` (module docstring).
+
+    The fresh point (k = 0) uses the same random numbers and arithmetic as :func:`diffusion_nelbo`
+    with the same ``seed``, ``num_t_samples``, ``batch_size``, ``eps`` and ``antithetic``, so the two
+    agree exactly. Each (T, k > 0) costs one anchor and one denoiser pass per t draw, about one
+    fresh evaluation; the uninformative anchor (no time conditioning) is computed once per batch shape.
+
+    Args:
+        model: TADM, ADLM or ``NaiveReuse(tadm)``.
+        blocks: (N, L) ids, a ``PackedTokens``, or an iterable of (L,) / (B, L) id tensors.
+        steps: step budgets T (>= 1) that turn a cache age into a time offset k / T.
+        max_age: largest cache age k (>= 0).
+        uninformative: also bound the model with an anchor from a fully masked canvas.
+    """
+    check_anchored(model)
+    steps = _check_steps(list(steps), "step budgets T", 1)
+    if isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0:
+        raise ValueError(f"cache age k must be an integer >= 0, got {max_age!r}")
+    if num_t_samples < 1:
+        raise ValueError(f"num_t_samples must be >= 1, got {num_t_samples}")
+    mask_id = int(model.mask_token_id)
+    sched = get_schedule(schedule)
+    device = _device_of(model, device)
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    anchor_generator = torch.Generator().manual_seed(_anchor_seed(seed))
+    fresh_total = 0.0
+    stale_total = {(T, k): 0.0 for T in steps for k in range(1, max_age + 1)}
+    blank_total = 0.0
+    blank_cache: dict[tuple[int, int], Tensor] = {}
+    tokens = sequences = 0
+    clock = {"fresh": 0.0, "stale": 0.0, "uninformative": 0.0}
+    for x in tqdm(_batches(blocks, batch_size, max_blocks), desc="stale NELBO", disable=not progress, leave=False):
+        _check_ids(x, model, mask_id)
+        x = x.to(device)  # (B, L)
+        B, L = x.shape
+        times = sample_t(B * num_t_samples, eps=eps, antithetic=antithetic, generator=generator)  # (n B,)
+        for r in range(num_t_samples):
+            start = time.perf_counter()
+            t = times[r * B : (r + 1) * B].to(device)  # (B,)
+            alpha_t = sched.alpha(t)  # (B,)
+            z_t = mask_corrupt(x, alpha_t, mask_id, generator)  # (B, L)
+            c_t = model.encode(z_t, _time_arg(model, t))  # (B, L, D)
+            log_probs = anchored_log_probs(model, z_t, t, z_t, t, c_t=c_t)  # (B, L, V)
+            loss = masked_diffusion_loss(log_probs, x, z_t, t, sched, mask_id)  # (B, L)
+            fresh_total += float(loss.double().sum())
+            tokens += B * L
+            clock["fresh"] += time.perf_counter() - start
+            start = time.perf_counter()
+            u = torch.rand((B, L), generator=anchor_generator).to(device)  # shared by every (T, k): nested masks
+            for T in steps:
+                for k in range(1, max_age + 1):
+                    t_anchor = torch.clamp(t + k / T, max=1.0)  # (B,)
+                    z_anchor = further_mask(z_t, alpha_t, sched.alpha(t_anchor), mask_id, uniform=u)  # (B, L)
+                    log_probs = anchored_log_probs(model, z_t, t, z_anchor, t_anchor, c_t=c_t)
+                    stale_total[(T, k)] += float(masked_diffusion_loss(log_probs, x, z_t, t, sched, mask_id).double().sum())
+            clock["stale"] += time.perf_counter() - start
+            if uninformative:
+                start = time.perf_counter()
+                ones = torch.ones_like(t)
+                blank = torch.full_like(z_t, mask_id)  # (B, L)
+                if _time_arg(model, t) is None:
+                    if (B, L) not in blank_cache:
+                        blank_cache[(B, L)] = model.compute_anchor(model.encode(blank))
+                    h = blank_cache[(B, L)]
+                    log_probs = model.predict(z_t, c_t, h)
+                else:
+                    log_probs = anchored_log_probs(model, z_t, t, blank, ones, c_t=c_t)
+                blank_total += float(masked_diffusion_loss(log_probs, x, z_t, t, sched, mask_id).double().sum())
+                clock["uninformative"] += time.perf_counter() - start
+        sequences += B
+    if sequences == 0:
+        raise ValueError("no text to evaluate: the block set is empty")
+    fresh = fresh_total / tokens
+    curves = {T: [fresh] + [stale_total[(T, k)] / tokens for k in range(1, max_age + 1)] for T in steps}
+    return StalenessResult(
+        curves=curves,
+        uninformative=blank_total / tokens if uninformative else None,
+        num_tokens=tokens // num_t_samples,
+        num_sequences=sequences,
+        num_t_samples=num_t_samples,
+        seed=seed,
+        seconds=clock,
+    )
+
+
+@dataclass
+class CachedBoundResult:
+    """Discrete-time bound (nats/token) of the cached reverse process per refresh interval K, at T steps."""
+
+    num_steps: int
+    bounds: dict[int, float]
+    num_tokens: int
+    num_sequences: int
+    seed: int
+
+    def increase(self, refresh_interval: int) -> float:
+        """Relative increase of the bound at K over K = 1 (needs K = 1 among the measured intervals)."""
+        return self.bounds[refresh_interval] / self.bounds[1] - 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        base = self.bounds.get(1)
+        return {
+            "num_steps": self.num_steps,
+            "bounds": {str(K): v for K, v in self.bounds.items()},
+            "increase": None if base is None else {str(K): v / base - 1.0 for K, v in self.bounds.items()},
+            "num_tokens": self.num_tokens,
+            "num_sequences": self.num_sequences,
+            "seed": self.seed,
+        }
+
+
+@torch.no_grad()
+def cached_process_nelbo(
+    model: nn.Module,
+    blocks: Any,
+    *,
+    num_steps: int,
+    refresh_intervals: Sequence[int] = (1, 2, 4, 8),
+    schedule: str = "loglinear",
+    batch_size: int = 8,
+    seed: int = 0,
+    max_blocks: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> CachedBoundResult:
+    """Discrete-time bound of the cached reverse process of Algorithm 1 for each K (``discrete_cached_nelbo``).
+
+    With K = 1 and the same ``seed`` and ``batch_size`` it equals ``diffusion_nelbo(..., discrete_steps=T)``.
+    Costs up to T network calls per batch and K (fewer when several K share an anchor step).
+    """
+    check_anchored(model)
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"number of steps T must be an integer >= 1, got {num_steps!r}")
+    intervals = _check_steps(list(refresh_intervals), "refresh intervals K", 1)
+    mask_id = int(model.mask_token_id)
+    sched = get_schedule(schedule)
+    device = _device_of(model, device)
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    anchor_generator = torch.Generator().manual_seed(_anchor_seed(seed))
+    totals = {K: 0.0 for K in intervals}
+    tokens = sequences = 0
+
+    def log_probs_fn(z_t: Tensor, t: Tensor, z_a: Tensor, t_a: Tensor) -> Tensor:
+        return anchored_log_probs(model, z_t, t, z_a, t_a)
+
+    for x in tqdm(_batches(blocks, batch_size, max_blocks), desc="cached bound", disable=not progress, leave=False):
+        _check_ids(x, model, mask_id)
+        x = x.to(device)  # (B, L)
+        per_token = discrete_cached_nelbo(log_probs_fn, x, num_steps, intervals, sched, mask_id, generator,
+                                          anchor_generator)
+        for K in intervals:
+            totals[K] += float(per_token[K].double().sum())
+        tokens += x.numel()
+        sequences += x.shape[0]
+    if sequences == 0:
+        raise ValueError("no text to evaluate: the block set is empty")
+    return CachedBoundResult(num_steps=num_steps, bounds={K: totals[K] / tokens for K in intervals},
+                             num_tokens=tokens, num_sequences=sequences, seed=seed)

@@ -27,7 +27,7 @@ from tadm.nn.dit import (
 )
 from tadm.nn.fusion import GatedResidualFusion, PairedAttentionFusion
 from tadm.nn.hub import MODEL_BUILDERS, MODEL_CLASSES, HubMixin, build_model, load_model
-from tadm.nn.tadm import TADM, TADMConfig, TADMOutput, tadm_small, tadm_tiny
+from tadm.nn.tadm import TADM, NaiveReuse, TADMConfig, TADMOutput, tadm_small, tadm_tiny
 
 __all__ = [
     "ADLM",
@@ -44,6 +44,7 @@ __all__ = [
     "MODEL_BUILDERS",
     "MODEL_CLASSES",
     "NEG_INF",
+    "NaiveReuse",
     "PairedAttentionFusion",
     "RotaryEmbedding",
     "TADM",

@@ -176,6 +176,41 @@ class TADM(nn.Module, HubMixin, model_type="tadm"):
         return sum(p.numel() for name, p in self.named_parameters() if not name.startswith("anchor_head."))
 
 
+class NaiveReuse(nn.Module):
+    """A TADM whose fusion is bypassed when the anchor is cached: naive reuse of the refresh step's input to D.
+
+    At a refresh the cache stores the denoiser input of that step, ``Phi(c_t', h_t')`` with
+    ``c_t' = S(z_t')``, and every later step feeds it to D unchanged (``predict`` ignores ``c_t``):
+    the current canvas reaches the prediction only through SUBS carry-over of its unmasked tokens,
+    as in ADLM's naive reuse of a cached anchor. With a fresh anchor (K = 1, or cache age 0) this is
+    the wrapped model exactly, so the gap to the fused model at age k > 0 is what the fusion with
+    the current state recovers. Satisfies :class:`tadm.sampling.protocol.CacheableDenoiser`; the
+    parameters are those of the wrapped model.
+    """
+
+    def __init__(self, model: TADM) -> None:
+        super().__init__()
+        if not isinstance(model, TADM):
+            raise TypeError(f"NaiveReuse wraps a TADM, got {type(model).__name__}")
+        self.model = model
+        self.config = model.config
+        self.vocab_size = model.vocab_size
+        self.mask_token_id = model.mask_token_id
+        self.layer_split = model.layer_split
+
+    def encode(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
+        """S: token ids (B, L) -> c_t (B, L, D)."""
+        return self.model.encode(z_t, t)
+
+    def compute_anchor(self, c: Tensor, t: Tensor | None = None) -> Tensor:
+        """A then Phi on the refresh step's own state: the denoiser input Phi(c_t', A(c_t')) (B, L, D)."""
+        return self.model.fuse(c, self.model.compute_anchor(c, t))
+
+    def predict(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> Tensor:
+        """D on the cached denoiser input (``c_t`` unused) -> (B, L, V) SUBS log-probabilities given z_t."""
+        return self.model.denoise(anchor, z_t, t)
+
+
 @register_builder("tadm-small")
 def tadm_small(**overrides: Any) -> TADM:
     """The paper's TADM: d = 768, 12 heads, 12 anchor + 6 denoiser layers (224M inference parameters)."""
