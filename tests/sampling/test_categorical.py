@@ -42,3 +42,22 @@ def test_nucleus_filter_keeps_order_under_permutation():
 def test_nucleus_filter_rejects_bad_p(p):
     with pytest.raises(ValueError, match="top_p"):
         nucleus_filter(torch.ones(1, 3) / 3, p)
+
+
+def test_released_nucleus_rule_drops_the_token_crossing_p_but_keeps_the_top_one():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64)
+    # p = 0.7: the standard rule keeps 0.3 (mass before it 0.5 < 0.7); the released rule drops it (0.8 > 0.7)
+    torch.testing.assert_close(nucleus_filter(probs, 0.7, "standard"), torch.tensor([[0.625, 0.375, 0.0, 0.0]],
+                                                                                   dtype=torch.float64))
+    torch.testing.assert_close(nucleus_filter(probs, 0.7, "released"), torch.tensor([[1.0, 0.0, 0.0, 0.0]],
+                                                                                   dtype=torch.float64))
+    # cumulative mass exactly p is kept by both
+    torch.testing.assert_close(nucleus_filter(probs, 0.8, "released"), nucleus_filter(probs, 0.8, "standard"))
+    # a top-1 above p is kept alone
+    top = torch.tensor([[0.05, 0.95]], dtype=torch.float64)
+    torch.testing.assert_close(nucleus_filter(top, 0.9, "released"), torch.tensor([[0.0, 1.0]], dtype=torch.float64))
+    assert nucleus_filter(probs, 1.0, "released") is probs
+    with pytest.raises(ValueError, match="unknown nucleus rule 'top'; valid: released, standard"):
+        nucleus_filter(probs, 0.9, "top")
+    with pytest.raises(ValueError, match="nucleus top_p must be a number in \\(0, 1\\], got nan"):
+        nucleus_filter(probs, float("nan"))

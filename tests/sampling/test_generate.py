@@ -85,3 +85,27 @@ def test_bad_generation_inputs(kwargs, match):
 
 def test_is_refresh_step():
     assert [i for i in range(8, 0, -1) if is_refresh_step(i, 8, 4)] == [8, 4]
+
+
+class _FrozenSampler(MDLMSampler):
+    """Never unmasks: every position is still masked after the last step (forces the final call)."""
+
+    def step(self, log_probs, step_index, z_t, generator=None):
+        from tadm.sampling import SamplerOutput
+
+        return SamplerOutput(prev_sample=z_t)
+
+
+@pytest.mark.parametrize("K,refresh_at_end", [(1, True), (3, True), (4, False)])
+def test_released_grid_final_argmax_is_one_more_counted_step_of_algorithm_1(K, refresh_at_end):
+    split = LayerSplit(0, 12, 6)
+    model, target = _oracle(B=2, L=6, split=split)
+    sampler = _FrozenSampler(MASK, time_grid="released")
+    out = generate(model, sampler, batch_size=2, seq_len=6, num_steps=6, refresh_interval=K)
+    assert torch.equal(out.tokens, target)  # the oracle's argmax fills every mask
+    # one more encode + predict at step 0, and an anchor refresh when (T - 0) mod K == 0
+    assert out.layer_calls.denoiser_calls == 7
+    assert out.layer_calls.anchor_refreshes == math.ceil(6 / K) + int(refresh_at_end)
+    assert (out.refresh_steps[-1] == 0) == refresh_at_end
+    paper = generate(model, _FrozenSampler(MASK), batch_size=2, seq_len=6, num_steps=6, refresh_interval=K)
+    assert paper.layer_calls.total == layer_calls(split, 6, K)  # the paper grid: no extra call

@@ -120,3 +120,26 @@ def test_factorised_transition_samples_the_remdm_posterior(sigma):
         freq = torch.bincount(z_s[:, pos], minlength=V).double() / N
         std = (expected[pos] * (1 - expected[pos]) / N).sqrt()
         assert torch.all((freq - expected[pos]).abs() <= 5 * std + 1e-9), (pos, freq, expected[pos])
+
+
+def test_paper_samplers_default_to_the_released_nucleus_rule():
+    for name in ("mdlm", "remdm-cap", "remdm-loop"):
+        sampler = get_sampler(name, MASK, top_p=0.9)
+        assert sampler.nucleus == "released" and sampler.time_grid == "paper" and not sampler.final_denoise
+    assert get_sampler("remdm-cap", MASK, nucleus="standard").nucleus == "standard"
+    with pytest.raises(ValueError, match="unknown time grid 'cosine'; valid: paper, released"):
+        get_sampler("mdlm", MASK, time_grid="cosine")
+
+
+def test_released_time_grid_is_linspace_to_1e5_with_alpha_one_minus_t():
+    for sampler in (MDLMSampler(MASK, time_grid="released"), ReMDMSampler(MASK, "cap", time_grid="released")):
+        sampler.set_timesteps(4)
+        grid = torch.linspace(1, 1e-5, 5, dtype=torch.float64)  # the released code's timesteps
+        for i in range(4, -1, -1):
+            assert sampler.time(i) == pytest.approx(float(grid[4 - i]), abs=1e-12)
+        a_t, a_s = sampler.alphas(2)
+        assert (a_t, a_s) == pytest.approx((1 - float(grid[2]), 1 - float(grid[3])))
+        assert sampler.final_denoise
+    paper = MDLMSampler(MASK)
+    paper.set_timesteps(4)
+    assert paper.time(2) == 0.5 and paper.alphas(1)[1] == pytest.approx(1.0)

@@ -27,3 +27,16 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
+
+
+def fidelity_args(p: argparse.ArgumentParser) -> None:
+    """--nucleus and --time-grid: fidelity to the released ReMDM sampler (see tadm.sampling.remdm)."""
+    from tadm.sampling.base import TIME_GRIDS
+    from tadm.sampling.categorical import NUCLEUS_RULES
+
+    p.add_argument("--nucleus", choices=NUCLEUS_RULES, default="released",
+                   help="nucleus rule: 'released' (ReMDM code: cumulative mass <= p, plus the top-1; default) or "
+                        "'standard' (also keeps the token crossing p)")
+    p.add_argument("--time-grid", choices=TIME_GRIDS, default="paper",
+                   help="'paper' (t = i/T, alpha from the schedule; default) or 'released' (ReMDM code: "
+                        "t = linspace(1, 1e-5, T+1), alpha = 1 - t, final argmax call)")

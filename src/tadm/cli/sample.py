@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tadm.cli.common import CLIError
+from tadm.cli.common import CLIError, fidelity_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: sampler's)")
     p.add_argument("--eta", type=float, default=None, help="ReMDM remasking strength")
     p.add_argument("--schedule", default="loglinear", help="noise schedule: loglinear, linear, cosine")
+    fidelity_args(p)
     p.add_argument("--skip-unchanged", action="store_true", help="reuse the last prediction if the canvas is unchanged")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir for decoding (default: the checkpoint's, if any)")
     p.add_argument("--device", default="cpu")
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--length is required for this model")
     if length < 1 or (max_len is not None and length > max_len):
         raise CLIError(f"--length {length} does not fit the model (1..{max_len})")
-    kwargs = {"schedule": args.schedule}
+    kwargs = {"schedule": args.schedule, "nucleus": args.nucleus, "time_grid": args.time_grid}
     if args.top_p is not None:
         kwargs["top_p"] = args.top_p
     if args.eta is not None:

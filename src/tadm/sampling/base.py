@@ -64,3 +64,25 @@ def check_step_index(step_index: int, num_steps: int) -> None:
 def mask_canvas(batch_size: int, seq_len: int, mask_id: int, device: torch.device) -> Tensor:
     """The absorbing prior: a canvas of mask tokens (B, L)."""
     return torch.full((batch_size, seq_len), mask_id, dtype=torch.long, device=device)
+
+
+TIME_GRIDS = ("paper", "released")
+RELEASED_T_MIN = 1e-5  # the released ReMDM / MDLM samplers stop at t = 1e-5
+
+
+def check_time_grid(name: str) -> str:
+    if name not in TIME_GRIDS:
+        raise ValueError(f"unknown time grid {name!r}; valid: {', '.join(TIME_GRIDS)}")
+    return name
+
+
+def grid_time(grid: str, step_index: int, num_steps: int) -> float:
+    """Diffusion time t(i) of reverse step i (i = T .. 1; i = 0 is the end of the trajectory).
+
+    * ``"paper"``: t(i) = i / T, the grid of the paper's Eq. (discrete-nelbo), t(0) = 0;
+    * ``"released"``: the released ReMDM code's ``linspace(1, 1e-5, T + 1)``,
+      t(i) = 1 - (T - i) (1 - 1e-5) / T, so t(0) = 1e-5 and masks may remain for a final argmax.
+    """
+    if grid == "paper":
+        return step_index / num_steps
+    return 1.0 - (num_steps - step_index) * (1.0 - RELEASED_T_MIN) / num_steps

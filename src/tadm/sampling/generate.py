@@ -117,7 +117,18 @@ def generate(
 
     mask_id = getattr(model, "mask_token_id", None)
     if mask_id is not None and prev_log_probs is not None and bool((z == mask_id).any()):
-        # A schedule with alpha_0 slightly below 1 can leave masks; decode them greedily.
+        if getattr(sampler, "final_denoise", False):
+            # The released samplers' last call: one more prediction on the final canvas (step 0 of
+            # Algorithm 1, refreshing the anchor if (T - 0) mod K == 0), argmax at the masks.
+            t = torch.full((batch_size,), sampler.time(0), device=device) if time_conditioned else None
+            c = model.encode(z, t)  # (B, L, D)
+            counter.add_encode(split)
+            if is_refresh_step(0, num_steps, refresh_interval):
+                cache.store(model.compute_anchor(c, t), z, 0)
+                counter.add_anchor(split)
+            prev_log_probs = model.predict(z, c, cache.hidden, t)  # (B, L, V)
+            counter.add_predict(split)
+        # Otherwise masks left by a schedule with alpha_0 slightly below 1 take the argmax of the last prediction.
         z = torch.where(z == mask_id, prev_log_probs.argmax(-1), z)
     return GenerationOutput(
         tokens=z,

@@ -16,6 +16,7 @@ def masked_transition(
     mask_id: int,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    nucleus: str = "released",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One reverse step of Eq. (remdm-param) (Eq. (mdlm-posterior-unk) when ``remask_prob`` is None).
 
@@ -29,6 +30,7 @@ def masked_transition(
         unmask_prob, remask_prob: (B, L) move probabilities from ``remdm_move_probs``.
         mask_id: id of the mask token.
         top_p: nucleus mass applied to x_theta.
+        nucleus: nucleus rule, "released" or "standard" (see ``nucleus_filter``).
 
     Returns:
         (z_s (B, L), indices (n, 2) of newly decoded positions, probability (n,) each new token had
@@ -38,7 +40,7 @@ def masked_transition(
     u = torch.rand(z_t.shape, generator=generator, device=z_t.device, dtype=torch.float64)
     unmask = masked & (u < unmask_prob)
     rows = unmask.nonzero()  # (n, 2)
-    probs = nucleus_filter(log_probs[rows[:, 0], rows[:, 1]].double().exp(), top_p)  # (n, V)
+    probs = nucleus_filter(log_probs[rows[:, 0], rows[:, 1]].double().exp(), top_p, nucleus)  # (n, V)
     new_tokens = sample_categorical(probs, generator)  # (n,)
     z_s = z_t.clone()
     z_s[rows[:, 0], rows[:, 1]] = new_tokens

@@ -6,7 +6,15 @@ import torch
 from torch import Tensor
 
 from tadm.diffusion import get_schedule, remdm_move_probs
-from tadm.sampling.base import SamplerOutput, check_num_steps, check_step_index, mask_canvas
+from tadm.sampling.base import (
+    SamplerOutput,
+    check_num_steps,
+    check_step_index,
+    check_time_grid,
+    grid_time,
+    mask_canvas,
+)
+from tadm.sampling.categorical import check_nucleus
 from tadm.sampling.masked_transition import masked_transition
 
 
@@ -18,29 +26,44 @@ class MDLMSampler:
 
     Args:
         mask_id: id of the mask token.
-        schedule: noise schedule name ("loglinear", "linear", "cosine").
+        schedule: noise schedule name ("loglinear", "linear", "cosine"), on the "paper" grid.
         top_p: nucleus mass applied to x_theta before the posterior, in (0, 1].
+        nucleus: nucleus rule, "released" (default, the released MDLM/ReMDM code) or "standard".
+        time_grid: "paper" (default: t = i / T, alpha from ``schedule``) or "released" (the released
+            code's t = linspace(1, 1e-5, T + 1) with alpha = 1 - t and a final argmax call); see
+            :class:`~tadm.sampling.remdm.ReMDMSampler`.
     """
 
-    def __init__(self, mask_id: int, schedule: str = "loglinear", top_p: float = 1.0) -> None:
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"nucleus top_p must be in (0, 1], got {top_p}")
+    def __init__(
+        self,
+        mask_id: int,
+        schedule: str = "loglinear",
+        top_p: float = 1.0,
+        nucleus: str = "released",
+        time_grid: str = "paper",
+    ) -> None:
+        check_nucleus(top_p, nucleus)
         self.mask_id = mask_id
         self.schedule = get_schedule(schedule)
         self.top_p = top_p
+        self.nucleus = nucleus
+        self.time_grid = check_time_grid(time_grid)
+        self.final_denoise = time_grid == "released"
         self.num_steps = 0
 
     def set_timesteps(self, num_steps: int) -> None:
         self.num_steps = check_num_steps(num_steps)
 
     def time(self, step_index: int) -> float:
-        return step_index / self.num_steps
+        return grid_time(self.time_grid, step_index, self.num_steps)
 
     def alphas(self, step_index: int) -> tuple[float, float]:
-        """(alpha_t, alpha_s) at reverse step i (linear timestep grid t = i / T)."""
-        t = torch.tensor([step_index / self.num_steps], dtype=torch.float64)
-        s = torch.tensor([(step_index - 1) / self.num_steps], dtype=torch.float64)
-        return float(self.schedule.alpha(t)), float(self.schedule.alpha(s))
+        """(alpha_t, alpha_s) at reverse step i on the sampler's time grid."""
+        t, s = self.time(step_index), self.time(step_index - 1)
+        if self.time_grid == "released":
+            return 1.0 - t, 1.0 - s
+        t_, s_ = torch.tensor([t], dtype=torch.float64), torch.tensor([s], dtype=torch.float64)
+        return float(self.schedule.alpha(t_)), float(self.schedule.alpha(s_))
 
     def initial_canvas(self, batch_size, seq_len, generator, device) -> Tensor:
         return mask_canvas(batch_size, seq_len, self.mask_id, device)
@@ -49,5 +72,6 @@ class MDLMSampler:
         check_step_index(step_index, self.num_steps)
         alpha_t, alpha_s = self.alphas(step_index)
         unmask_prob, _ = remdm_move_probs(z_t, alpha_t, alpha_s, 0.0)  # (B, L)
-        z_s, _, _ = masked_transition(log_probs, z_t, unmask_prob, None, self.mask_id, self.top_p, generator)
+        z_s, _, _ = masked_transition(log_probs, z_t, unmask_prob, None, self.mask_id, self.top_p, generator,
+                                      self.nucleus)
         return SamplerOutput(prev_sample=z_s)

@@ -6,7 +6,15 @@ import torch
 from torch import Tensor
 
 from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_move_probs, remdm_sigma, remdm_sigma_max
-from tadm.sampling.base import SamplerOutput, check_num_steps, check_step_index, mask_canvas
+from tadm.sampling.base import (
+    SamplerOutput,
+    check_num_steps,
+    check_step_index,
+    check_time_grid,
+    grid_time,
+    mask_canvas,
+)
+from tadm.sampling.categorical import check_nucleus
 from tadm.sampling.masked_transition import masked_transition
 
 
@@ -25,6 +33,17 @@ class ReMDMSampler:
 
     With ``eta = 0`` every strategy reduces to the MDLM ancestral sampler.
 
+    Fidelity to the released ReMDM sampler (which the paper follows):
+
+    * nucleus filtering uses the released rule by default (``nucleus="released"``: the sorted ids
+      whose cumulative mass is <= top_p, plus the top-1), so samples match the paper's setting;
+      ``nucleus="standard"`` also keeps the id that crosses top_p;
+    * the time grid is the paper's by default (``time_grid="paper"``: t(i) = i / T with alpha from
+      ``schedule``, no extra network call, so the layer calls are exactly Eq. (anchor-cache-compute)
+      and the steps match the T-step grid the model was trained on); ``time_grid="released"`` is the
+      released code's grid, t = linspace(1, 1e-5, T + 1) with alpha = 1 - t, followed by a final
+      argmax network call on the last canvas when masks remain (``final_denoise``).
+
     Args:
         mask_id: id of the mask token.
         strategy: one of ``REMDM_STRATEGIES``.
@@ -33,6 +52,8 @@ class ReMDMSampler:
         top_p: nucleus mass for x_theta, in (0, 1] (paper: 0.9).
         t_on, t_off, alpha_on: loop / window parameters (paper: 0.55, 0.05, 0.9).
         window: restrict cap/rescale/conf remasking to [t_off, t_on] (loop always uses it).
+        nucleus: "released" (default) or "standard" nucleus rule.
+        time_grid: "paper" (default) or "released".
     """
 
     def __init__(
@@ -46,11 +67,12 @@ class ReMDMSampler:
         t_off: float = 0.05,
         alpha_on: float = 0.9,
         window: bool = False,
+        nucleus: str = "released",
+        time_grid: str = "paper",
     ) -> None:
         if strategy not in REMDM_STRATEGIES:
             raise ValueError(f"unknown ReMDM strategy {strategy!r}; valid: {', '.join(REMDM_STRATEGIES)}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"nucleus top_p must be in (0, 1], got {top_p}")
+        check_nucleus(top_p, nucleus)
         if eta < 0:
             raise ValueError(f"ReMDM eta must be >= 0, got {eta}")
         if not 0.0 <= t_off < t_on <= 1.0:
@@ -64,6 +86,9 @@ class ReMDMSampler:
         self.top_p = top_p
         self.t_on, self.t_off, self.alpha_on = t_on, t_off, alpha_on
         self.window = window or strategy == "loop"
+        self.nucleus = nucleus
+        self.time_grid = check_time_grid(time_grid)
+        self.final_denoise = time_grid == "released"
         self.num_steps = 0
         self._confidence: Tensor | None = None  # (B, L) prob of each decoded token when decoded
 
@@ -72,10 +97,12 @@ class ReMDMSampler:
         self._confidence = None
 
     def time(self, step_index: int) -> float:
-        return step_index / self.num_steps
+        return grid_time(self.time_grid, step_index, self.num_steps)
 
     def _alpha(self, t: float) -> float:
         if self.strategy != "loop":
+            if self.time_grid == "released":
+                return 1.0 - t  # the released code's move chance is t itself
             return float(self.schedule.alpha(torch.tensor([t], dtype=torch.float64)))
         if t > self.t_on:  # phase 1: 0 -> alpha_on
             return self.alpha_on * (1.0 - t) / (1.0 - self.t_on)
@@ -85,13 +112,13 @@ class ReMDMSampler:
 
     def alphas(self, step_index: int) -> tuple[float, float]:
         """(alpha_t, alpha_s) at reverse step i."""
-        return self._alpha(step_index / self.num_steps), self._alpha((step_index - 1) / self.num_steps)
+        return self._alpha(self.time(step_index)), self._alpha(self.time(step_index - 1))
 
     def initial_canvas(self, batch_size, seq_len, generator, device) -> Tensor:
         return mask_canvas(batch_size, seq_len, self.mask_id, device)
 
     def _sigma(self, step_index: int, alpha_t: float, alpha_s: float, z_t: Tensor) -> Tensor | float:
-        t = step_index / self.num_steps
+        t = self.time(step_index)
         in_window = self.t_off <= t <= self.t_on
         if self.window and not in_window:
             return 0.0
@@ -112,7 +139,7 @@ class ReMDMSampler:
         sigma = self._sigma(step_index, alpha_t, alpha_s, z_t)
         unmask_prob, remask_prob = remdm_move_probs(z_t, alpha_t, alpha_s, sigma)  # (B, L) each
         z_s, rows, confidence = masked_transition(
-            log_probs, z_t, unmask_prob, remask_prob, self.mask_id, self.top_p, generator
+            log_probs, z_t, unmask_prob, remask_prob, self.mask_id, self.top_p, generator, self.nucleus
         )
         if self.strategy == "conf":
             assert self._confidence is not None
