@@ -47,15 +47,18 @@ def test_throughput_json_reports_counted_and_analytic_calls(capsys):
 def test_mauve_json_matches_the_api(tmp_path, capsys):
     evaluator = save_ar_evaluator(tmp_path / "ar")
     argv = ["eval", "mauve", "--texts", str(FIXTURE), "--reference", str(FIXTURE), "--max-texts", "12",
-            "--num-buckets", "2", "--evaluator", str(evaluator), "--max-tokens", "48", "--json"]
+            "--num-buckets", "2", "--evaluator", str(evaluator), "--max-tokens", "48", "--min-samples", "12", "--json"]
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["num_samples"] == record["num_reference"] == 12
     docs = fixture_docs(12)
-    expected = mauve_score(docs, docs, tiny_ar_evaluator(), max_tokens=48, num_buckets=2)
+    expected = mauve_score(docs, docs, tiny_ar_evaluator(), max_tokens=48, num_buckets=2, min_samples=12)
     assert record["mauve"] == pytest.approx(expected.mauve) and record["num_buckets"] == 2
     assert main(argv[:-1] + ["--num-buckets", "many"]) == 2
     assert "--num-buckets must be 'auto' or an integer" in capsys.readouterr().err
+    default_minimum = argv[: argv.index("--min-samples")] + ["--json"]
+    assert main(default_minimum) == 2  # 12 texts < the default minimum of 50
+    assert "MAUVE needs at least 50 samples and 50 reference texts, got 12 samples" in capsys.readouterr().err
 
 
 def test_prepare_evaluator_reports_an_existing_copy(tmp_path, capsys):

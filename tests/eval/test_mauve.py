@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from tadm.eval.mauve import mauve_from_features, mauve_score, text_features
+from tadm.eval.mauve import mauve_from_features, mauve_sample_problem, mauve_score, text_features
 from tests.eval.test_evaluator import fixture_docs, tiny_ar, tiny_ar_evaluator
 
-FAST = dict(kmeans_num_redo=1, kmeans_max_iter=50)
+FAST = dict(kmeans_num_redo=1, kmeans_max_iter=50, min_samples=2)  # small sets on purpose: not a quality claim
 
 
 def sentences(n: int) -> list[str]:
@@ -73,4 +73,15 @@ def test_bad_input():
     with pytest.raises(ValueError, match="one width"):
         mauve_from_features(np.zeros((4, 3)), np.zeros((4, 5)))
     with pytest.raises(ValueError, match="num_buckets=9 exceeds"):
-        mauve_from_features(np.zeros((2, 3)), np.zeros((2, 3)), num_buckets=9)
+        mauve_from_features(np.zeros((2, 3)), np.zeros((2, 3)), num_buckets=9, min_samples=2)
+
+
+def test_too_few_samples_are_refused_with_the_minimum_named():
+    rng = np.random.default_rng(0)
+    p, q = rng.normal(size=(60, 8)).astype(np.float32), rng.normal(size=(16, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match="at least 50 samples and 50 reference texts, got 16 samples"):
+        mauve_from_features(p, q)
+    assert mauve_sample_problem(16, 60) is not None and mauve_sample_problem(50, 50) is None
+    assert "40 reference texts" in mauve_sample_problem(60, 40)
+    result = mauve_from_features(p, rng.normal(size=(50, 8)).astype(np.float32), kmeans_num_redo=1)
+    assert result.num_buckets == 5 and result.num_q == 50  # "auto": round(50 / 10) clusters

@@ -28,7 +28,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
 def config(world, out: Path, **overrides) -> SweepConfig:
     settings = dict(models={"tadm": str(world["model"])}, steps=[8], refresh=[1, 2], num_samples=4, length=16,
                     sampler="remdm-cap", batch_size=2, evaluator=str(world["evaluator"]), reference=str(FIXTURE),
-                    reference_split="all", mauve_num_buckets=2, throughput_generations=1, throughput_warmup=0,
+                    reference_split="all", mauve_num_buckets=2, mauve_min_samples=2, throughput_generations=5,
+                    throughput_warmup=0,
                     cache_dir=str(world["root"] / "cache"), out_dir=str(out))
     return SweepConfig(**{**settings, **overrides})
 
@@ -47,6 +48,8 @@ def test_sweep_writes_results_table_and_plots(world, tmp_path, monkeypatch):
         assert r["compute_relative"] == pytest.approx(r["layer_calls"] / (8 * 12))  # no MDLM in the sweep: 12 layers
         assert r["gen_ppl"] > 1 and 0 < r["entropy"] <= math.log(16) + 1e-9 and 0 <= r["mauve"] <= 1
         assert r["tokens_per_second"] > 0 and r["sampler"] == "remdm-cap"
+        assert r["tokens_per_second_min"] <= r["tokens_per_second"] <= r["tokens_per_second_max"]
+        assert r["mauve_num_samples"] == r["mauve_num_reference"] == 4 and r["mauve_buckets"] == 2
     files = out.files
     for key in ("json", "csv", "table", "plot_throughput", "plot_refresh"):
         assert files[key].is_file() and files[key].stat().st_size > 0, key
@@ -54,6 +57,7 @@ def test_sweep_writes_results_table_and_plots(world, tmp_path, monkeypatch):
         assert files[key].read_bytes()[:8] == PNG_MAGIC
     table = files["table"].read_text()
     assert "| tadm (K=1) |" in table and "| tadm (K=2) |" in table and "| Data |" in table
+    assert "[4, 2 cl.]" in table  # MAUVE with its sample and cluster counts
     assert "Gen PPL ↓ T=8" in table and "Compute ↓ T=8" in table and "Tok/s ↑ T=8" in table
     payload = json.loads(files["json"].read_text())
     assert payload["settings"]["seeds"]["sampling"] == 0 and payload["settings"]["resolved_baseline_layers"] == 12
@@ -106,7 +110,7 @@ def test_interrupted_sweep_resumes_and_skips_finished_cells(world, tmp_path, mon
 
 def test_cli_sweep_runs_and_resumes(world, tmp_path, capsys):
     argv = ["eval", "sweep", "--models", f"tadm={world['model']}", "--T", "4", "--K", "1", "4", "--samples", "2",
-            "--length", "8", "--reference", "none", "--throughput-generations", "1", "--throughput-warmup", "0",
+            "--length", "8", "--reference", "none", "--throughput-generations", "5", "--throughput-warmup", "0",
             "--evaluator", str(world["evaluator"]), "--out", str(tmp_path / "cli"), "--no-progress"]
     assert main(argv) == 0
     assert "2 cells run now" in capsys.readouterr().out
@@ -124,6 +128,8 @@ def test_bad_input(world, tmp_path):
         config(world, tmp_path, sampler="ddim")
     with pytest.raises(ValueError, match="num_samples must be an integer >= 1"):
         config(world, tmp_path, num_samples=0)
+    with pytest.raises(ValueError, match="throughput_generations must be 0 \\(skip\\) or >= 5.*got 2"):
+        config(world, tmp_path, throughput_generations=2)
     assert resolve_sampler("auto", 128, 1024) == "remdm-cap" and resolve_sampler("auto", 1024, 1024) == "remdm-loop"
     # a tokenizer of another vocabulary than the model's
     other = tmp_path / "other-tok"
@@ -139,3 +145,11 @@ def test_bad_input(world, tmp_path):
     with pytest.raises(FileNotFoundError, match="prepare-evaluator"):
         run_sweep(config(world, tmp_path / "noeval", evaluator=str(tmp_path / "missing")), progress=False,
                   log=lambda m: None)
+
+
+def test_too_few_samples_get_no_mauve_and_say_why(world, tmp_path):
+    out = run_sweep(config(world, tmp_path / "few", mauve_min_samples=50, throughput_generations=0, refresh=[1]),
+                    progress=False, log=lambda m: None)
+    row = next(r for r in out.rows if r["model"] == "tadm")
+    assert row["mauve"] is None and "at least 50 samples" in row["mauve_note"]
+    assert "n<50" in out.files["table"].read_text()

@@ -33,7 +33,8 @@ def test_tokens_per_second_counts_every_position_of_timed_generations_only():
                                 num_generations=3, batch_size=2, warmup=2, seed=10, generate_fn=fake_generate)
     assert calls == [10, 11, 12, 13, 14]  # 2 warm-up + 3 timed, seeds seed + g
     assert len(result.seconds) == 3
-    assert result.tokens_per_second == pytest.approx(3 * 2 * 16 / sum(result.seconds))
+    assert result.tokens_per_second == pytest.approx(2 * 16 / sorted(result.seconds)[1])  # the median of 3
+    assert result.tokens_per_second_min <= result.tokens_per_second <= result.tokens_per_second_max
     assert result.as_dict()["analytic_layer_calls"] == 4 * 3  # MDLM: 3 layers every step
 
 
@@ -48,3 +49,32 @@ def test_bfloat16_autocast_runs_and_bad_settings_fail():
         measure_throughput(model, sampler, seq_len=8, num_steps=4, dtype="fp8")
     with pytest.raises(ValueError, match="num_generations"):
         measure_throughput(model, sampler, seq_len=8, num_steps=4, num_generations=0)
+
+
+def test_interleaved_timing_shuffles_every_round_and_reports_median_min_max():
+    from tadm.eval.throughput import TimingCell, interleaved_throughput
+
+    tadm, mdlm = tiny_diffusion("tadm"), tiny_diffusion("mdlm")
+    order: list[tuple[str, int, int]] = []
+
+    def recording_generate(model, sampler, **kwargs):
+        order.append(("tadm" if model is tadm else "mdlm", kwargs["refresh_interval"], kwargs["generator"].initial_seed()))
+        return generate(model, sampler, **kwargs)
+
+    cells = [TimingCell(key=(name, K), model=m, make_sampler=lambda m=m: get_sampler("mdlm", m.mask_token_id),
+                        seq_len=8, num_steps=4, refresh_interval=K)
+             for name, m in (("tadm", tadm), ("mdlm", mdlm)) for K in (1, 2)]
+    results = interleaved_throughput(cells, num_generations=5, warmup=1, seed=3, order_seed=0,
+                                     generate_fn=recording_generate)
+    assert len(order) == 6 * 4
+    rounds = [order[r * 4:(r + 1) * 4] for r in range(6)]
+    assert all({(n, K) for n, K, _ in rnd} == {("tadm", 1), ("tadm", 2), ("mdlm", 1), ("mdlm", 2)} for rnd in rounds)
+    assert len({tuple((n, K) for n, K, _ in rnd) for rnd in rounds}) > 1  # the order changes between rounds
+    assert all(seed == 3 + r for r, rnd in enumerate(rounds) for _, _, seed in rnd)
+    for key, result in results.items():
+        assert len(result.seconds) == 5
+        assert result.tokens_per_second == pytest.approx(8 / sorted(result.seconds)[2])
+        assert result.tokens_per_second_min <= result.tokens_per_second <= result.tokens_per_second_max
+        assert result.layer_calls["total"] == result.analytic_layer_calls
+    with pytest.raises(ValueError, match="num_generations must be >= 5"):
+        interleaved_throughput(cells, num_generations=2)

@@ -5,6 +5,7 @@
     tadm eval gen-ppl --texts brown --max-texts 20      # any text source
     tadm eval mauve --samples out.json --reference brown
     tadm eval likelihood --model runs/tadm --data brown --split val --t-samples 4
+    tadm eval staleness --model tadm=runs/tadm/final adlm=runs/adlm/final --T 32 128 --max-age 7 --naive
     tadm eval throughput --model runs/tadm --steps 128 --refresh 1 2 4 8 --length 1024
     tadm eval sweep --models tadm=runs/tadm mdlm=runs/mdlm --T 128 256 --K 1 2 4 8 --samples 64
 """
@@ -17,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import CLIError, nonnegative_int, positive_int
+from tadm.cli.common import CLIError, fidelity_args, nonnegative_int, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _add_gen_ppl(esub)
     _add_mauve(esub)
     _add_likelihood(esub)
+    _add_staleness(esub)
     _add_throughput(esub)
     _add_sweep(esub)
     p.set_defaults(func=run)
@@ -191,12 +193,14 @@ def _add_mauve(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=1024, metavar="N", help="tokens per text (1024)")
     p.add_argument("--num-buckets", default="auto", help="k-means clusters: 'auto' (n/10) or an integer")
     p.add_argument("--seed", type=int, default=25, help="k-means seed (mauve-text's default 25)")
+    p.add_argument("--min-samples", type=positive_int, default=None, metavar="N",
+                   help="refuse fewer than N samples or reference texts (default 50: fewer make MAUVE meaningless)")
     p.set_defaults(eval_func=_run_mauve)
 
 
 def _run_mauve(args: argparse.Namespace) -> int:
     from tadm.eval.evaluator import load_evaluator
-    from tadm.eval.mauve import mauve_score
+    from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_sample_problem, mauve_score
     from tadm.training.data import load_texts
 
     texts, _ = _load_samples(args)
@@ -208,6 +212,10 @@ def _run_mauve(args: argparse.Namespace) -> int:
         references.append(doc)
         if len(references) >= wanted:
             break
+    minimum = args.min_samples or MAUVE_MIN_SAMPLES
+    problem = mauve_sample_problem(len(texts), len(references), minimum)
+    if problem is not None:
+        raise CLIError(f"{problem}; pass more, or --min-samples N to accept fewer knowingly")
     buckets: int | str = args.num_buckets
     if buckets != "auto":
         try:
@@ -216,7 +224,7 @@ def _run_mauve(args: argparse.Namespace) -> int:
             raise CLIError(f"--num-buckets must be 'auto' or an integer, got {args.num_buckets!r}") from None
     evaluator = load_evaluator(args.evaluator, device=args.device)
     result = mauve_score(texts, references, evaluator, max_tokens=args.max_tokens, batch_size=args.eval_batch_size,
-                         progress=args.progress, num_buckets=buckets, seed=args.seed)
+                         progress=args.progress, num_buckets=buckets, seed=args.seed, min_samples=minimum)
     record = result.as_dict() | {"evaluator": evaluator.name}
     _emit(args, record, f"MAUVE {result.mauve:.4f} ({result.num_q} samples vs {result.num_p} reference texts, "
                         f"{result.num_buckets} buckets) under {evaluator.name}")
@@ -299,6 +307,111 @@ def _run_likelihood(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------- staleness
+def _add_staleness(esub: argparse._SubParsersAction) -> None:
+    p = esub.add_parser(
+        "staleness", help="likelihood bound against the anchor's cache age k and refresh interval K",
+        description="Continuous-time T-ANELBO with the anchor k steps old on a T-step grid (k = 0 .. --max-age, "
+                    "same t draws and masks for every k), the bound with an uninformative anchor (fully masked "
+                    "canvas), and the discrete-time bound of the cached process of Algorithm 1 per K.")
+    p.add_argument("--model", nargs="+", required=True, metavar="[NAME=]PATH",
+                   help="anchored models (TADM, ADLM): checkpoint dirs, hub ids, or builder names (with --tokenizer)")
+    p.add_argument("--data", default="brown", metavar="SOURCE", help="text source (default: the bundled corpus)")
+    p.add_argument("--split", choices=("all", "val"), default="val", help="all documents, or the held-out ones")
+    p.add_argument("--val-fraction", type=float, default=0.02)
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="the models' tokenizer (default: each checkpoint's)")
+    p.add_argument("--seq-len", type=positive_int, default=None, metavar="L", help="block length (default: model max)")
+    p.add_argument("--T", "--steps", dest="steps", type=positive_int, nargs="+", default=[128], metavar="T",
+                   help="step budgets T: cache age k means t' = min(1, t + k / T)")
+    p.add_argument("--max-age", type=nonnegative_int, default=7, metavar="K_MAX", help="ages k = 0 .. K_MAX")
+    p.add_argument("--K", "--refresh", dest="refresh", type=positive_int, nargs="*", default=[1, 2, 4, 8],
+                   metavar="K", help="refresh intervals for the discrete cached-process bound (none: skip it)")
+    p.add_argument("--discrete-steps", type=positive_int, default=None, metavar="T",
+                   help="T of the discrete cached-process bound (default: the smallest --T)")
+    p.add_argument("--naive", action="store_true",
+                   help="also evaluate each TADM with its fusion bypassed (naive reuse of the cached denoiser input)")
+    p.add_argument("--no-uninformative", action="store_true", help="skip the fully-masked-anchor bound")
+    p.add_argument("--t-samples", type=positive_int, default=1, metavar="N", help="Monte-Carlo draws of t per block")
+    p.add_argument("--schedule", default="loglinear")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--max-blocks", type=positive_int, default=None, metavar="N")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", default=".tadm-cache")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write the NELBO-vs-k plot here")
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON list (one object per model)")
+    p.set_defaults(eval_func=_run_staleness)
+
+
+def staleness_text(record: dict[str, Any]) -> str:
+    """Plain-text table of one model's stale-anchor curves (used by ``tadm eval staleness``)."""
+    s = record["staleness"]
+    steps = list(s["curves"])
+    lines = [f"{record['model']}: fresh NELBO {s['fresh']:.4f} nats/token over {s['num_tokens']} tokens"
+             + ("" if s["uninformative"] is None else
+                f"; uninformative anchor {s['uninformative']:.4f} ({100 * s['uninformative_increase']:+.2f}%)")]
+    lines.append("    k  " + "".join(f"{'T=' + T:>22}" for T in steps))
+    for k in range(len(s["curves"][steps[0]])):
+        cells = "".join(f"{s['curves'][T][k]:>12.4f} ({100 * s['increase'][T][k]:+6.2f}%)" for T in steps)
+        lines.append(f"  {k:>3}  {cells}")
+    cached = record.get("cached")
+    if cached:
+        parts = [f"K={K}: {v:.4f}" + ("" if cached["increase"] is None else f" ({100 * cached['increase'][K]:+.2f}%)")
+                 for K, v in cached["bounds"].items()]
+        lines.append(f"  cached process, discrete T={cached['num_steps']}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def _run_staleness(args: argparse.Namespace) -> int:
+    from tadm.eval.likelihood import cached_process_nelbo, check_anchored, packed_eval_blocks, stale_anchor_nelbo
+    from tadm.eval.sweep import load_model_and_tokenizer
+    from tadm.nn import TADM, NaiveReuse
+
+    if not 0.0 < args.val_fraction < 1.0:
+        raise CLIError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    records: list[dict[str, Any]] = []
+    loaded = []
+    for name, spec in _named(args.model):
+        model, tokenizer = load_model_and_tokenizer(spec, args.tokenizer, args.device)
+        try:
+            check_anchored(model)
+        except ValueError as err:
+            raise CLIError(f"model {name!r} ({spec}): {err}") from None
+        loaded.append((name, spec, model, tokenizer))
+        if args.naive and isinstance(model, TADM):
+            loaded.append((f"{name} (naive reuse)", spec, NaiveReuse(model), tokenizer))
+    for name, spec, model, tokenizer in loaded:
+        max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+        seq_len = args.seq_len or max_len
+        if seq_len is None or (max_len is not None and seq_len > max_len):
+            raise CLIError(f"--seq-len {seq_len} does not fit model {name!r} (max {max_len})")
+        blocks = packed_eval_blocks(args.data, tokenizer, seq_len, cache_dir=args.cache_dir, split=args.split,
+                                    val_fraction=args.val_fraction, progress=args.progress)
+        common = dict(schedule=args.schedule, batch_size=args.batch_size, seed=args.seed, max_blocks=args.max_blocks,
+                      device=args.device, progress=args.progress)
+        stale = stale_anchor_nelbo(model, blocks, steps=args.steps, max_age=args.max_age,
+                                   uninformative=not args.no_uninformative, num_t_samples=args.t_samples, **common)
+        record: dict[str, Any] = {"model": name, "path": spec, "data": args.data, "split": args.split,
+                                  "seq_len": seq_len, "staleness": stale.as_dict(), "cached": None}
+        if args.refresh:
+            T = args.discrete_steps or min(args.steps)
+            record["cached"] = cached_process_nelbo(model, blocks, num_steps=T, refresh_intervals=args.refresh,
+                                                   **common).as_dict()
+        records.append(record)
+    if args.plot:
+        from tadm.eval.plots import plot_nelbo_vs_age
+
+        plot_nelbo_vs_age([{"model": r["model"], **r["staleness"]} for r in records], args.plot)
+    if args.json:
+        print(json.dumps(records))
+    else:
+        print("\n\n".join(staleness_text(r) for r in records))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
 # --------------------------------------------------------------------------------------- throughput
 def _add_throughput(esub: argparse._SubParsersAction) -> None:
     from tadm.sampling.registry import SAMPLERS
@@ -376,6 +489,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--eta", type=float, default=None, help="ReMDM eta (default: the sampler's)")
     p.add_argument("--schedule", default="loglinear")
+    fidelity_args(p)
     p.add_argument("--batch-size", type=positive_int, default=16, help="samples generated per batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer for every model (default: each one's)")
@@ -383,7 +497,10 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference-split", choices=("val", "all"), default="val")
     p.add_argument("--num-reference", type=positive_int, default=None, metavar="N")
     p.add_argument("--num-buckets", default="auto", help="MAUVE k-means clusters: 'auto' or an integer")
-    p.add_argument("--throughput-generations", type=nonnegative_int, default=20, metavar="N", help="0: skip")
+    p.add_argument("--mauve-min-samples", type=positive_int, default=50, metavar="N",
+                   help="cells with fewer samples or reference texts get no MAUVE (default 50)")
+    p.add_argument("--throughput-generations", type=nonnegative_int, default=20, metavar="N",
+                   help="timed generations per cell, >= 5 (median with min and max); 0: skip")
     p.add_argument("--throughput-batch-size", type=positive_int, default=1, metavar="B")
     p.add_argument("--throughput-warmup", type=nonnegative_int, default=1, metavar="N")
     p.add_argument("--throughput-baseline", default=None, metavar="NAME", help="model whose K=1 tok/s is 1.00x")
@@ -410,6 +527,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     config = SweepConfig(
         models=parse_model_specs(args.models), steps=args.steps, refresh=args.refresh, num_samples=args.samples,
         length=args.length, sampler=args.sampler, top_p=args.top_p, eta=args.eta, schedule=args.schedule,
+        nucleus=args.nucleus, time_grid=args.time_grid, mauve_min_samples=args.mauve_min_samples,
         batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, evaluator=args.evaluator,
         eval_batch_size=args.eval_batch_size,
         reference=None if args.reference.lower() == "none" else args.reference,

@@ -95,6 +95,7 @@ class GenPPLResult:
     evaluator: str
     per_text_nll: list[float] = field(default_factory=list)  # summed NLL of each text (nats)
     per_text_tokens: list[int] = field(default_factory=list)  # counted positions of each text
+    features: Any = None  # (N, D) float32 MAUVE features when asked for (``gen_ppl(..., features=True)``)
 
     def as_dict(self, per_text: bool = False) -> dict[str, Any]:
         out = {
@@ -120,8 +121,14 @@ def gen_ppl(
     context_size: int | None = None,
     max_tokens: int | None = None,
     progress: bool = False,
+    features: bool = False,
 ) -> GenPPLResult:
     """Gen PPL of ``texts`` under ``evaluator`` (steps 2 to 5 of the module docstring).
+
+    With ``features`` the same forward passes also give each text's MAUVE feature (the last-layer
+    hidden state at the last token of its first chunk, which is what
+    :func:`tadm.eval.mauve.text_features` computes for the evaluator's context), saving the second
+    pass over the samples; it is returned in ``result.features``.
 
     Args:
         texts: decoded samples (see :func:`decode_samples`).
@@ -145,22 +152,29 @@ def gen_ppl(
     encoded = evaluator.encode(texts)
     if max_tokens is not None:
         encoded = [ids[:max_tokens] for ids in encoded]
-    # (text index, chunk ids); a chunk of one token has no scored position
-    segments = [(n, ids[s : s + size]) for n, ids in enumerate(encoded) for s in range(0, len(ids), size)]
-    segments = [seg for seg in segments if len(seg[1]) >= 2]
-    segments.sort(key=lambda seg: -len(seg[1]))  # similar lengths share a batch: less padding
+    # (text index, chunk start, chunk ids); a chunk of one token has no scored position
+    segments = [(n, s, ids[s : s + size]) for n, ids in enumerate(encoded) for s in range(0, len(ids), size)]
+    segments = [seg for seg in segments if len(seg[2]) >= 2]
+    segments.sort(key=lambda seg: -len(seg[2]))  # similar lengths share a batch: less padding
     nll_sum = [0.0] * len(texts)
     counts = [0] * len(texts)
+    feats: list[Any] = [None] * len(texts)
     batches = range(0, len(segments), batch_size)
     for start in tqdm(batches, desc="Gen PPL", disable=not progress, leave=False):
         group = segments[start : start + batch_size]
-        width = len(group[0][1])
+        width = len(group[0][2])
         ids = torch.full((len(group), width), evaluator.pad_id, dtype=torch.long)  # (b, n)
         valid = torch.zeros((len(group), width), dtype=torch.bool)  # (b, n)
-        for row, (_, chunk) in enumerate(group):
+        for row, (_, _, chunk) in enumerate(group):
             ids[row, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
             valid[row, : len(chunk)] = True
-        logits = evaluator.forward(ids, valid.long()).logits[:, :-1].float()  # (b, n - 1, V)
+        output = evaluator.forward(ids, valid.long(), hidden=features)
+        logits = output.logits[:, :-1].float()  # (b, n - 1, V)
+        if features:
+            assert output.hidden is not None
+            for row, (n, first, chunk) in enumerate(group):
+                if first == 0:
+                    feats[n] = output.hidden[row, len(chunk) - 1].float().cpu().numpy()  # (D,)
         targets = ids[:, 1:].to(logits.device)  # (b, n - 1)
         # -log softmax(logits)[target] without materialising the (b, n - 1, V) log-probabilities
         picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (b, n - 1)
@@ -168,7 +182,7 @@ def gen_ppl(
         counted = counted_positions(ids, valid, evaluator.end_ids)  # (b, n - 1)
         # where(), not a product: a padded position's logits may be non-finite
         nll = torch.where(counted, nll, torch.zeros((), dtype=nll.dtype))
-        for row, (n, _) in enumerate(group):
+        for row, (n, _, _) in enumerate(group):
             nll_sum[n] += float(nll[row].sum())
             counts[n] += int(counted[row].sum())
     total_tokens = sum(counts)
@@ -177,6 +191,17 @@ def gen_ppl(
             f"no position to score in {len(texts)} texts: each needs at least 2 evaluator tokens besides end-of-text"
         )
     mean_nll = math.fsum(nll_sum) / total_tokens
+    feature_array = None
+    if features:
+        import numpy as np
+
+        missing = [n for n, f in enumerate(feats) if f is None]  # texts of a single evaluator token
+        if missing:
+            from tadm.eval.mauve import text_features
+
+            for n, f in zip(missing, text_features([texts[n] for n in missing], evaluator, max_tokens=size)):
+                feats[n] = f
+        feature_array = np.stack(feats).astype(np.float32)
     return GenPPLResult(
         gen_ppl=math.exp(mean_nll),
         nll=mean_nll,
@@ -187,4 +212,5 @@ def gen_ppl(
         evaluator=evaluator.name,
         per_text_nll=nll_sum,
         per_text_tokens=counts,
+        features=feature_array,
     )

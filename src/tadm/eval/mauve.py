@@ -5,8 +5,13 @@ is re-tokenized with the evaluator's tokenizer, truncated to its first ``max_tok
 represented by the evaluator's last-layer hidden state at its last token (:func:`text_features`).
 The score itself always comes from the ``mauve-text`` package,
 ``mauve.compute_mauve(p_features=..., q_features=...)``, with P the reference and Q the samples;
-its defaults are kept (``num_buckets="auto"`` = n / 10 clusters, PCA to 90% variance, k-means
-with 5 restarts, scaling factor 5, seed 25) unless overridden.
+its defaults are kept (``num_buckets="auto"`` = max(2, round(min(n_p, n_q) / 10)) clusters, PCA to
+90% variance, k-means with 5 restarts, scaling factor 5, seed 25) unless overridden.
+
+Small sample sets make MAUVE meaningless: with 16 texts per side "auto" falls back to 2 clusters
+and scores barely move between very different sets. :func:`mauve_from_features` therefore refuses
+fewer than ``min_samples`` texts on either side (default :data:`MAUVE_MIN_SAMPLES`, which gives at
+least 5 clusters), and every result carries its sample and cluster counts for reports.
 """
 
 from __future__ import annotations
@@ -21,7 +26,20 @@ from tqdm.auto import tqdm
 
 from tadm.eval.evaluator import Evaluator
 
-__all__ = ["MauveResult", "mauve_from_features", "mauve_score", "text_features"]
+__all__ = ["MAUVE_MIN_SAMPLES", "MauveResult", "mauve_from_features", "mauve_sample_problem", "mauve_score",
+           "text_features"]
+
+MAUVE_MIN_SAMPLES = 50  # per side; "auto" then uses >= 5 clusters (the reference uses 5,000 samples)
+
+
+def mauve_sample_problem(num_samples: int, num_reference: int, min_samples: int = MAUVE_MIN_SAMPLES) -> str | None:
+    """Why MAUVE would be meaningless for these counts (a one-line reason), or None if they suffice."""
+    short = [f"{n} {what}" for n, what in ((num_samples, "samples"), (num_reference, "reference texts"))
+             if n < min_samples]
+    if not short:
+        return None
+    return (f"MAUVE needs at least {min_samples} samples and {min_samples} reference texts, got "
+            f"{' and '.join(short)}")
 
 
 @torch.no_grad()
@@ -92,8 +110,13 @@ def mauve_from_features(
     kmeans_explained_var: float = 0.9,
     mauve_scaling_factor: float = 5.0,
     seed: int = 25,
+    min_samples: int = MAUVE_MIN_SAMPLES,
 ) -> MauveResult:
-    """``mauve.compute_mauve(p_features=p, q_features=q, ...)``: P reference (n_p, D), Q samples (n_q, D)."""
+    """``mauve.compute_mauve(p_features=p, q_features=q, ...)``: P reference (n_p, D), Q samples (n_q, D).
+
+    Raises:
+        ValueError: fewer than ``min_samples`` rows on either side (the message names the minimum).
+    """
     try:
         import mauve
     except ImportError as err:
@@ -104,6 +127,9 @@ def mauve_from_features(
         raise ValueError(f"features must be (n, D) arrays of one width, got {p.shape} and {q.shape}")
     if len(p) == 0 or len(q) == 0:
         raise ValueError("MAUVE needs at least one reference text and one sample")
+    problem = mauve_sample_problem(len(q), len(p), min_samples)
+    if problem is not None:
+        raise ValueError(f"{problem}; generate more samples (or pass a lower minimum knowingly)")
     if isinstance(num_buckets, int) and num_buckets > len(p) + len(q):
         raise ValueError(f"num_buckets={num_buckets} exceeds the {len(p) + len(q)} texts to cluster")
     out = mauve.compute_mauve(

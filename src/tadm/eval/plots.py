@@ -3,6 +3,10 @@
 * :func:`plot_genppl_vs_throughput`: Gen PPL (y) against tokens/s (x), one curve per model (per
   model and T when the sweep has several T), each point labelled with its refresh interval K.
 * :func:`plot_genppl_vs_refresh`: Gen PPL against K, one panel per T, one curve per model.
+* :func:`plot_pareto`: quality (Gen PPL) against measured tokens/s for every (model, T, K), each
+  point labelled "K, T", with the Pareto front of all points (faster and better) drawn through.
+* :func:`plot_nelbo_vs_age`: the stale-anchor likelihood bound against the cache age k, one panel
+  per T, one curve per model (the mean over seeds, with their range as error bars).
 
 matplotlib is imported inside the functions, with the non-interactive Agg backend, so that
 plotting works without a display and importing this module costs nothing.
@@ -16,7 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_genppl_vs_refresh", "plot_genppl_vs_throughput", "write_plots"]
+__all__ = [
+    "pareto_front",
+    "plot_genppl_vs_refresh",
+    "plot_genppl_vs_throughput",
+    "plot_nelbo_vs_age",
+    "plot_pareto",
+    "write_plots",
+]
 
 
 def _pyplot() -> Any:
@@ -115,3 +126,91 @@ def write_plots(rows: Sequence[dict[str, Any]], out_dir: str | os.PathLike[str])
         plot_genppl_vs_throughput(rows, out / "genppl_vs_throughput.png"),
         plot_genppl_vs_refresh(rows, out / "genppl_vs_refresh.png"),
     ]
+
+
+def plot_nelbo_vs_age(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Increase of the T-ANELBO over the fresh anchor (%) against the cache age k; PNG at ``path``.
+
+    ``records`` carry ``model`` and ``curves`` ({T: [nats/token at k = 0, 1, ...]}, as in
+    ``StalenessResult.as_dict()``); several records of one model (seeds) are averaged and their
+    range drawn as error bars. One panel per T, one curve per model.
+    """
+    plt = _pyplot()
+    models = _models(records)
+    steps = sorted({int(T) for r in records for T in r["curves"]}) or [0]
+    fig, axes = plt.subplots(1, len(steps), figsize=(4.6 * len(steps), 3.9), squeeze=False)
+    for ax, T in zip(axes[0], steps):
+        for model in models:
+            curves = [[100.0 * (v / c[0] - 1.0) for v in c]
+                      for r in records if r["model"] == model
+                      for c in [r["curves"].get(T, r["curves"].get(str(T)))] if c]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            ages = list(range(n))
+            mean = [sum(c[k] for c in curves) / len(curves) for k in ages]
+            low = [mean[k] - min(c[k] for c in curves) for k in ages]
+            high = [max(c[k] for c in curves) - mean[k] for k in ages]
+            label = model if len(curves) == 1 else f"{model} ({len(curves)} seeds)"
+            ax.errorbar(ages, mean, yerr=[low, high], marker="o", markersize=3, capsize=2, label=label)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("cache age k (reverse steps since the refresh)")
+        ax.set_ylabel("NELBO increase over k = 0 (%)")
+        ax.set_title(f"T = {T}: t' = t + k / {T}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=120)
+    plt.close(fig)
+    return out
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points (speed, loss) that no other point beats on both (higher speed, lower loss),
+    sorted by speed."""
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], points[i][1]))
+    front, best = [], math.inf
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def plot_pareto(
+    rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, metric: str = "gen_ppl",
+    title: str = "Gen PPL vs measured tokens/s",
+) -> Path:
+    """``metric`` (lower is better) against tokens/s, a marker per model, each point labelled "K=k T=t";
+    the Pareto front over all points is the dashed line. PNG at ``path``."""
+    plt = _pyplot()
+    usable = _usable(rows, metric, "tokens_per_second")
+    fig, ax = plt.subplots(figsize=(7.0, 4.8))
+    markers = "osD^vP*Xh"
+    for n, model in enumerate(_models(usable)):
+        pts = [r for r in usable if r["model"] == model]
+        xs = [float(r["tokens_per_second"]) for r in pts]
+        ys = [float(r[metric]) for r in pts]
+        ax.scatter(xs, ys, marker=markers[n % len(markers)], label=model, s=28)
+        for r, x, y in zip(pts, xs, ys):
+            ax.annotate(f"K{r['refresh']} T{r['steps']}", (x, y), textcoords="offset points", xytext=(3, 3),
+                        fontsize=6.5)
+    if usable:
+        points = [(float(r["tokens_per_second"]), float(r[metric])) for r in usable]
+        front = pareto_front(points)
+        ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="grey", linewidth=1,
+                label="Pareto front")
+        ax.legend(fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("measured throughput (tokens/s, median)")
+    ax.set_ylabel(metric.replace("_", " ").replace("gen ppl", "Gen PPL") + " (lower is better)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3, which="both")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=120)
+    plt.close(fig)
+    return out

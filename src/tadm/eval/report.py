@@ -28,6 +28,8 @@ from typing import Any
 
 __all__ = [
     "DATA_MODEL",
+    "format_mauve",
+    "format_tps",
     "RESULT_FIELDS",
     "cell_key",
     "machine_info",
@@ -51,6 +53,10 @@ RESULT_FIELDS = (
     "num_samples",
     "seed",
     "mauve",
+    "mauve_num_samples",
+    "mauve_num_reference",
+    "mauve_buckets",
+    "mauve_note",
     "gen_ppl",
     "gen_ppl_nll",
     "gen_ppl_tokens",
@@ -60,6 +66,8 @@ RESULT_FIELDS = (
     "baseline_layer_calls",
     "compute_relative",
     "tokens_per_second",
+    "tokens_per_second_min",
+    "tokens_per_second_max",
     "throughput_generations",
     "throughput_batch_size",
     "sampling_seconds",
@@ -153,6 +161,37 @@ def _fmt(value: Any, digits: int) -> str:
     return f"{float(value):.{digits}f}"
 
 
+def format_mauve(row: dict[str, Any]) -> str:
+    """MAUVE with its counts: "0.612 [64, 6 cl.]"; "n<50" when it was refused; plain when counts are unknown."""
+    if row.get("mauve") is None:
+        note = row.get("mauve_note")
+        if note:
+            return f"n<{_minimum_in(note)}" if _minimum_in(note) else "-"
+        return "-"
+    value = _fmt(row.get("mauve"), 3)
+    if row.get("mauve_buckets") is None:
+        return value
+    return f"{value} [{row.get('mauve_num_samples')}, {row.get('mauve_buckets')} cl.]"
+
+
+def _minimum_in(note: str) -> str | None:
+    import re
+
+    found = re.search(r"at least (\d+)", note)
+    return found.group(1) if found else None
+
+
+def format_tps(row: dict[str, Any], digits: int = 2) -> str:
+    """Median tokens/s with [slowest-fastest] when known."""
+    tps = row.get("tokens_per_second")
+    if tps is None:
+        return "-"
+    low, high = row.get("tokens_per_second_min"), row.get("tokens_per_second_max")
+    if low is None or high is None:
+        return _fmt(tps, digits)
+    return f"{_fmt(tps, digits)} [{_fmt(low, 1)}-{_fmt(high, 1)}]"
+
+
 def _row_label(row: dict[str, Any]) -> str:
     if row["model"] == DATA_MODEL:
         return "Data"
@@ -206,7 +245,7 @@ def markdown_report(
         if row is None:
             return "-"
         if name == "mauve":
-            return _fmt(row.get("mauve"), 3)
+            return format_mauve(row)
         if name == "gen_ppl":
             return _fmt(row.get("gen_ppl"), 2)
         if name == "entropy":
@@ -242,7 +281,7 @@ def markdown_report(
         for T in steps:
             row = index.get((model, T, K))
             cells += [metric(row, "mauve", T), metric(row, "gen_ppl", T), metric(row, "entropy", T),
-                      _fmt(None if row is None else row.get("tokens_per_second"), 2)]
+                      "-" if row is None else format_tps(row)]
         body.append([f"{model} (K={K})"] + cells)
     parts += ["## Refresh-interval sweep (Table 5 layout)", "", _table(header, body), ""]
     return "\n".join(parts)

@@ -5,11 +5,15 @@ For every cell (model, T, K) :func:`run_sweep` generates ``num_samples`` uncondi
 tokenizer and reports
 
 * MAUVE against held-out reference text and Gen PPL, both under one evaluator loaded once per
-  run (:mod:`tadm.eval.evaluator`, :mod:`tadm.eval.mauve`, :mod:`tadm.eval.gen_ppl`);
+  run (:mod:`tadm.eval.evaluator`, :mod:`tadm.eval.mauve`, :mod:`tadm.eval.gen_ppl`); MAUVE is
+  stored with its sample and cluster counts, and not computed (the row says why) when either side
+  has fewer than ``mauve_min_samples`` texts;
 * the mean per-sample unigram entropy (:mod:`tadm.eval.entropy`);
 * the Transformer-layer calls of one generation, Eq. (anchor-cache-compute), counted and
   analytic, and their ratio to an uncached MDLM (:mod:`tadm.eval.compute`);
-* measured tokens/s (:mod:`tadm.eval.throughput`).
+* measured tokens/s (:mod:`tadm.eval.throughput`): after every quality cell is done, all cells are
+  timed together, interleaved in shuffled rounds, and each reports the median of its timed
+  generations with the fastest and slowest.
 
 Rows go to ``results.json`` / ``results.csv`` after every cell (:mod:`tadm.eval.report`); a sweep
 started again on the same output directory with the same settings skips the finished cells, and
@@ -33,9 +37,11 @@ from tadm.eval.compute import layer_calls
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import Evaluator, load_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
-from tadm.eval.mauve import mauve_from_features, text_features
+from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_from_features, mauve_sample_problem, text_features
 from tadm.eval.report import DATA_MODEL, cell_key, machine_info, markdown_report, read_results, write_results
-from tadm.eval.throughput import measure_throughput, resolve_dtype
+from tadm.eval.throughput import MIN_TIMED_GENERATIONS, TimingCell, interleaved_throughput, resolve_dtype
+from tadm.sampling.base import check_time_grid
+from tadm.sampling.categorical import check_nucleus
 
 __all__ = [
     "PAPER_BASELINE_LAYERS",
@@ -102,6 +108,8 @@ class SweepConfig:
     top_p: float = 0.9
     eta: float | None = None
     schedule: str = "loglinear"
+    nucleus: str = "released"
+    time_grid: str = "paper"
     batch_size: int = 16
     seed: int = 0
     tokenizer: str | None = None
@@ -112,6 +120,7 @@ class SweepConfig:
     reference_val_fraction: float = 0.02
     num_reference: int | None = None
     mauve_num_buckets: int | str = "auto"
+    mauve_min_samples: int = MAUVE_MIN_SAMPLES
     throughput_generations: int = 20
     throughput_batch_size: int = 1
     throughput_warmup: int = 1
@@ -136,6 +145,13 @@ class SweepConfig:
                 raise ValueError(f"SweepConfig.{name} must be an integer >= 1, got {value!r}")
         if self.throughput_generations < 0 or self.throughput_warmup < 0:
             raise ValueError("SweepConfig.throughput_generations and throughput_warmup must be >= 0")
+        if 0 < self.throughput_generations < MIN_TIMED_GENERATIONS:
+            raise ValueError(f"SweepConfig.throughput_generations must be 0 (skip) or >= {MIN_TIMED_GENERATIONS} "
+                             f"(tokens/s is the median of the timed generations), got {self.throughput_generations}")
+        if self.mauve_min_samples < 2:
+            raise ValueError(f"SweepConfig.mauve_min_samples must be >= 2, got {self.mauve_min_samples}")
+        check_nucleus(self.top_p, self.nucleus)
+        check_time_grid(self.time_grid)
         if self.sampler != "auto" and self.sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {self.sampler!r}; valid: auto, {', '.join(sorted(SAMPLERS))}")
         if self.reference_split not in ("val", "all"):
@@ -229,7 +245,8 @@ class SweepOutput:
 
 
 def _sampler_kwargs(config: SweepConfig, sampler_name: str) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"top_p": config.top_p, "schedule": config.schedule}
+    kwargs: dict[str, Any] = {"top_p": config.top_p, "schedule": config.schedule, "nucleus": config.nucleus,
+                              "time_grid": config.time_grid}
     if config.eta is not None and sampler_name.startswith("remdm"):
         kwargs["eta"] = config.eta
     return kwargs
@@ -270,20 +287,19 @@ def evaluate_cell(ctx: CellContext, num_steps: int, refresh_interval: int) -> di
     tokens = torch.cat(batches)  # (N, L)
     texts = decode_samples(tokens, ctx.tokenizer)
     ppl = gen_ppl(texts, ctx.evaluator, batch_size=cfg.eval_batch_size, progress=ctx.progress)
-    mauve_value = None
+    mauve: dict[str, Any] = {"mauve": None, "mauve_num_samples": None, "mauve_num_reference": None,
+                             "mauve_buckets": None, "mauve_note": None}
     if ctx.reference_features is not None:
-        q = text_features(texts, ctx.evaluator, batch_size=cfg.eval_batch_size, progress=ctx.progress)
-        mauve_value = mauve_from_features(ctx.reference_features, q, num_buckets=cfg.mauve_num_buckets,
-                                          seed=MAUVE_SEED).mauve
-    tps = None
-    if cfg.throughput_generations > 0:
-        _, timing_sampler = _build_sampler(ctx, num_steps)
-        tput = measure_throughput(ctx.model, timing_sampler, seq_len=ctx.length, num_steps=num_steps,
-                                  refresh_interval=refresh_interval, num_generations=cfg.throughput_generations,
-                                  batch_size=cfg.throughput_batch_size, warmup=cfg.throughput_warmup,
-                                  dtype=cfg.dtype, device=device, seed=cfg.seed,
-                                  time_conditioned=_time_conditioned(ctx.model), progress=ctx.progress)
-        tps = tput.tokens_per_second
+        n_ref = len(ctx.reference_features)
+        problem = mauve_sample_problem(len(texts), n_ref, cfg.mauve_min_samples)
+        mauve.update(mauve_num_samples=len(texts), mauve_num_reference=n_ref)
+        if problem is None:
+            q = text_features(texts, ctx.evaluator, batch_size=cfg.eval_batch_size, progress=ctx.progress)
+            result = mauve_from_features(ctx.reference_features, q, num_buckets=cfg.mauve_num_buckets,
+                                         seed=MAUVE_SEED, min_samples=cfg.mauve_min_samples)
+            mauve.update(mauve=result.mauve, mauve_buckets=result.num_buckets)
+        else:
+            mauve["mauve_note"] = problem
     calls = layer_calls(ctx.model.layer_split, num_steps, refresh_interval)
     baseline = num_steps * ctx.baseline_layers
     return {
@@ -295,7 +311,7 @@ def evaluate_cell(ctx: CellContext, num_steps: int, refresh_interval: int) -> di
         "length": ctx.length,
         "num_samples": cfg.num_samples,
         "seed": cfg.seed,
-        "mauve": mauve_value,
+        **mauve,
         "gen_ppl": ppl.gen_ppl,
         "gen_ppl_nll": ppl.nll,
         "gen_ppl_tokens": ppl.num_tokens,
@@ -304,12 +320,34 @@ def evaluate_cell(ctx: CellContext, num_steps: int, refresh_interval: int) -> di
         "layer_calls_counted": counted,
         "baseline_layer_calls": baseline,
         "compute_relative": calls / baseline,
-        "tokens_per_second": tps,
+        "tokens_per_second": None,  # filled by the interleaved timing phase of run_sweep
+        "tokens_per_second_min": None,
+        "tokens_per_second_max": None,
         "throughput_generations": cfg.throughput_generations,
         "throughput_batch_size": cfg.throughput_batch_size,
         "sampling_seconds": sampling_seconds,
         "cell_seconds": time.perf_counter() - start,
     }
+
+
+def _length(config: SweepConfig, model: Any, name: str) -> int:
+    max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+    length = config.length if config.length is not None else max_len
+    if length is None or (max_len is not None and length > max_len) or length < 3:
+        raise ValueError(f"length {length} does not fit model {name!r} (3..{max_len})")
+    return int(length)
+
+
+def _timing_cell(config: SweepConfig, cell: tuple[str, int, int], model: Any, tokenizer: Any) -> TimingCell:
+    from tadm.sampling import get_sampler
+
+    name, T, K = cell
+    length = _length(config, model, name)
+    sampler_name = resolve_sampler(config.sampler, T, length)
+    return TimingCell(key=cell, model=model, seq_len=length, num_steps=T, refresh_interval=K,
+                      time_conditioned=_time_conditioned(model),
+                      make_sampler=lambda: get_sampler(sampler_name, model.mask_token_id,
+                                                       **_sampler_kwargs(config, sampler_name)))
 
 
 def _reference(cfg: SweepConfig, tokenizer: Any, length: int, log: Callable[[str], None]) -> tuple[list[str], torch.Tensor]:
@@ -378,8 +416,10 @@ def _write_outputs(cfg: SweepConfig, rows: list[dict[str, Any]], out: Path, sett
         f"sampler {cfg.sampler}, top-p {cfg.top_p}; seed {cfg.seed}.",
         f"Compute: Transformer-layer calls of one generation (Eq. anchor-cache-compute), "
         f"relative to a {settings.get('resolved_baseline_layers', PAPER_BASELINE_LAYERS)}-layer MDLM.",
-        f"Throughput: tokens/s over {cfg.throughput_generations} generations of batch {cfg.throughput_batch_size}, "
-        f"all positions counted, {cfg.dtype} on {cfg.device}.",
+        f"Throughput: median tokens/s [slowest-fastest] of {cfg.throughput_generations} timed generations of batch "
+        f"{cfg.throughput_batch_size} after {cfg.throughput_warmup} warm-up, all cells interleaved in shuffled "
+        f"rounds, all positions counted, {cfg.dtype} on {cfg.device}.",
+        f"MAUVE: [n = samples, clusters]; not computed for fewer than {cfg.mauve_min_samples} texts per side.",
     ]
     table = out / "table.md"
     table.write_text(markdown_report(rows, throughput_baseline=cfg.throughput_baseline, notes=notes))
@@ -416,12 +456,26 @@ def run_sweep(
         log(f"resuming {out}: {len(cells) - len(todo)} of {len(cells)} cells already done")
     evaluated: list[tuple[str, int, int]] = []
     baseline: int | None = None
+    untimed = [] if config.throughput_generations == 0 else [
+        c for c in cells if c not in done or next(r for r in rows if cell_key(r) == c).get("tokens_per_second") is None
+    ]
+    loaded: dict[str, tuple[Any, Any]] = {}
+
+    def load(names: set[str]) -> None:
+        for name in config.models:
+            if name in names and name not in loaded:
+                model, tok = load_model_and_tokenizer(config.models[name], config.tokenizer, config.device)
+                _length(config, model, name)
+                if getattr(model, "mask_token_id", None) is None:
+                    raise ValueError(f"model {name!r} has no mask token: a sweep needs masked diffusion models")
+                loaded[name] = (model, tok)
+
+    settings = _resolved_settings(config, None, None, prev_settings)
     if todo or need_data:
         if evaluator is None:
             log(f"loading evaluator {config.evaluator or 'default'} ...")
             evaluator = load_evaluator(config.evaluator, device=config.device)
-        loaded = {name: load_model_and_tokenizer(path, config.tokenizer, config.device)
-                  for name, path in config.models.items() if any(c[0] == name for c in todo) or need_data}
+        load({c[0] for c in todo} | (set(config.models) if need_data else set()))
         baseline = _baseline_layers(config, {n: m for n, (m, _) in loaded.items()})
         if prev_settings is not None and "resolved_baseline_layers" in prev_settings:
             baseline = int(prev_settings["resolved_baseline_layers"])
@@ -430,12 +484,7 @@ def run_sweep(
         bar = tqdm(total=len(todo), desc="sweep", disable=not progress)
         try:
             for name, (model, tok) in loaded.items():
-                max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
-                length = config.length if config.length is not None else max_len
-                if length is None or (max_len is not None and length > max_len) or length < 3:
-                    raise ValueError(f"length {length} does not fit model {name!r} (3..{max_len})")
-                if getattr(model, "mask_token_id", None) is None:
-                    raise ValueError(f"model {name!r} has no mask token: a sweep needs masked diffusion models")
+                length = _length(config, model, name)
                 features = None
                 if config.reference is not None:
                     key = tok.fingerprint() + f":{length}"
@@ -463,8 +512,21 @@ def run_sweep(
                     bar.update(1)
         finally:
             bar.close()
-    else:
-        settings = _resolved_settings(config, None, None, prev_settings)
+    if untimed:
+        load({c[0] for c in untimed})
+        log(f"timing {len(untimed)} cells, interleaved: {config.throughput_warmup} warm-up + "
+            f"{config.throughput_generations} timed generations each")
+        timings = interleaved_throughput(
+            [_timing_cell(config, c, *loaded[c[0]]) for c in untimed],
+            num_generations=config.throughput_generations, warmup=config.throughput_warmup,
+            batch_size=config.throughput_batch_size, dtype=config.dtype, device=config.device, seed=config.seed,
+            progress=progress)
+        for r in rows:
+            timing = timings.get(cell_key(r))
+            if timing is not None:
+                r.update(tokens_per_second=timing.tokens_per_second, tokens_per_second_min=timing.tokens_per_second_min,
+                         tokens_per_second_max=timing.tokens_per_second_max)
+        write_results(out, settings, rows, machine_info())
     order = {c: i for i, c in enumerate(cells)}
     rows.sort(key=lambda r: (-1,) if r["model"] == DATA_MODEL else (order.get(cell_key(r), math.inf),))
     files = _write_outputs(config, rows, out, settings)

@@ -2,18 +2,25 @@
 
 Convention of the paper (Table 2, "Inference speed-up"): throughput counts all L generated
 positions of every sample, including those after the first end-of-text token, and is measured over
-a number of generations (20 in the paper, batch size 1) after warm-up. On CUDA the device is
-synchronised before the clock starts and before it stops. Lower precision runs under
-``torch.autocast``. The layer calls are read from the generation loop's counter
+a number of generations (20 in the paper, batch size 1) after warm-up. tokens/s is the MEDIAN over
+the timed generations (robust to a stray slow run), reported with the fastest and slowest. On CUDA
+the device is synchronised before the clock starts and before it stops. Lower precision runs under
+``torch.autocast``.
+
+To compare configurations fairly, :func:`interleaved_throughput` times many (model, T, K) cells
+in rounds: every round times one generation of every cell in a freshly shuffled order, so a drift
+of the machine's speed (thermal state, other load, caches) spreads over all cells instead of
+favouring the ones measured first. The layer calls are read from the generation loop's counter
 (:class:`~tadm.sampling.LayerCallCounter`) and set next to Eq. (anchor-cache-compute),
 ``layer_calls(split, T, K)``; without ``skip_unchanged`` the two are equal.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +30,9 @@ from tqdm.auto import tqdm
 from tadm.eval.compute import layer_calls
 from tadm.sampling import GenerationOutput, Sampler, generate
 
-__all__ = ["DTYPES", "ThroughputResult", "measure_throughput", "resolve_dtype"]
+__all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput", "measure_throughput", "resolve_dtype"]
+
+MIN_TIMED_GENERATIONS = 5  # fewer timed generations give no meaningful median
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,9 +52,9 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class ThroughputResult:
-    """Tokens/s over timed generations plus the layer calls of one generation (counted and analytic)."""
+    """Median tokens/s over timed generations plus the layer calls of one generation (counted and analytic)."""
 
-    tokens_per_second: float
+    tokens_per_second: float  # tokens of one generation / median seconds
     seconds: list[float]  # wall time of each timed generation
     num_generations: int
     batch_size: int
@@ -61,9 +70,25 @@ class ThroughputResult:
     def median_seconds(self) -> float:
         return statistics.median(self.seconds)
 
+    @property
+    def tokens_per_generation(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def tokens_per_second_min(self) -> float:
+        """The slowest timed generation's tokens/s."""
+        return self.tokens_per_generation / max(max(self.seconds), 1e-12)
+
+    @property
+    def tokens_per_second_max(self) -> float:
+        """The fastest timed generation's tokens/s."""
+        return self.tokens_per_generation / max(min(self.seconds), 1e-12)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "tokens_per_second": self.tokens_per_second,
+            "tokens_per_second_min": self.tokens_per_second_min,
+            "tokens_per_second_max": self.tokens_per_second_max,
             "seconds": self.seconds,
             "num_generations": self.num_generations,
             "batch_size": self.batch_size,
@@ -94,7 +119,7 @@ def measure_throughput(
     progress: bool = False,
     generate_fn: Callable[..., GenerationOutput] = generate,
 ) -> ThroughputResult:
-    """Tokens/s = num_generations * batch_size * seq_len / (summed wall time of the timed generations).
+    """Tokens/s = batch_size * seq_len / (median wall time of the ``num_generations`` timed generations).
 
     ``warmup`` untimed generations run first (kernel selection, allocator warm-up). Generation g
     (warm-up included) uses a generator seeded with ``seed + g``. ``dtype`` is "float32",
@@ -133,9 +158,8 @@ def measure_throughput(
         if g >= warmup:
             seconds.append(elapsed)
         counted = out.layer_calls.as_dict()
-    total = sum(seconds)
     return ThroughputResult(
-        tokens_per_second=num_generations * batch_size * seq_len / max(total, 1e-12),
+        tokens_per_second=batch_size * seq_len / max(statistics.median(seconds), 1e-12),
         seconds=seconds,
         num_generations=num_generations,
         batch_size=batch_size,
@@ -147,3 +171,94 @@ def measure_throughput(
         layer_calls=counted,
         analytic_layer_calls=layer_calls(model.layer_split, num_steps, refresh_interval),
     )
+
+
+@dataclass
+class TimingCell:
+    """One configuration to time: a model, a way to build its sampler, and (L, T, K)."""
+
+    key: Hashable
+    model: Any
+    make_sampler: Callable[[], Sampler]
+    seq_len: int
+    num_steps: int
+    refresh_interval: int = 1
+    time_conditioned: bool = False
+
+
+def interleaved_throughput(
+    cells: Sequence[TimingCell],
+    *,
+    num_generations: int = MIN_TIMED_GENERATIONS,
+    warmup: int = 1,
+    batch_size: int = 1,
+    dtype: str = "float32",
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    order_seed: int = 0,
+    progress: bool = False,
+    generate_fn: Callable[..., GenerationOutput] = generate,
+) -> dict[Hashable, ThroughputResult]:
+    """Time every cell ``num_generations`` times (after ``warmup`` untimed runs each), interleaved.
+
+    Round r (warm-up rounds first) runs one generation of every cell, in an order shuffled by
+    ``random.Random(order_seed + r)``; generation g of a cell uses a generator seeded with
+    ``seed + g`` (warm-up included), as :func:`measure_throughput` does. Returns each cell's
+    :class:`ThroughputResult` (median tokens/s with min and max).
+
+    Raises:
+        ValueError: fewer than 5 timed generations (no meaningful median), or no cells.
+    """
+    if num_generations < MIN_TIMED_GENERATIONS:
+        raise ValueError(f"num_generations must be >= {MIN_TIMED_GENERATIONS} for a median with min and max, "
+                         f"got {num_generations}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if not cells:
+        raise ValueError("no cells to time")
+    keys = [c.key for c in cells]
+    if len(set(keys)) != len(keys):
+        raise ValueError("timing cells need distinct keys")
+    amp = resolve_dtype(dtype)
+    device = torch.device(device)
+    gen_device = device if device.type == "cuda" else torch.device("cpu")
+    samplers = {c.key: c.make_sampler() for c in cells}
+    seconds: dict[Hashable, list[float]] = {c.key: [] for c in cells}
+    counted: dict[Hashable, dict[str, int]] = {}
+    rounds = warmup + num_generations
+    bar = tqdm(total=rounds * len(cells), desc="throughput (interleaved)", disable=not progress, leave=False)
+    for r in range(rounds):
+        order = list(cells)
+        random.Random(order_seed + r).shuffle(order)
+        for cell in order:
+            generator = torch.Generator(device=gen_device).manual_seed(seed + r)
+            _sync(device)
+            start = time.perf_counter()
+            with torch.autocast(device.type, dtype=amp, enabled=amp != torch.float32):
+                out = generate_fn(cell.model, samplers[cell.key], batch_size=batch_size, seq_len=cell.seq_len,
+                                  num_steps=cell.num_steps, refresh_interval=cell.refresh_interval,
+                                  generator=generator, device=device, time_conditioned=cell.time_conditioned)
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            if r >= warmup:
+                seconds[cell.key].append(elapsed)
+            counted[cell.key] = out.layer_calls.as_dict()
+            bar.update(1)
+    bar.close()
+    results = {}
+    for cell in cells:
+        secs = seconds[cell.key]
+        results[cell.key] = ThroughputResult(
+            tokens_per_second=batch_size * cell.seq_len / max(statistics.median(secs), 1e-12),
+            seconds=secs,
+            num_generations=num_generations,
+            batch_size=batch_size,
+            seq_len=cell.seq_len,
+            num_steps=cell.num_steps,
+            refresh_interval=cell.refresh_interval,
+            dtype=dtype,
+            device=str(device),
+            layer_calls=counted[cell.key],
+            analytic_layer_calls=layer_calls(cell.model.layer_split, cell.num_steps, cell.refresh_interval),
+        )
+    return results
