@@ -6,12 +6,12 @@ import argparse
 import sys
 from typing import Sequence
 
-from tadm.cli import compute, quickstart, sample, tokenizer, train
+from tadm.cli import compute, quickstart, sample, study, tokenizer, train
 from tadm.cli import eval as eval_cmd
 from tadm.cli import posttrain
 from tadm.cli.common import CLIError
 
-SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, eval_cmd, posttrain)
+SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, eval_cmd, study, posttrain)
 
 
 def build_parser() -> argparse.ArgumentParser:

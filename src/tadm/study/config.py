@@ -1,0 +1,339 @@
+"""The schema of a staleness study (``tadm study CONFIG``): which models, how they train, how they are evaluated.
+
+A study trains several model kinds at equal width, depth, data and token budget and evaluates them
+for the paper's central claim: a model trained with stale anchors keeps its quality as the refresh
+interval K grows. A study file is YAML with these sections (every key optional except ``models``):
+
+* ``name``, ``out_dir``, ``seeds`` (training seeds; every model is trained once per seed unless it
+  names its own ``seeds``);
+* ``models``: a list of ``{name, kind, seeds?, overrides?}``; ``kind`` is one of :data:`MODEL_KINDS`
+  and ``overrides`` are ``section.key=value`` strings applied to that model's training config;
+* ``size``: width and depth shared by every model (MDLM and AR get ``anchor_layers +
+  denoiser_layers`` blocks);
+* ``data``, ``objective``, ``optim``, ``train``: the sections of a ``tadm train`` config
+  (:mod:`tadm.config`), shared by every model (``train.out_dir`` and ``train.seed`` are set per unit);
+* ``staleness``: the stale-anchor likelihood curves (:func:`tadm.eval.likelihood.stale_anchor_nelbo`)
+  and the cached-process bound (:func:`~tadm.eval.likelihood.cached_process_nelbo`);
+* ``sampling``: the K x T sampling sweep, its evaluators, MAUVE reference and throughput timing.
+
+Unknown keys, wrong types and unknown model kinds fail with a one-line message naming the value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from tadm.config import (
+    PRESET_DIR,
+    ConfigError,
+    DataSection,
+    ExperimentConfig,
+    ModelSection,
+    ObjectiveSection,
+    OptimSection,
+    TrainSection,
+    _fail,
+    _validate,
+)
+
+__all__ = [
+    "MODEL_KINDS",
+    "IN_DOMAIN_EVALUATOR",
+    "StalenessSection",
+    "SamplingSection",
+    "StudyConfig",
+    "StudyModel",
+    "StudySize",
+    "list_study_presets",
+    "load_study_config",
+    "model_experiment_config",
+    "study_preset_path",
+]
+
+STUDY_PRESET_DIR = PRESET_DIR / "studies"
+
+
+def list_study_presets() -> list[str]:
+    """Names of the study presets shipped inside the package (``src/tadm/configs/studies/*.yaml``)."""
+    return sorted(p.stem for p in STUDY_PRESET_DIR.glob("*.yaml"))
+
+
+def study_preset_path(name: str) -> Path:
+    """Path of the shipped study preset ``name``; FileNotFoundError listing the presets otherwise."""
+    path = STUDY_PRESET_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if not path.is_file():
+        raise FileNotFoundError(f"no study preset {name!r}; shipped: {', '.join(list_study_presets())}")
+    return path
+
+# kind -> (architecture, what it is)
+MODEL_KINDS: dict[str, tuple[str, str]] = {
+    "tadm": ("tadm", "TADM-dagger: T-ANELBO with stale anchors (K drawn from objective.refresh_intervals), gamma = 0"),
+    "tadm-fresh": ("tadm", "TADM trained with fresh anchors only (K = 1): the ablation of stale-anchor training"),
+    "adlm": ("adlm", "ADLM: fresh anchors, its own ANELBO with rare-token anchor supervision"),
+    "mdlm": ("mdlm", "MDLM: one DiT stack of anchor_layers + denoiser_layers blocks, no anchor"),
+    "ar": ("ar", "autoregressive Transformer of anchor_layers + denoiser_layers causal blocks"),
+}
+IN_DOMAIN_EVALUATOR = "ar"  # evaluator name that means "the study's own AR model"
+ADLM_GAMMA = 3e-3  # ADLM's anchor-loss weight unless a model overrides objective.gamma
+
+
+@dataclass
+class StudyModel:
+    """One trained model of the study."""
+
+    name: str = ""
+    kind: str = ""
+    seeds: list[int] | None = None  # None: the study's seeds
+    overrides: list[str] = field(default_factory=list)  # section.key=value for this model's training config
+
+
+@dataclass
+class StudySize:
+    """Width and depth shared by every model (equal-size comparison)."""
+
+    hidden_size: int = 128
+    num_heads: int = 4
+    anchor_layers: int = 4
+    denoiser_layers: int = 2
+    cond_dim: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+
+
+@dataclass
+class StalenessSection:
+    """Stale-anchor likelihood of every anchored model on held-out blocks."""
+
+    steps: list[int] = field(default_factory=lambda: [32, 128])  # T of t' = min(1, t + k / T)
+    max_age: int = 7  # k = 0 .. max_age
+    refresh: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # K of the discrete cached-process bound
+    discrete_steps: int | None = None  # T of that bound (default: the smallest of ``steps``)
+    naive: bool = True  # also evaluate each TADM with its fusion bypassed (naive reuse)
+    uninformative: bool = True  # also the bound with an anchor from a fully masked canvas
+    t_samples: int = 2
+    batch_size: int = 16
+    max_blocks: int = 64
+    eval_seeds: list[int] = field(default_factory=lambda: [0])
+
+
+@dataclass
+class SamplingSection:
+    """The K x T sampling sweep of every diffusion model, scored by every evaluator."""
+
+    steps: list[int] = field(default_factory=lambda: [32, 128])
+    refresh: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    model_seeds: list[int] | None = None  # training seeds whose models are sampled (None: the first seed)
+    num_samples: int = 64
+    batch_size: int = 32
+    seed: int = 0
+    sampler: str = "auto"  # auto: ReMDM-cap for T < L, ReMDM-loop for T >= L (the paper's rule)
+    top_p: float = 0.9
+    eta: float | None = None
+    nucleus: str = "released"
+    time_grid: str = "paper"
+    naive: bool = False  # also sample each TADM with naive reuse
+    evaluators: list[str] = field(default_factory=lambda: ["smollm2-135m", IN_DOMAIN_EVALUATOR])
+    eval_batch_size: int = 16
+    reference: str | None = "brown"  # held-out text for MAUVE and the data row
+    reference_split: str = "val"
+    mauve: bool = True
+    mauve_min_samples: int = 50  # fewer samples (or reference texts) per side: MAUVE is not computed
+    throughput_generations: int = 5
+    throughput_warmup: int = 1
+    throughput_batch_size: int = 1
+    device: str = "auto"  # auto: cuda if available
+    dtype: str = "float32"
+
+
+@dataclass
+class StudyConfig:
+    name: str = "study"
+    out_dir: str = "runs/study"
+    seeds: list[int] = field(default_factory=lambda: [0])
+    models: list[StudyModel] = field(default_factory=list)
+    size: StudySize = field(default_factory=StudySize)
+    data: DataSection = field(default_factory=DataSection)
+    objective: ObjectiveSection = field(default_factory=ObjectiveSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    staleness: StalenessSection = field(default_factory=StalenessSection)
+    sampling: SamplingSection = field(default_factory=SamplingSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def model(self, name: str) -> StudyModel:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def seeds_of(self, model: StudyModel) -> list[int]:
+        return list(model.seeds) if model.seeds is not None else list(self.seeds)
+
+    def sampled_seeds(self, model: StudyModel) -> list[int]:
+        wanted = self.sampling.model_seeds
+        seeds = self.seeds_of(model)
+        return seeds[:1] if wanted is None else [s for s in seeds if s in wanted]
+
+
+def _positive_ints(name: str, values: Sequence[int], minimum: int = 1) -> None:
+    if not values or any(isinstance(v, bool) or int(v) != v or v < minimum for v in values):
+        raise ConfigError(f"{name} must be a non-empty list of integers >= {minimum}, got {list(values)}")
+
+
+def _validate_study(cfg: StudyConfig) -> None:
+    from tadm.eval.throughput import DTYPES
+    from tadm.sampling.base import TIME_GRIDS
+    from tadm.sampling.categorical import NUCLEUS_RULES
+    from tadm.sampling.registry import SAMPLERS
+
+    if not cfg.name.strip():
+        raise ConfigError("name must not be empty")
+    if not cfg.out_dir.strip():
+        raise ConfigError("out_dir must not be empty")
+    _positive_ints("seeds", cfg.seeds, minimum=0)
+    if not cfg.models:
+        raise ConfigError("models is empty: list at least one {name, kind}")
+    seen: set[str] = set()
+    for n, m in enumerate(cfg.models):
+        if not m.name or not m.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"models[{n}].name {m.name!r} must be a non-empty name of letters, digits, '-' and '_'")
+        if m.name in seen:
+            raise ConfigError(f"models[{n}].name {m.name!r} is given twice")
+        seen.add(m.name)
+        if m.kind not in MODEL_KINDS:
+            raise ConfigError(f"models[{n}].kind {m.kind!r} is unknown; valid: {', '.join(MODEL_KINDS)}")
+        if m.seeds is not None:
+            _positive_ints(f"models[{n}].seeds", m.seeds, minimum=0)
+        bad = [o for o in m.overrides if "=" not in o]
+        if bad:
+            raise ConfigError(f"models[{n}].overrides must look like section.key=value, got {bad[0]!r}")
+    s = cfg.size
+    for name in ("hidden_size", "num_heads", "anchor_layers", "denoiser_layers", "cond_dim", "mlp_ratio"):
+        if getattr(s, name) < 1:
+            raise ConfigError(f"size.{name} must be >= 1, got {getattr(s, name)}")
+    if s.hidden_size % s.num_heads:
+        raise ConfigError(f"size.hidden_size ({s.hidden_size}) must be a multiple of size.num_heads ({s.num_heads})")
+    st = cfg.staleness
+    _positive_ints("staleness.steps", st.steps)
+    _positive_ints("staleness.refresh", st.refresh)
+    _positive_ints("staleness.eval_seeds", st.eval_seeds, minimum=0)
+    if st.max_age < 0:
+        raise ConfigError(f"staleness.max_age must be >= 0, got {st.max_age}")
+    if st.discrete_steps is not None and st.discrete_steps < 1:
+        raise ConfigError(f"staleness.discrete_steps must be >= 1, got {st.discrete_steps}")
+    for name in ("t_samples", "batch_size", "max_blocks"):
+        if getattr(st, name) < 1:
+            raise ConfigError(f"staleness.{name} must be >= 1, got {getattr(st, name)}")
+    sp = cfg.sampling
+    _positive_ints("sampling.steps", sp.steps)
+    _positive_ints("sampling.refresh", sp.refresh)
+    for name in ("num_samples", "batch_size", "eval_batch_size", "throughput_batch_size", "mauve_min_samples"):
+        if getattr(sp, name) < 1:
+            raise ConfigError(f"sampling.{name} must be >= 1, got {getattr(sp, name)}")
+    if sp.throughput_generations < 0 or sp.throughput_warmup < 0:
+        raise ConfigError("sampling.throughput_generations and sampling.throughput_warmup must be >= 0")
+    if 0 < sp.throughput_generations < 5:
+        raise ConfigError(f"sampling.throughput_generations must be 0 (skip) or >= 5 for a median, "
+                          f"got {sp.throughput_generations}")
+    if sp.sampler != "auto" and sp.sampler not in SAMPLERS:
+        raise ConfigError(f"sampling.sampler {sp.sampler!r} is unknown; valid: auto, {', '.join(sorted(SAMPLERS))}")
+    if not 0.0 < sp.top_p <= 1.0:
+        raise ConfigError(f"sampling.top_p must be in (0, 1], got {sp.top_p}")
+    if sp.nucleus not in NUCLEUS_RULES:
+        raise ConfigError(f"sampling.nucleus {sp.nucleus!r} is unknown; valid: {', '.join(NUCLEUS_RULES)}")
+    if sp.time_grid not in TIME_GRIDS:
+        raise ConfigError(f"sampling.time_grid {sp.time_grid!r} is unknown; valid: {', '.join(TIME_GRIDS)}")
+    if sp.dtype not in DTYPES:
+        raise ConfigError(f"sampling.dtype {sp.dtype!r} is unknown; valid: {', '.join(DTYPES)}")
+    if sp.reference_split not in ("val", "all"):
+        raise ConfigError(f"sampling.reference_split must be 'val' or 'all', got {sp.reference_split!r}")
+    if sp.model_seeds is not None:
+        _positive_ints("sampling.model_seeds", sp.model_seeds, minimum=0)
+    kinds = {m.kind for m in cfg.models}
+    if IN_DOMAIN_EVALUATOR in sp.evaluators and "ar" not in kinds:
+        raise ConfigError(f"sampling.evaluators names {IN_DOMAIN_EVALUATOR!r} (the in-domain AR) but no model has "
+                          "kind 'ar'")
+    for m in cfg.models:
+        model_experiment_config(cfg, m, cfg.seeds_of(m)[0])  # every derived training config must validate
+
+
+def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> ExperimentConfig:
+    """The ``tadm train`` config of one (model, seed) unit of the study, validated.
+
+    Width and depth come from ``size``; data, optimisation and the training loop from the study's
+    shared sections; ``kind`` fixes the architecture and objective (``tadm-fresh``: refresh
+    intervals [1]; ``tadm``: gamma 0; ``adlm``: gamma 3e-3 unless overridden); then the model's own
+    ``overrides``. Output goes to ``out_dir/models/NAME-sSEED``.
+    """
+    arch, _ = MODEL_KINDS[model.kind]
+    s = cfg.size
+    if arch in ("tadm", "adlm"):
+        sizes: dict[str, Any] = {"anchor_layers": s.anchor_layers, "denoiser_layers": s.denoiser_layers}
+    else:
+        sizes = {"num_layers": s.anchor_layers + s.denoiser_layers}
+    sizes.update(hidden_size=s.hidden_size, num_heads=s.num_heads, cond_dim=s.cond_dim, mlp_ratio=s.mlp_ratio,
+                 dropout=s.dropout)
+    objective = ObjectiveSection(**asdict(cfg.objective))
+    if model.kind == "tadm-fresh":
+        objective.refresh_intervals = [1]
+    if model.kind == "tadm":
+        objective.gamma = 0.0
+    if model.kind == "adlm":
+        objective.gamma = ADLM_GAMMA
+    train = TrainSection(**asdict(cfg.train))
+    train.seed = int(seed)
+    train.out_dir = str(Path(cfg.out_dir) / "models" / f"{model.name}-s{seed}")
+    base = ExperimentConfig(
+        model=ModelSection(arch=arch, preset="tiny", overrides=sizes),
+        data=DataSection(**asdict(cfg.data)),
+        objective=objective,
+        optim=OptimSection(**asdict(cfg.optim)),
+        train=train,
+    )
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(list(model.overrides)))
+        out = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise _fail(err, f"models {model.name!r} overrides") from None
+    assert isinstance(out, ExperimentConfig)
+    try:
+        _validate(out)
+    except ConfigError as err:
+        raise ConfigError(f"model {model.name!r}: {err}") from None
+    return out
+
+
+def load_study_config(path: str | Path, overrides: Sequence[str] = ()) -> StudyConfig:
+    """Defaults <- YAML file or shipped preset (``study-brown-cpu``) <- ``key=value`` overrides, validated."""
+    p = Path(path)
+    if not p.is_file():
+        try:
+            p = study_preset_path(str(path))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"study config {str(path)!r} is neither a file nor a shipped study preset "
+                                    f"({', '.join(list_study_presets())})") from None
+    try:
+        raw = OmegaConf.load(p)
+    except OmegaConfBaseException as err:
+        raise _fail(err, str(p)) from None
+    except Exception as err:  # YAML syntax errors come from PyYAML
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{p}: not valid YAML: {first}") from None
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"overrides must look like key=value, got {bad[0]!r}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(StudyConfig), raw, OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise _fail(err, str(p)) from None
+    assert isinstance(cfg, StudyConfig)
+    _validate_study(cfg)
+    return cfg

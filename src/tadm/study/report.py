@@ -1,0 +1,401 @@
+"""The study's results: ``results.json`` / ``.csv``, ``report.md`` and plots, rebuilt from the unit files.
+
+``report.md`` holds, in order:
+
+1. the setup: data, tokenizer, model size, token budget, seeds, machine, commit and wall times;
+2. the trained models: parameters, tokens seen, training time, fresh validation NELBO (AR: exact
+   NLL), and the bound with an uninformative anchor (computed on a fully masked canvas);
+3. the stale-anchor likelihood: the increase of the T-ANELBO over the fresh anchor at each cache
+   age k, per step budget T, mean over training and evaluation seeds with the range over training
+   seeds (the run-to-run noise);
+4. the discrete-time bound of the cached process of Algorithm 1 per refresh interval K;
+5. per evaluator, the sampling sweep in the layouts of the paper's Table 2 (metric x T) and
+   Table 4 (refresh-interval sweep: per T, MAUVE / Gen PPL / entropy / tok/s per model and K);
+6. the degradation from K = 1 to the largest K per model, in Gen PPL and in likelihood, side by
+   side, with the seed range.
+
+Plots (``plots/``): NELBO increase against cache age (one line per model, one panel per T) and,
+per evaluator, Gen PPL against measured tokens/s with the Pareto front (points labelled K, T).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tadm.eval.report import _atomic_write, _fmt, _json_ready, markdown_report
+from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
+
+__all__ = ["collect_results", "write_report"]
+
+SAMPLE_FIELDS = (
+    "evaluator", "model", "kind", "seed", "steps", "refresh", "sampler", "num_samples", "gen_ppl", "gen_ppl_nll",
+    "entropy", "mauve", "mauve_num_samples", "mauve_num_reference", "mauve_buckets", "mauve_note",
+    "tokens_per_second", "tokens_per_second_min", "tokens_per_second_max", "layer_calls", "layer_calls_counted",
+    "compute_relative",
+)
+STALENESS_FIELDS = ("model", "kind", "seed", "eval_seed", "steps", "age", "nelbo", "increase")
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else None
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    """Half the range of ``values`` (None for fewer than two)."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return (max(values) - min(values)) / 2.0 if len(values) > 1 else None
+
+
+def _pm(mean: float | None, spread: float | None, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
+    if mean is None:
+        return "-"
+    text = f"{mean * scale:+.{digits}f}{suffix}" if suffix == "%" else f"{mean * scale:.{digits}f}{suffix}"
+    return text if spread is None else f"{text} ± {spread * scale:.{digits}f}"
+
+
+def _table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+
+
+# ---------------------------------------------------------------------------------------- collect
+def _split(cfg: StudyConfig, kind: str) -> Any:
+    """Shared / anchor / denoiser Transformer layers of a study model (MDLM: one stack, no anchor)."""
+    from tadm.sampling.protocol import LayerSplit
+
+    s = cfg.size
+    if MODEL_KINDS[kind][0] in ("tadm", "adlm"):
+        return LayerSplit(shared=0, anchor=s.anchor_layers, denoiser=s.denoiser_layers)
+    return LayerSplit(shared=0, anchor=0, denoiser=s.anchor_layers + s.denoiser_layers)
+
+
+def collect_results(cfg: StudyConfig, layout: Any) -> dict[str, Any]:
+    """Every finished unit's numbers, as plain lists of rows (missing units are simply absent)."""
+    from tadm.eval.compute import layer_calls
+
+    models, likelihood, staleness, cached, samples = [], [], [], [], []
+    for m in cfg.models:
+        for seed in cfg.seeds_of(m):
+            marker = _read(layout.run_dir(m.name, seed) / "study_unit.json")
+            if marker is not None:
+                models.append({"model": m.name, "kind": m.kind, "seed": seed, "num_parameters": marker["num_parameters"],
+                               "tokens_seen": marker["tokens_seen"], "steps": marker["step"],
+                               "train_seconds": marker["wall_time_s"], "train_val_nelbo": marker["val_nelbo"]})
+            lik = _read(layout.eval_file(m.name, seed, "likelihood"))
+            if lik is not None:
+                likelihood.append({"model": m.name, "kind": m.kind, "seed": seed, **lik["result"]})
+            for naive in (False, True):
+                label = f"{m.name}-naive" if naive else m.name
+                for eval_seed in cfg.staleness.eval_seeds:
+                    st = _read(layout.eval_file(m.name, seed, f"staleness{'-naive' if naive else ''}-e{eval_seed}"))
+                    if st is None:
+                        continue
+                    staleness.append({"model": label, "kind": m.kind, "seed": seed, "eval_seed": eval_seed,
+                                      **st["staleness"]})
+                    cached.append({"model": label, "kind": m.kind, "seed": seed, "eval_seed": eval_seed,
+                                   **st["cached"]})
+    timing = _read(layout.throughput_file)
+    tps = {(r["model"], r["seed"], r["steps"], r["refresh"]): r for r in (timing or {}).get("rows", [])}
+    baseline_layers = None
+    for m in cfg.models:
+        if m.kind == "mdlm":
+            baseline_layers = cfg.size.anchor_layers + cfg.size.denoiser_layers
+    baseline_layers = baseline_layers or 12
+    data_rows = []
+    for ev in cfg.sampling.evaluators:
+        data = _read(layout.score_file(ev, "data", None, None, None))
+        if data is not None:
+            data_rows.append({"evaluator": ev, "model": "data", "steps": None, "refresh": None, "gen_ppl": data["gen_ppl"],
+                              "entropy": data["entropy"], "mauve": None, "num_samples": data["num_texts"]})
+        for m in cfg.models:
+            if MODEL_KINDS[m.kind][0] == "ar":
+                continue
+            for seed in cfg.sampled_seeds(m):
+                for label in (m.name, f"{m.name}-naive"):
+                    for T in cfg.sampling.steps:
+                        for K in cfg.sampling.refresh:
+                            score = _read(layout.score_file(ev, label, seed, T, K))
+                            sample = _read(layout.sample_file(label, seed, T, K))
+                            if score is None or sample is None:
+                                continue
+                            calls = layer_calls(_split(cfg, m.kind), T, K)
+                            t = tps.get((label, seed, T, K), {})
+                            samples.append({
+                                "evaluator": ev, "model": label, "kind": m.kind, "seed": seed, "steps": T, "refresh": K,
+                                "sampler": sample.get("sampler"), "num_samples": len(sample["token_ids"]),
+                                **{k: score.get(k) for k in ("gen_ppl", "gen_ppl_nll", "entropy", "mauve",
+                                                             "mauve_num_samples", "mauve_num_reference",
+                                                             "mauve_buckets", "mauve_note")},
+                                "tokens_per_second": t.get("tokens_per_second"),
+                                "tokens_per_second_min": t.get("tokens_per_second_min"),
+                                "tokens_per_second_max": t.get("tokens_per_second_max"),
+                                "layer_calls": calls,
+                                "layer_calls_counted": (sample.get("layer_calls_last_batch") or {}).get("total"),
+                                "compute_relative": calls / (T * baseline_layers),
+                                "length": cfg.data.seq_len,
+                            })
+    return {"models": models, "likelihood": likelihood, "staleness": staleness, "cached": cached,
+            "samples": samples, "data": data_rows, "baseline_layers": baseline_layers}
+
+
+# ------------------------------------------------------------------------------------------ tables
+def _model_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
+    body = []
+    for m in cfg.models:
+        runs = [r for r in res["models"] if r["model"] == m.name]
+        if not runs:
+            body.append([m.name, m.kind] + ["-"] * 6)
+            continue
+        lik = [r for r in res["likelihood"] if r["model"] == m.name]
+        nll = [r["nll"] for r in lik]
+        kind = "exact NLL" if lik and lik[0]["kind"] == "exact" else "NELBO"
+        uninf = [r["uninformative"] / r["fresh"] - 1.0 for r in res["staleness"]
+                 if r["model"] == m.name and r.get("uninformative") is not None]
+        body.append([
+            m.name, m.kind, f"{runs[0]['num_parameters'] / 1e6:.2f}M", f"{runs[0]['tokens_seen'] / 1e6:.2f}M",
+            f"{_mean([r['train_seconds'] for r in runs]) / 60:.1f} min x {len(runs)}",
+            f"{_pm(_mean(nll), _spread(nll), 4)} ({kind})" if nll else "-",
+            f"{_pm(_mean(nll) and math.exp(_mean(nll)), None, 1)}" if nll else "-",
+            _pm(_mean(uninf), _spread(uninf), 1, 100.0, "%") if uninf else "-",
+        ])
+    header = ["model", "kind", "parameters", "tokens / run", "training", "val nats/token (mean ± half-range)",
+              "perplexity (bound)", "uninformative anchor"]
+    return _table(header, body)
+
+
+def _staleness_table(cfg: StudyConfig, res: dict[str, Any], T: int) -> str:
+    ages = list(range(1, cfg.staleness.max_age + 1))
+    body = []
+    for label in dict.fromkeys(r["model"] for r in res["staleness"]):
+        rows = [r for r in res["staleness"] if r["model"] == label]
+        cells = [label, str(len({r["seed"] for r in rows}))]
+        for k in ages:
+            per_seed: dict[int, list[float]] = {}
+            for r in rows:
+                curve = r["curves"].get(str(T))
+                if curve is not None:
+                    per_seed.setdefault(r["seed"], []).append(curve[k] / curve[0] - 1.0)
+            means = [sum(v) / len(v) for v in per_seed.values()]
+            cells.append(_pm(_mean(means), _spread(means), 2, 100.0, "%") if means else "-")
+        body.append(cells)
+    return _table(["model", "seeds"] + [f"k={k}" for k in ages], body)
+
+
+def _cached_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
+    Ks = cfg.staleness.refresh
+    body = []
+    for label in dict.fromkeys(r["model"] for r in res["cached"]):
+        rows = [r for r in res["cached"] if r["model"] == label]
+        cells = [label]
+        for K in Ks:
+            per_seed: dict[int, list[tuple[float, float | None]]] = {}
+            for r in rows:
+                value = r["bounds"].get(str(K))
+                inc = (r.get("increase") or {}).get(str(K))
+                if value is not None:
+                    per_seed.setdefault(r["seed"], []).append((value, inc))
+            values = [sum(v for v, _ in lst) / len(lst) for lst in per_seed.values()]
+            incs = [sum(i for _, i in lst) / len(lst) for lst in per_seed.values() if all(i is not None for _, i in lst)]
+            if not values:
+                cells.append("-")
+            elif K == 1 or not incs:
+                cells.append(_fmt(_mean(values), 4))
+            else:
+                cells.append(f"{_fmt(_mean(values), 4)} ({_pm(_mean(incs), _spread(incs), 2, 100.0, '%')})")
+        body.append(cells)
+    return _table(["model"] + [f"K={K}" for K in Ks], body)
+
+
+def _degradation_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
+    """Per model: Gen PPL change K=1 -> K=max per evaluator and T, and the likelihood increase at the largest age."""
+    kmax = max(cfg.sampling.refresh)
+    age = cfg.staleness.max_age
+    header = ["model"]
+    for ev in cfg.sampling.evaluators:
+        for T in cfg.sampling.steps:
+            header.append(f"Gen PPL ({_ev_label(ev)}) K=1→{kmax}, T={T}")
+    for T in cfg.staleness.steps:
+        header.append(f"NELBO k=0→{age}, T={T}")
+    body = []
+    labels = list(dict.fromkeys([r["model"] for r in res["samples"]] + [r["model"] for r in res["staleness"]]))
+    for label in labels:
+        cells = [label]
+        for ev in cfg.sampling.evaluators:
+            for T in cfg.sampling.steps:
+                changes = []
+                for seed in {r["seed"] for r in res["samples"] if r["model"] == label}:
+                    pick = {r["refresh"]: r for r in res["samples"]
+                            if r["model"] == label and r["evaluator"] == ev and r["steps"] == T and r["seed"] == seed}
+                    if 1 in pick and kmax in pick and pick[1]["gen_ppl"]:
+                        changes.append(pick[kmax]["gen_ppl"] / pick[1]["gen_ppl"] - 1.0)
+                cells.append(_pm(_mean(changes), _spread(changes), 1, 100.0, "%") if changes else "-")
+        for T in cfg.staleness.steps:
+            per_seed: dict[int, list[float]] = {}
+            for r in res["staleness"]:
+                curve = r["curves"].get(str(T))
+                if r["model"] == label and curve is not None:
+                    per_seed.setdefault(r["seed"], []).append(curve[age] / curve[0] - 1.0)
+            means = [sum(v) / len(v) for v in per_seed.values()]
+            cells.append(_pm(_mean(means), _spread(means), 2, 100.0, "%") if means else "-")
+        body.append(cells)
+    return _table(header, body)
+
+
+def _ev_label(ev: str) -> str:
+    return "in-domain AR" if ev == IN_DOMAIN_EVALUATOR else Path(ev).name
+
+
+def _sweep_rows(res: dict[str, Any], ev: str) -> list[dict[str, Any]]:
+    """Sampling rows of one evaluator, averaged over sampled seeds, in the shape of ``markdown_report``."""
+    rows: list[dict[str, Any]] = [dict(r) for r in res["data"] if r["evaluator"] == ev]
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in res["samples"]:
+        if r["evaluator"] == ev:
+            groups.setdefault((r["model"], r["steps"], r["refresh"]), []).append(r)
+    for (model, T, K), group in groups.items():
+        row = dict(group[0])
+        for key in ("gen_ppl", "entropy", "mauve", "tokens_per_second", "tokens_per_second_min",
+                    "tokens_per_second_max"):
+            values = [g.get(key) for g in group if g.get(key) is not None]
+            row[key] = _mean(values) if values else None
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- write
+def _write_csv(path: Path, fields: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
+    _atomic_write(path, buf.getvalue())
+
+
+def _staleness_long(res: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for r in res["staleness"]:
+        for T, curve in r["curves"].items():
+            for k, value in enumerate(curve):
+                out.append({"model": r["model"], "kind": r["kind"], "seed": r["seed"], "eval_seed": r["eval_seed"],
+                            "steps": int(T), "age": k, "nelbo": value, "increase": value / curve[0] - 1.0})
+    return out
+
+
+def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = print) -> dict[str, Path]:
+    """Rebuild ``results.json``, ``results.csv``, ``staleness.csv``, ``report.md`` and the plots."""
+    from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
+
+    res = collect_results(cfg, layout)
+    manifest = _read(layout.manifest) or {}
+    invocations = manifest.get("invocations", [])
+    root = layout.root
+    files: dict[str, Path] = {}
+    payload = {"config": cfg.to_dict(), "invocations": invocations, **res}
+    json_path = root / "results.json"
+    _atomic_write(json_path, json.dumps(_json_ready(payload), indent=1) + "\n")
+    files["json"] = json_path
+    _write_csv(root / "results.csv", SAMPLE_FIELDS, res["samples"])
+    files["csv"] = root / "results.csv"
+    _write_csv(root / "staleness.csv", STALENESS_FIELDS, _staleness_long(res))
+    files["staleness_csv"] = root / "staleness.csv"
+
+    plots = root / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    if res["staleness"]:
+        files["plot_staleness"] = plot_nelbo_vs_age(res["staleness"], plots / "nelbo_vs_cache_age.png")
+    for ev in cfg.sampling.evaluators:
+        rows = [r for r in res["samples"] if r["evaluator"] == ev and r.get("tokens_per_second") is not None]
+        if rows:
+            files[f"plot_pareto_{ev}"] = plot_pareto(_sweep_rows({"samples": rows, "data": []}, ev),
+                                                     plots / f"genppl_vs_tokens_per_s_{Path(ev).name}.png",
+                                                     title=f"Gen PPL under {_ev_label(ev)} vs measured tokens/s")
+
+    last = invocations[-1] if invocations else {}
+    machine = last.get("machine", {})
+    total = sum(inv.get("seconds", {}).get("total", 0.0) for inv in invocations)
+    adlm = next((m.name for m in cfg.models if m.kind == "adlm"), None)
+    s = cfg.size
+    lines = [
+        f"# Staleness study `{cfg.name}`",
+        "",
+        f"- Data: `{cfg.data.source}`, tokenizer `{cfg.data.tokenizer}`"
+        + (f" ({cfg.data.tokenizer_vocab_size} tokens)" if cfg.data.tokenizer == "bpe" else "")
+        + f", sequences of {cfg.data.seq_len} tokens; held-out split {cfg.data.val_fraction:g} of the documents.",
+        f"- Size of every model: d = {s.hidden_size}, {s.num_heads} heads, {s.anchor_layers} anchor + "
+        f"{s.denoiser_layers} denoiser blocks (MDLM and AR: {s.anchor_layers + s.denoiser_layers} blocks).",
+        f"- Training: {cfg.train.max_steps} steps of {cfg.train.global_batch_size} sequences "
+        f"({cfg.train.max_steps * cfg.train.global_batch_size * cfg.data.seq_len / 1e6:.2f}M tokens) per run, "
+        f"lr {cfg.optim.lr:g} ({cfg.optim.lr_schedule}), EMA {cfg.train.ema:g}; training seeds {cfg.seeds}; "
+        f"stale anchors from K in {cfg.objective.refresh_intervals}, T in {cfg.objective.step_budgets}.",
+        f"- Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, torch "
+        f"{machine.get('torch', '?')}" + (f", {machine['gpu']}" if machine.get("gpu") else "")
+        + f"; commit `{last.get('commit') or 'unknown'}`" + (" (with local changes)" if last.get("dirty") else "")
+        + f"; wall time {total / 60:.1f} min over {len(invocations)} invocation(s).",
+        "",
+        "## Models",
+        "",
+        _model_table(cfg, res),
+        "",
+        "Validation: the fresh-anchor NELBO (AR: exact NLL) on the first "
+        f"{cfg.staleness.max_blocks} held-out blocks, {cfg.staleness.t_samples} t draws per block; ± is half the "
+        "range over training seeds. *Uninformative anchor*: the same bound with the anchor computed on a fully "
+        "masked canvas (t' = 1), relative to the fresh one: how much the anchor carries that the denoiser cannot "
+        "recover alone.",
+        "",
+    ]
+    for T in cfg.staleness.steps:
+        lines += [f"## Stale-anchor likelihood, T = {T}", "",
+                  f"Increase of the continuous-time T-ANELBO over the fresh anchor when the anchor is k steps old "
+                  f"(t' = t + k/{T}, z_t' drawn from z_t by Eq. 12, the same t draws and masks for every k). "
+                  "Mean over training and evaluation seeds ± half the range over training seeds.", "",
+                  _staleness_table(cfg, res, T), ""]
+    if res["cached"]:
+        discrete = cfg.staleness.discrete_steps or min(cfg.staleness.steps)
+        lines += [f"## Cached reverse process, discrete-time bound (T = {discrete})", "",
+                  "Nats/token of the discrete-time bound of Algorithm 1's cached process (t'(i) = time of the most "
+                  "recent refresh), and its increase over K = 1.", "", _cached_table(cfg, res), ""]
+    for ev in cfg.sampling.evaluators:
+        rows = _sweep_rows(res, ev)
+        if not any(r["model"] != "data" for r in rows):
+            continue
+        table = markdown_report(rows, throughput_baseline=adlm, title="x").split("\n", 2)[2]
+        table = table.replace("## Quality, compute and throughput (Table 2 layout)",
+                              "### Quality, compute and throughput (paper Table 2 layout)")
+        table = table.replace("## Refresh-interval sweep (Table 5 layout)", "### Refresh-interval sweep (paper Table 4 layout)")
+        lines += [f"## Sampling sweep, Gen PPL and MAUVE under {_ev_label(ev)}", "",
+                  f"{cfg.sampling.num_samples} samples of {cfg.data.seq_len} tokens per cell (seed "
+                  f"{cfg.sampling.seed}), sampler `{cfg.sampling.sampler}` (top-p {cfg.sampling.top_p}, nucleus "
+                  f"`{cfg.sampling.nucleus}`, time grid `{cfg.sampling.time_grid}`); models of training seeds "
+                  f"{cfg.sampling.model_seeds or 'first'}. MAUVE [samples, k-means clusters] against "
+                  f"{cfg.sampling.reference} ({cfg.sampling.reference_split}). Compute: Transformer-layer calls of one "
+                  f"generation relative to a {res['baseline_layers']}-layer MDLM. Throughput: median tokens/s "
+                  f"[slowest-fastest] of {cfg.sampling.throughput_generations} timed generations of batch "
+                  f"{cfg.sampling.throughput_batch_size}, all cells interleaved in shuffled rounds"
+                  + (f"; (x) relative to {adlm} at K = 1." if adlm else "."), "", table.strip(), ""]
+    lines += ["## Degradation from K = 1 to the largest K", "",
+              f"Relative change of Gen PPL from K = 1 to K = {max(cfg.sampling.refresh)} (same samples' settings), and "
+              f"of the likelihood bound from cache age 0 to {cfg.staleness.max_age}; ± is half the range over seeds "
+              "where several were run.", "", _degradation_table(cfg, res), ""]
+    lines += ["## Files", "", "`results.json` (everything above, with configs, seeds, machine and commit), "
+              "`results.csv` (one row per sampling cell and evaluator), `staleness.csv` (one row per model, seed, T "
+              "and k), `plots/`.", ""]
+    report = root / "report.md"
+    _atomic_write(report, "\n".join(lines))
+    files["report"] = report
+    log(f"[study] report: {report}")
+    return files
