@@ -88,3 +88,47 @@ def test_likelihood_zero_shot_table(tmp_path, capsys):
         ("AR", "brown", "exact"), ("AR", "other.txt", "exact"), ("MDLM", "brown", "nelbo"), ("MDLM", "other.txt", "nelbo")]
     ar_brown = f"{records[0]['ppl']:.2f}"
     assert f"| AR | {ar_brown} |" in "\n".join(lines)
+
+
+def test_staleness_cli_json_plot_and_naive_variant(tmp_path, capsys):
+    from tadm.eval.likelihood import stale_anchor_nelbo
+
+    model_dir = tmp_path / "tadm"
+    tiny_diffusion("tadm").save_pretrained(model_dir)
+    tiny_tokenizer().save(model_dir)
+    plot = tmp_path / "curve.png"
+    argv = ["eval", "staleness", "--model", f"t={model_dir}", "--data", str(FIXTURE), "--split", "all", "--seq-len",
+            "16", "--T", "4", "8", "--max-age", "2", "--K", "1", "2", "--max-blocks", "4", "--naive",
+            "--cache-dir", str(tmp_path / "cache"), "--plot", str(plot), "--json"]
+    assert main(argv) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["model"] for r in records] == ["t", "t (naive reuse)"]
+    blocks = packed_eval_blocks(FIXTURE, tiny_tokenizer(), 16, cache_dir=tmp_path / "cache")
+    expected = stale_anchor_nelbo(tiny_diffusion("tadm"), blocks, steps=(4, 8), max_age=2, max_blocks=4)
+    assert records[0]["staleness"]["curves"]["8"] == pytest.approx(expected.curves[8], rel=1e-6)
+    assert records[0]["cached"]["num_steps"] == 4 and set(records[0]["cached"]["bounds"]) == {"1", "2"}
+    assert records[1]["staleness"]["fresh"] == records[0]["staleness"]["fresh"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(argv[:-1]) == 0  # the text table
+    text = capsys.readouterr().out
+    assert "uninformative anchor" in text and "T=8" in text and "cached process, discrete T=4" in text
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--max-age", "-1"], "argument --max-age: must be >= 0, got -1"),
+    (["--T", "0"], "argument --T/--steps: must be >= 1, got 0"),
+    (["--K", "0"], "argument --K/--refresh: must be >= 1, got 0"),
+])
+def test_staleness_cli_bad_numbers(extra, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "staleness", "--model", "tadm-tiny", *extra])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_staleness_cli_refuses_a_model_without_anchor(tmp_path, capsys):
+    model_dir = tmp_path / "mdlm"
+    tiny_diffusion("mdlm").save_pretrained(model_dir)
+    tiny_tokenizer().save(model_dir)
+    assert main(["eval", "staleness", "--model", str(model_dir), "--data", str(FIXTURE)]) == 2
+    err = capsys.readouterr().err
+    assert "MDLM has no anchor network" in err and err.count("\n") == 1

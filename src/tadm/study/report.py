@@ -163,14 +163,15 @@ def _model_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
         lik = [r for r in res["likelihood"] if r["model"] == m.name]
         nll = [r["nll"] for r in lik]
         kind = "exact NLL" if lik and lik[0]["kind"] == "exact" else "NELBO"
-        uninf = [r["uninformative"] / r["fresh"] - 1.0 for r in res["staleness"]
-                 if r["model"] == m.name and r.get("uninformative") is not None]
+        blank = [r for r in res["staleness"] if r["model"] == m.name and r.get("uninformative") is not None]
+        uninf = [r["uninformative"] / r["fresh"] - 1.0 for r in blank]
         body.append([
             m.name, m.kind, f"{runs[0]['num_parameters'] / 1e6:.2f}M", f"{runs[0]['tokens_seen'] / 1e6:.2f}M",
             f"{_mean([r['train_seconds'] for r in runs]) / 60:.1f} min x {len(runs)}",
             f"{_pm(_mean(nll), _spread(nll), 4)} ({kind})" if nll else "-",
             f"{_pm(_mean(nll) and math.exp(_mean(nll)), None, 1)}" if nll else "-",
-            _pm(_mean(uninf), _spread(uninf), 1, 100.0, "%") if uninf else "-",
+            (f"{_fmt(_mean([r['uninformative'] for r in blank]), 4)} "
+             f"({_pm(_mean(uninf), _spread(uninf), 1, 100.0, '%')})") if uninf else "-",
         ])
     header = ["model", "kind", "parameters", "tokens / run", "training", "val nats/token (mean ± half-range)",
               "perplexity (bound)", "uninformative anchor"]
