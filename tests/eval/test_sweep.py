@@ -153,3 +153,12 @@ def test_too_few_samples_get_no_mauve_and_say_why(world, tmp_path):
     row = next(r for r in out.rows if r["model"] == "tadm")
     assert row["mauve"] is None and "at least 50 samples" in row["mauve_note"]
     assert "n<50" in out.files["table"].read_text()
+
+
+def test_references_are_whole_blocks_decoded_like_samples(world, tmp_path):
+    from tadm.eval.gen_ppl import decode_samples
+
+    cfg = config(world, tmp_path / "ref")
+    tok = tiny_tokenizer()
+    texts, ids = sweep_mod._reference(cfg, tok, 16, lambda m: None)
+    assert ids.shape[1] == 16 and texts == decode_samples(ids, tok)  # framing included, as in the samples

@@ -351,7 +351,13 @@ def _timing_cell(config: SweepConfig, cell: tuple[str, int, int], model: Any, to
 
 
 def _reference(cfg: SweepConfig, tokenizer: Any, length: int, log: Callable[[str], None]) -> tuple[list[str], torch.Tensor]:
-    """Held-out reference texts (block framing BOS/EOS stripped) and their (n, L) blocks."""
+    """Held-out reference texts and their (n, L) blocks.
+
+    Each reference is a whole packed block decoded like a sample, end-of-text framing included: the
+    models learn the framing of the blocks they are trained on (an end-of-text id at the first and last
+    position), so stripping it from the references alone would make every sample differ from every
+    reference in its last token, which is where MAUVE takes its features.
+    """
     from tadm.eval.likelihood import packed_eval_blocks
 
     assert cfg.reference is not None
@@ -363,7 +369,7 @@ def _reference(cfg: SweepConfig, tokenizer: Any, length: int, log: Callable[[str
         log(f"note: {cfg.reference!r} ({cfg.reference_split}) has only {n} blocks of {length} tokens; "
             f"MAUVE uses {n} reference texts instead of {wanted}")
     ids = blocks.get_batch(range(n))  # (n, L)
-    return decode_samples(ids[:, 1:-1], tokenizer), ids
+    return decode_samples(ids, tokenizer), ids
 
 
 def _baseline_layers(cfg: SweepConfig, models: dict[str, Any]) -> int:

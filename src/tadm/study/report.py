@@ -346,7 +346,8 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
         f"- Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, torch "
         f"{machine.get('torch', '?')}" + (f", {machine['gpu']}" if machine.get("gpu") else "")
         + f"; commit `{last.get('commit') or 'unknown'}`" + (" (with local changes)" if last.get("dirty") else "")
-        + f"; wall time {total / 60:.1f} min over {len(invocations)} invocation(s).",
+        + f"; wall time {total / 60:.1f} min recorded over {len(invocations)} invocation(s) (an invocation cut "
+        "off records the stages it finished).",
         "",
         "## Models",
         "",

@@ -413,7 +413,7 @@ class _Study:
             self.log(f"[study] note: {sp.reference!r} ({sp.reference_split}) has only {n} blocks of {self.length()} "
                      f"tokens for {sp.num_samples} samples per cell")
         ids = blocks.get_batch(range(n))  # (n, L)
-        return decode_samples(ids[:, 1:-1], self.tokenizer()), ids
+        return decode_samples(ids, self.tokenizer()), ids  # whole blocks, framing included, like the samples
 
     def score_all(self) -> None:
         from tadm.eval.entropy import mean_entropy
@@ -427,7 +427,7 @@ class _Study:
             ev_spec = self.evaluator_spec(ev_name)
             use_mauve = sp.mauve and sp.reference is not None
             base_spec = {"evaluator": ev_spec, "reference": sp.reference, "reference_split": sp.reference_split,
-                         "mauve": use_mauve, "mauve_min_samples": sp.mauve_min_samples}
+                         "reference_blocks": "whole", "mauve": use_mauve, "mauve_min_samples": sp.mauve_min_samples}
             todo = []
             data_path = self.layout.score_file(ev_name, "data", None, None, None)
             data_spec = {**base_spec, "num_samples": sp.num_samples, "length": self.length()}
@@ -555,6 +555,9 @@ def run_study(
             t0 = time.perf_counter()
             fn()
             timings[stage] = time.perf_counter() - t0
+            # recorded after every stage, so an invocation cut off later still counts what it finished
+            invocation["seconds"] = {**timings, "total": time.perf_counter() - start}
+            _write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
     invocation["seconds"] = {**timings, "total": time.perf_counter() - start}
     invocation["ran"], invocation["skipped"] = len(study.out.ran), len(study.out.skipped)
     _write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
