@@ -80,6 +80,15 @@ def test_study_runs_end_to_end_and_writes_every_file(finished):
     assert not (d / "samples" / "tadm-s1").exists() and not (d / "samples" / "ar-s0").exists()
     results = json.loads((d / "results.json").read_text())
     assert results["invocations"][0]["machine"]["cpu_count"] and "commit" in results["invocations"][0]
+    # rows carry the training seed and the evaluation seed apart
+    assert sorted((r["seed"], r["eval_seed"]) for r in results["staleness"] if r["model"] == "tadm") == [
+        (0, 0), (0, 1), (1, 0), (1, 1)]
+    assert sorted(r["seed"] for r in results["likelihood"] if r["model"] == "tadm") == [0, 1]
+    assert {r["model"]: r["bound"] for r in results["likelihood"]}["ar"] == "exact"
+    assert "(exact NLL)" in (d / "report.md").read_text()
+    fresh_s1 = json.loads((d / "evals" / "tadm-s1" / "staleness-e0.json").read_text())["staleness"]["fresh"]
+    assert next(r for r in results["staleness"] if r["model"] == "tadm" and r["seed"] == 1
+                and r["eval_seed"] == 0)["fresh"] == fresh_s1
     cells = [r for r in results["samples"] if r["model"] == "tadm"]
     assert {(r["steps"], r["refresh"]) for r in cells} == {(4, 1), (4, 2)}
     for r in cells:

@@ -132,8 +132,9 @@ def plot_nelbo_vs_age(records: Sequence[dict[str, Any]], path: str | os.PathLike
     """Increase of the T-ANELBO over the fresh anchor (%) against the cache age k; PNG at ``path``.
 
     ``records`` carry ``model`` and ``curves`` ({T: [nats/token at k = 0, 1, ...]}, as in
-    ``StalenessResult.as_dict()``); several records of one model (seeds) are averaged and their
-    range drawn as error bars. One panel per T, one curve per model.
+    ``StalenessResult.as_dict()``) and optionally ``seed`` (training seed) and ``eval_seed``: records of
+    one model and seed are averaged, and the range over seeds is drawn as error bars around their mean.
+    One panel per T, one curve per model.
     """
     plt = _pyplot()
     models = _models(records)
@@ -141,9 +142,13 @@ def plot_nelbo_vs_age(records: Sequence[dict[str, Any]], path: str | os.PathLike
     fig, axes = plt.subplots(1, len(steps), figsize=(4.6 * len(steps), 3.9), squeeze=False)
     for ax, T in zip(axes[0], steps):
         for model in models:
-            curves = [[100.0 * (v / c[0] - 1.0) for v in c]
-                      for r in records if r["model"] == model
-                      for c in [r["curves"].get(T, r["curves"].get(str(T)))] if c]
+            # one curve per training seed ("seed"), averaged over its evaluation seeds ("eval_seed") if any
+            per_seed: dict[Any, list[list[float]]] = {}
+            for n, r in enumerate(records):
+                c = r["curves"].get(T, r["curves"].get(str(T)))
+                if r["model"] == model and c:
+                    per_seed.setdefault(r.get("seed", n), []).append([100.0 * (v / c[0] - 1.0) for v in c])
+            curves = [[sum(vals) / len(vals) for vals in zip(*group)] for group in per_seed.values()]
             if not curves:
                 continue
             n = min(len(c) for c in curves)
@@ -204,6 +209,12 @@ def plot_pareto(
                 label="Pareto front")
         ax.legend(fontsize=8)
     ax.set_xscale("log")
+    ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers rather than 2 x 10^1 on the log axes
+        axis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(FormatStrFormatter("%g"))
     ax.set_xlabel("measured throughput (tokens/s, median)")
     ax.set_ylabel(metric.replace("_", " ").replace("gen ppl", "Gen PPL") + " (lower is better)")
     ax.set_title(title, fontsize=10)
