@@ -280,6 +280,22 @@ def _degradation_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
     return _table(header, body)
 
 
+def _invocation_table(invocations: Sequence[dict[str, Any]]) -> str:
+    """The invocations that ran at least one unit: when, at which commit, and how long each stage took."""
+    body = []
+    for inv in invocations:
+        if not inv.get("ran") and inv.get("ran") is not None:
+            continue
+        seconds = inv.get("seconds") or {}
+        stages = ", ".join(f"{k} {v / 60:.1f}" for k, v in seconds.items() if k != "total" and v >= 1.0)
+        commit = (inv.get("commit") or "unknown")[:10] + (" (local changes)" if inv.get("dirty") else "")
+        total = seconds.get("total")
+        body.append([str(inv.get("started", "?")), commit, stages or "-",
+                     "cut off" if inv.get("ran") is None else f"{inv['ran']} units",
+                     "-" if total is None else f"{total / 60:.1f}"])
+    return _table(["started", "commit", "stages (min)", "units", "total (min)"], body)
+
+
 def _ev_label(ev: str) -> str:
     return "in-domain AR" if ev == IN_DOMAIN_EVALUATOR else Path(ev).name
 
@@ -369,9 +385,10 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
         f"stale anchors from K in {cfg.objective.refresh_intervals}, T in {cfg.objective.step_budgets}.",
         f"- Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, torch "
         f"{machine.get('torch', '?')}" + (f", {machine['gpu']}" if machine.get("gpu") else "")
-        + f"; commit `{last.get('commit') or 'unknown'}`" + (" (with local changes)" if last.get("dirty") else "")
         + f"; wall time {total / 60:.1f} min recorded over {len(invocations)} invocation(s) (an invocation cut "
-        "off records the stages it finished).",
+        "off records the stages it finished; the invocations that ran units are listed below).",
+        "",
+        _invocation_table(invocations),
         "",
         "## Models",
         "",
