@@ -244,18 +244,23 @@ def _add_likelihood(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=positive_int, default=None, metavar="L", help="block length (default: model max)")
     p.add_argument("--split", choices=("all", "val"), default="all", help="all documents, or the held-out ones")
     p.add_argument("--val-fraction", type=float, default=0.01)
-    p.add_argument("--t-samples", type=positive_int, default=1, metavar="N", help="Monte-Carlo draws of t per block")
     p.add_argument("--discrete-steps", type=positive_int, default=None, metavar="T",
                    help="use the discrete-time bound with T steps instead")
+    _bound_args(p)
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (an object for one pair, else a list)")
+    p.set_defaults(eval_func=_run_likelihood)
+
+
+def _bound_args(p: argparse.ArgumentParser) -> None:
+    """Settings shared by the likelihood bounds: Monte-Carlo draws, schedule, batching, seed, cache, device."""
+    p.add_argument("--t-samples", type=positive_int, default=1, metavar="N", help="Monte-Carlo draws of t per block")
     p.add_argument("--schedule", default="loglinear")
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--max-blocks", type=positive_int, default=None, metavar="N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=".tadm-cache")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--progress", action="store_true")
-    p.add_argument("--json", action="store_true", help="print JSON (an object for one pair, else a list)")
-    p.set_defaults(eval_func=_run_likelihood)
 
 
 def _named(specs: list[str]) -> list[tuple[str, str]]:
@@ -331,13 +336,7 @@ def _add_staleness(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--naive", action="store_true",
                    help="also evaluate each TADM with its fusion bypassed (naive reuse of the cached denoiser input)")
     p.add_argument("--no-uninformative", action="store_true", help="skip the fully-masked-anchor bound")
-    p.add_argument("--t-samples", type=positive_int, default=1, metavar="N", help="Monte-Carlo draws of t per block")
-    p.add_argument("--schedule", default="loglinear")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--max-blocks", type=positive_int, default=None, metavar="N")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-dir", default=".tadm-cache")
-    p.add_argument("--device", default="cpu")
+    _bound_args(p)
     p.add_argument("--plot", default=None, metavar="PNG", help="write the NELBO-vs-k plot here")
     p.add_argument("--progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per model)")

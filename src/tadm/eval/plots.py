@@ -39,6 +39,16 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: str | os.PathLike[str]) -> Path:
+    """Lay out ``fig``, write it as a 120-dpi PNG at ``path`` (creating the folder) and close it."""
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=120)
+    plt.close(fig)
+    return out
+
+
 def _usable(rows: Sequence[dict[str, Any]], *fields: str) -> list[dict[str, Any]]:
     out = []
     for r in rows:
@@ -82,11 +92,7 @@ def plot_genppl_vs_throughput(rows: Sequence[dict[str, Any]], path: str | os.Pat
     ax.grid(True, alpha=0.3)
     if usable:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, format="png", dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)
 
 
 def plot_genppl_vs_refresh(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
@@ -111,11 +117,7 @@ def plot_genppl_vs_refresh(rows: Sequence[dict[str, Any]], path: str | os.PathLi
         ax.grid(True, alpha=0.3)
         if usable:
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, format="png", dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)
 
 
 def write_plots(rows: Sequence[dict[str, Any]], out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -164,12 +166,7 @@ def plot_nelbo_vs_age(records: Sequence[dict[str, Any]], path: str | os.PathLike
         ax.set_title(f"T = {T}: t' = t + k / {T}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png", dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -219,9 +216,4 @@ def plot_pareto(
     ax.set_ylabel(metric.replace("_", " ").replace("gen ppl", "Gen PPL") + " (lower is better)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3, which="both")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png", dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)

@@ -35,6 +35,7 @@ __all__ = [
     "machine_info",
     "markdown_report",
     "read_results",
+    "write_csv",
     "write_results",
     "zero_shot_markdown",
 ]
@@ -121,6 +122,17 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
+def write_csv(path: str | os.PathLike[str], fields: Sequence[str], rows: Sequence[dict[str, Any]]) -> Path:
+    """Rows as CSV with the columns ``fields`` (missing and None values empty), written atomically."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
+    _atomic_write(Path(path), buf.getvalue())
+    return Path(path)
+
+
 def write_results(
     out_dir: str | os.PathLike[str],
     settings: dict[str, Any],
@@ -133,12 +145,7 @@ def write_results(
     payload = {"settings": settings, "machine": machine or machine_info(), "rows": list(rows)}
     json_path, csv_path = out / RESULTS_JSON, out / RESULTS_CSV
     _atomic_write(json_path, json.dumps(_json_ready(payload), indent=2) + "\n")
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(RESULT_FIELDS), extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in RESULT_FIELDS})
-    _atomic_write(csv_path, buf.getvalue())
+    write_csv(csv_path, RESULT_FIELDS, rows)
     return json_path, csv_path
 
 

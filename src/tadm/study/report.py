@@ -20,15 +20,13 @@ per evaluator, Gen PPL against measured tokens/s with the Pareto front (points l
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tadm.eval.report import _atomic_write, _fmt, _json_ready, markdown_report
+from tadm.eval.report import _atomic_write, _fmt, _json_ready, markdown_report, write_csv
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
 
 __all__ = ["collect_results", "write_report"]
@@ -318,15 +316,6 @@ def _sweep_rows(res: dict[str, Any], ev: str) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------- write
-def _write_csv(path: Path, fields: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
-    _atomic_write(path, buf.getvalue())
-
-
 def _staleness_long(res: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in res["staleness"]:
@@ -350,9 +339,9 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
     json_path = root / "results.json"
     _atomic_write(json_path, json.dumps(_json_ready(payload), indent=1) + "\n")
     files["json"] = json_path
-    _write_csv(root / "results.csv", SAMPLE_FIELDS, res["samples"])
+    write_csv(root / "results.csv", SAMPLE_FIELDS, res["samples"])
     files["csv"] = root / "results.csv"
-    _write_csv(root / "staleness.csv", STALENESS_FIELDS, _staleness_long(res))
+    write_csv(root / "staleness.csv", STALENESS_FIELDS, _staleness_long(res))
     files["staleness_csv"] = root / "staleness.csv"
 
     plots = root / "plots"
