@@ -148,8 +148,10 @@ def test_bad_input(world, tmp_path):
 
 
 def test_too_few_samples_get_no_mauve_and_say_why(world, tmp_path):
+    messages: list[str] = []
     out = run_sweep(config(world, tmp_path / "few", mauve_min_samples=50, throughput_generations=0, refresh=[1]),
-                    progress=False, log=lambda m: None)
+                    progress=False, log=messages.append)
+    assert any("MAUVE is not computed: 4 samples per cell < the minimum of 50" in m for m in messages)
     row = next(r for r in out.rows if r["model"] == "tadm")
     assert row["mauve"] is None and "at least 50 samples" in row["mauve_note"]
     assert "n<50" in out.files["table"].read_text()

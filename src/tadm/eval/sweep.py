@@ -477,6 +477,9 @@ def run_sweep(
                 loaded[name] = (model, tok)
 
     settings = _resolved_settings(config, None, None, prev_settings)
+    if todo and config.reference is not None and config.num_samples < config.mauve_min_samples:
+        log(f"note: MAUVE is not computed: {config.num_samples} samples per cell < the minimum of "
+            f"{config.mauve_min_samples} (raise --samples, or lower --mauve-min-samples knowingly)")
     if todo or need_data:
         if evaluator is None:
             log(f"loading evaluator {config.evaluator or 'default'} ...")
