@@ -1,0 +1,171 @@
+"""The three callers of Algorithm 1's loop give the tokens recorded in ``tests/golden/loop_tokens.json``.
+
+The file was written by the implementation before the loop was unified (one inner loop for
+unconditional generation, block-wise generation and rollouts); any change of a sampled token in
+any caller fails here. Regenerate deliberately with ``TADM_WRITE_GOLDEN=1 pytest tests/sampling/test_loop_golden.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tadm.diffusion import get_schedule
+from tadm.nn import adlm_tiny, mdlm_tiny, tadm_tiny
+from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, MDLMBackbone, SplitSpec, generate_blocks
+from tadm.posttrain.rollout import on_policy_rollout
+from tadm.sampling import generate, get_sampler
+from tadm.sampling.entropy_bound import EntropyBoundSampler, StableConfidentStopping
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "loop_tokens.json"
+
+
+def _randomize(module, seed=1, std=0.3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(std * torch.randn(p.shape, generator=g))
+    return module
+
+
+def _unconditional_cases():
+    torch.manual_seed(0)
+    nets = {
+        "tadm": _randomize(tadm_tiny()).eval(),
+        "tadm-tc": _randomize(tadm_tiny(time_conditioning=True)).eval(),
+        "adlm": _randomize(adlm_tiny()).eval(),
+        "mdlm": _randomize(mdlm_tiny()).eval(),
+    }
+    split_mdlm = AnchoredBackbone(MDLMBackbone(nets["mdlm"]), SplitSpec(1, 1), FusionSpec(rank=8, num_heads=2))
+    _randomize(split_mdlm.fusion, seed=4, std=0.2)
+    nets["split-mdlm"] = split_mdlm
+    cases = []
+    for net in ("tadm", "adlm", "mdlm"):
+        for sampler in ("mdlm", "remdm-cap", "remdm-loop", "remdm-rescale", "remdm-conf"):
+            for K in (1, 2, 4):
+                cases.append((net, sampler, K, {}))
+    for K in (1, 3):
+        cases.append(("tadm", "remdm-loop", K, {"top_p": 0.9}))
+        cases.append(("tadm", "mdlm", K, {"top_p": 0.8, "nucleus": "standard"}))
+        cases.append(("tadm", "remdm-cap", K, {"time_grid": "released", "top_p": 0.9}))
+        cases.append(("tadm-tc", "remdm-cap", K, {"time_conditioned": True}))
+        cases.append(("tadm", "mdlm", K, {"skip_unchanged": True}))
+        cases.append(("split-mdlm", "mdlm", K, {}))
+    cases.append(("tadm", "mdlm", 4, {"time_grid": "released", "skip_unchanged": True}))
+    return nets, cases
+
+
+def _run_unconditional():
+    nets, cases = _unconditional_cases()
+    out = {}
+    for net, sampler_name, K, options in cases:
+        options = dict(options)
+        loop = {k: options.pop(k) for k in ("time_conditioned", "skip_unchanged") if k in options}
+        model = nets[net]
+        sampler = get_sampler(sampler_name, model.mask_token_id, **options)
+        result = generate(model, sampler, batch_size=2, seq_len=12, num_steps=10, refresh_interval=K,
+                          generator=torch.Generator().manual_seed(11), **loop)
+        key = f"generate/{net}/{sampler_name}/K{K}/" + ",".join(f"{k}={v}" for k, v in sorted({**options, **loop}.items()))
+        out[key] = {"tokens": result.tokens.tolist(), "refresh_steps": result.refresh_steps,
+                    "layer_calls": result.layer_calls.as_dict()}
+    return out
+
+
+def _gemma_model(mode="paired"):
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+
+    torch.manual_seed(0)
+    gemma = DiffusionGemmaForBlockDiffusion(tiny_diffusion_gemma_config()).eval()
+    with torch.no_grad():
+        gemma.model.decoder.embed_tokens.weight.mul_(30.0)
+    model = AnchoredBackbone(DiffusionGemmaBackbone(gemma), SplitSpec(1, 3), FusionSpec(rank=8, num_heads=2), mode)
+    _randomize(model.fusion, seed=9, std=0.2)
+    return model
+
+
+def _run_blocks():
+    model = _gemma_model()
+    V = model.vocab_size
+    prompt = torch.randint(3, V, (2, 5), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for mode in ("paired", "naive"):
+        model.fusion_mode = mode
+        for K in (1, 2, 3):
+            for stop in (None, (0, 1.0)):
+                for sc in (True, False):
+                    result = generate_blocks(
+                        model, prompt, sampler=EntropyBoundSampler(V, num_steps=6), refresh_interval=K,
+                        max_new_tokens=20, self_conditioning=sc, eos_token_id=[7], pad_token_id=0,
+                        stopping=None if stop is None else StableConfidentStopping(*stop),
+                        generator=torch.Generator().manual_seed(3),
+                    )
+                    key = f"blocks/{mode}/K{K}/stop={stop}/sc={sc}"
+                    out[key] = {"tokens": result.sequences.tolist(), "refresh_steps": result.refresh_steps,
+                                "layer_calls": result.layer_calls.as_dict(),
+                                "passes": result.decoder_forward_passes.tolist()}
+    model.fusion_mode = "paired"
+    return out
+
+
+def _run_rollouts():
+    model = _gemma_model()
+    V = model.vocab_size
+    sampler = EntropyBoundSampler(V, num_steps=8)
+    x0 = torch.randint(3, V, (4, 8), generator=torch.Generator().manual_seed(0))
+    prompt = model.backbone.prefill(torch.randint(3, V, (4, 4), generator=torch.Generator().manual_seed(1)))
+    out = {}
+    for sc_prob in (0.0, 0.5, 1.0):
+        for ages in ((0, 0, 0, 0), (2, 1, 0, 2), None):
+            state = on_policy_rollout(
+                model, x0, sampler=sampler, schedule=get_schedule("loglinear"), prompt=prompt,
+                cache_age=None if ages is None else torch.tensor(ages), self_conditioning_prob=sc_prob,
+                generator=torch.Generator().manual_seed(5),
+            )
+            key = f"rollout/sc={sc_prob}/ages={ages}"
+            out[key] = {"z_anchor": state.z_anchor.tolist(), "z_current": state.z_current.tolist(),
+                        "i_a": state.i_a.tolist(), "i_s": state.i_s.tolist(),
+                        "anchor_sum": round(float(state.anchor.double().sum()), 3),
+                        "c_sum": round(float(state.c_current.double().sum()), 3)}
+    return out
+
+
+RUNS = {"generate": _run_unconditional, "blocks": _run_blocks, "rollout": _run_rollouts}
+
+
+def _golden() -> dict:
+    if os.environ.get("TADM_WRITE_GOLDEN") == "1":
+        data = {}
+        for run in RUNS.values():
+            with torch.no_grad():
+                data.update(run())
+        GOLDEN.write_text(json.dumps(data, indent=None, sort_keys=True) + "\n")
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return _golden()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("caller", sorted(RUNS))
+def test_caller_reproduces_recorded_tokens(golden, caller):
+    with torch.no_grad():
+        now = RUNS[caller]()
+    recorded = {k: v for k, v in golden.items() if k.startswith(caller + "/")}
+    assert len(now) >= 9 and set(now) == set(recorded)
+    for key, value in now.items():
+        assert value == recorded[key], key
