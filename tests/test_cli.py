@@ -38,6 +38,16 @@ def test_sample_json_counts_layers(capsys):
     assert record["refresh_steps"] == [8, 6, 4, 2]
 
 
+def test_sample_with_refresh_policies(capsys):
+    base = ("sample", "--model", "tadm-tiny", "--steps", "16", "--length", "8", "--json")
+    _, out, _ = _run(capsys, *base, "--refresh-policy", "schedule", "--refresh-steps", "16,9,3")
+    record = json.loads(out)
+    assert record["refresh_steps"] == [16, 9, 3] and record["refresh"] is None
+    assert record["refresh_policy"] == {"policy": "schedule", "skip_unchanged": False, "steps": [16, 9, 3]}
+    _, out, _ = _run(capsys, *base, "--refresh-policy", "adaptive", "--tau", "2", "--max-interval", "4")
+    assert json.loads(out)["refresh_steps"] == [16, 12, 8, 4]  # tau > 1: only the interval bound refreshes
+
+
 def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
     tadm_tiny().save_pretrained(tmp_path / "ckpt")
     args = ("sample", "--model", str(tmp_path / "ckpt"), "--steps", "6", "--length", "8", "--seed", "3", "--json")
@@ -58,6 +68,12 @@ def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
         (["sample", "--top-p", "0"], "top_p must be a number in (0, 1], got 0"),
         (["sample", "--model", "no/such/dir/here"], "no/such/dir/here"),
         (["sample", "--eta", "0.1"], "--eta applies to ReMDM samplers"),
+        (["sample", "--tau", "0.1"], "--tau do(es) not apply to --refresh-policy fixed"),
+        (["sample", "--refresh-policy", "adaptive"], "needs --tau"),
+        (["sample", "--refresh-policy", "adaptive", "--tau", "nan"], "tau must be a finite number >= 0, got nan"),
+        (["sample", "--refresh-policy", "adaptive", "--tau", "0.1", "-K", "4"], "does not use it"),
+        (["sample", "--refresh-policy", "schedule", "--refresh-steps", "8,x"], "expected comma-separated integers"),
+        (["sample", "--refresh-policy", "schedule"], "needs --refresh-steps"),
     ],
 )
 def test_bad_input_gives_one_line_error(capsys, argv, needle):

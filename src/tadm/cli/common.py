@@ -40,3 +40,53 @@ def fidelity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-grid", choices=TIME_GRIDS, default="paper",
                    help="'paper' (t = i/T, alpha from the schedule; default) or 'released' (ReMDM code: "
                         "t = linspace(1, 1e-5, T+1), alpha = 1 - t, final argmax call)")
+
+
+def refresh_policy_args(p: argparse.ArgumentParser) -> None:
+    """--refresh-policy and its parameters (tadm.sampling.refresh); -K/--refresh is the fixed policy's K."""
+    from tadm.sampling.refresh import REFRESH_POLICIES
+
+    p.add_argument("--refresh-policy", choices=tuple(REFRESH_POLICIES), default="fixed",
+                   help="when to recompute the anchor: 'fixed' (every K steps, Algorithm 1; default), "
+                        "'schedule' (at --refresh-steps) or 'adaptive' (when the canvas drifted by --tau)")
+    p.add_argument("--refresh-steps", default=None, metavar="I,I,...",
+                   help="schedule policy: comma-separated reverse step indices i that refresh (must include T)")
+    p.add_argument("--tau", type=float, default=None,
+                   help="adaptive policy: refresh when this share of canvas positions changed since the anchor")
+    p.add_argument("--min-interval", type=positive_int, default=1, help="adaptive policy: fewest steps between refreshes")
+    p.add_argument("--max-interval", type=positive_int, default=None, help="adaptive policy: most steps between refreshes")
+
+
+def policy_from_args(args: argparse.Namespace):
+    """The refresh policy named by ``refresh_policy_args`` (with -K/--refresh and --skip-unchanged)."""
+    from tadm.sampling.refresh import get_refresh_policy
+
+    name = args.refresh_policy
+    skip = bool(getattr(args, "skip_unchanged", False))
+    K = getattr(args, "refresh", 1)
+    given = {flag for flag, value in (("--refresh-steps", args.refresh_steps), ("--tau", args.tau),
+                                      ("--max-interval", args.max_interval)) if value is not None}
+    if args.min_interval != 1:
+        given.add("--min-interval")
+    own = {"fixed": set(), "schedule": {"--refresh-steps"}, "adaptive": {"--tau", "--min-interval", "--max-interval"}}[name]
+    if given - own:
+        raise CLIError(f"{', '.join(sorted(given - own))} do(es) not apply to --refresh-policy {name}")
+    if name != "fixed" and K != 1:
+        raise CLIError(f"-K/--refresh {K} is the fixed policy's interval; --refresh-policy {name} does not use it")
+    try:
+        if name == "fixed":
+            return get_refresh_policy("fixed", interval=K, skip_unchanged=skip)
+        if name == "schedule":
+            if args.refresh_steps is None:
+                raise CLIError("--refresh-policy schedule needs --refresh-steps (e.g. --refresh-steps 128,120,96,64)")
+            try:
+                steps = [int(s) for s in args.refresh_steps.split(",") if s.strip()]
+            except ValueError:
+                raise CLIError(f"--refresh-steps {args.refresh_steps!r}: expected comma-separated integers") from None
+            return get_refresh_policy("schedule", steps=steps, skip_unchanged=skip)
+        if args.tau is None:
+            raise CLIError("--refresh-policy adaptive needs --tau (a share of positions, e.g. 0.05)")
+        return get_refresh_policy("adaptive", tau=args.tau, min_interval=args.min_interval,
+                                  max_interval=args.max_interval, skip_unchanged=skip)
+    except ValueError as error:
+        raise CLIError(str(error)) from None

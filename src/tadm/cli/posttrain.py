@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tadm.cli.common import CLIError, positive_int
+from tadm.cli.common import CLIError, policy_from_args, positive_int, refresh_policy_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     s.add_argument("--prompt-file", default=None, help="a text file with one prompt per line")
     s.add_argument("--raw", action="store_true", help="encode prompts as plain text, without the chat template")
-    s.add_argument("--refresh", "-K", type=positive_int, default=1, help="anchor refresh interval K")
+    s.add_argument("--refresh", "-K", type=positive_int, default=1, help="anchor refresh interval K (fixed policy)")
+    refresh_policy_args(s)
     s.add_argument("--steps", "-T", type=positive_int, default=48, help="denoising steps per canvas")
     s.add_argument("--max-new-tokens", type=positive_int, default=256)
     s.add_argument("--canvas-length", type=positive_int, default=None, help="tokens per canvas (default: model's)")
@@ -152,7 +153,7 @@ def run_sample(args: argparse.Namespace) -> int:
         model,
         ids.to(args.device),
         sampler=sampler,
-        refresh_interval=args.refresh,
+        policy=policy_from_args(args),
         max_new_tokens=args.max_new_tokens,
         canvas_length=args.canvas_length,
         attention_mask=mask.to(args.device),
@@ -171,7 +172,8 @@ def run_sample(args: argparse.Namespace) -> int:
             "base": str(args.base),
             "adapter": args.adapter,
             "fusion_mode": mode,
-            "refresh": args.refresh,
+            "refresh": args.refresh if args.refresh_policy == "fixed" else None,
+            "refresh_policy": args.refresh_policy,
             "steps": args.steps,
             "seed": args.seed,
             "prompts": prompts,

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tadm.cli.common import CLIError, fidelity_args
+from tadm.cli.common import CLIError, fidelity_args, policy_from_args, refresh_policy_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="tadm-tiny", help="checkpoint dir, hub name, or builder name (e.g. tadm-tiny)")
     p.add_argument("--sampler", default="mdlm", help=f"one of: {', '.join(sorted(SAMPLERS))}")
     p.add_argument("--steps", "-T", type=int, default=128, help="reverse steps T")
-    p.add_argument("--refresh", "-K", type=int, default=1, help="anchor refresh interval K")
+    p.add_argument("--refresh", "-K", type=int, default=1, help="anchor refresh interval K (fixed policy)")
+    refresh_policy_args(p)
     p.add_argument("--length", "-L", type=int, default=None, help="tokens per sample (default: model maximum)")
     p.add_argument("--batch-size", "-B", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"--eta applies to ReMDM samplers, not {args.sampler!r}")
         kwargs["eta"] = args.eta
     sampler = get_sampler(args.sampler, mask_id, **kwargs)
+    policy = policy_from_args(args)
     tokenizer = _load_tokenizer(args)
     if tokenizer is not None and tokenizer.vocab_size != model.vocab_size:
         raise CLIError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")
@@ -98,10 +100,9 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seq_len=length,
         num_steps=args.steps,
-        refresh_interval=args.refresh,
+        policy=policy,
         generator=generator,
         device=args.device,
-        skip_unchanged=args.skip_unchanged,
         time_conditioned=bool(getattr(getattr(model, "config", None), "time_conditioning", False)),
         progress=args.progress,
     )
@@ -113,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             "model": args.model,
             "sampler": args.sampler,
             "steps": args.steps,
-            "refresh": args.refresh,
+            "refresh": out.refresh_interval,
+            "refresh_policy": policy.config(),
             "length": length,
             "batch_size": args.batch_size,
             "seed": args.seed,
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     calls = out.layer_calls
     print(
         f"layer calls: total={calls.total} (shared={calls.shared}, anchor={calls.anchor}, "
-        f"denoiser={calls.denoiser}); anchor refreshes={calls.anchor_refreshes}; "
+        f"denoiser={calls.denoiser}); anchor refreshes={calls.anchor_refreshes} ({out.policy}); "
         f"{out.seconds:.2f}s, {tokens_per_second:.1f} tokens/s"
     )
     return 0

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tadm.sampling.anchor_cache import check_refresh_interval
+from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import check_num_steps
 from tadm.sampling.protocol import LayerSplit
+from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, ScheduleRefresh
 
 
 def _check_split(split: LayerSplit) -> None:
@@ -29,6 +30,27 @@ def layer_calls(split: LayerSplit, num_steps: int, refresh_interval: int = 1) ->
     check_num_steps(num_steps)
     check_refresh_interval(refresh_interval)
     return num_steps * (split.shared + split.denoiser) + math.ceil(num_steps / refresh_interval) * split.anchor
+
+
+def policy_layer_calls(
+    split: LayerSplit, num_steps: int, policy: RefreshPolicy, counted: LayerCallCounter | None = None
+) -> int:
+    """Transformer-layer evaluations of one generation of T steps under a refresh policy.
+
+    ``fixed`` K: Eq. (anchor-cache-compute); ``schedule``: T (L_S + L_D) + |{refresh steps in 1..T}| L_A.
+    ``adaptive`` refreshes depend on the sampled canvases, so its compute is the counted one: pass the
+    run's ``counted`` layer calls. Policies that skip unchanged canvases are counted too.
+    """
+    if isinstance(policy, FixedRefresh) and not policy.skip_unchanged:
+        return layer_calls(split, num_steps, policy.interval)
+    if isinstance(policy, ScheduleRefresh) and not policy.skip_unchanged:
+        _check_split(split)
+        check_num_steps(num_steps)
+        refreshes = sum(1 for i in policy.steps if 1 <= i <= num_steps)
+        return num_steps * (split.shared + split.denoiser) + refreshes * split.anchor
+    if counted is None:
+        raise ValueError(f"the compute of {policy!r} depends on the sampled canvases; pass the counted layer calls")
+    return counted.total
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from tadm.posttrain.backbone import StackContext
+from tadm.posttrain.backbone import PromptCache, StackContext
 from tadm.posttrain.model import AnchoredBackbone
-from tadm.sampling.anchor_cache import AnchorCache, LayerCallCounter, check_refresh_interval, is_refresh_step
-from tadm.sampling.entropy_bound import EntropyBoundSampler, StableConfidentStopping
+from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
+from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler, StableConfidentStopping
+from tadm.sampling.loop import LoopContext, denoise
+from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, get_refresh_policy
 
 __all__ = ["BlockGenerationOutput", "generate_blocks"]
 
@@ -86,6 +87,52 @@ def _finalize_canvas(
     return sequences, finished
 
 
+class _CanvasContext(LoopContext):
+    """Per-canvas loop state: the prompt cache, self-conditioning logits, greedy canvas, stopping."""
+
+    def __init__(
+        self,
+        prompt: PromptCache,
+        z: Tensor,
+        *,
+        self_conditioning: bool,
+        stopping: StableConfidentStopping | None,
+        finished: Tensor,
+        passes: Tensor,
+        embed_dtype: torch.dtype,
+    ) -> None:
+        self.prompt, self.self_conditioning, self.stopping = prompt, self_conditioning, stopping
+        self.finished_rows, self.passes, self.embed_dtype = finished, passes, embed_dtype
+        self.greedy = z  # (B, L): the canvas appended after the last step
+        self.sc_logits: Tensor | None = None  # (B, L, V) previous step's temperature-scaled logits
+        self.done = torch.zeros(z.shape[0], dtype=torch.bool, device=z.device)  # rows stopped early
+        if stopping is not None:
+            stopping.reset()
+
+    def pass_context(self) -> StackContext:
+        return StackContext(prompt=self.prompt, self_conditioning_logits=self.sc_logits if self.self_conditioning else None)
+
+    def before_step(self, position: int, step_index: int | Tensor, z: Tensor) -> None:
+        self.passes += (~(self.done | self.finished_rows)).to(self.passes.dtype)
+
+    def after_step(self, position: int, step_index: int | Tensor, z: Tensor, output: EntropyBoundOutput) -> Tensor:
+        new_greedy, new_z, scaled = output.argmax, output.prev_sample, output.scaled_logits
+        if self.stopping is not None:
+            done = self.done
+            if bool(done.any()):  # rows that stopped keep their state
+                new_greedy = torch.where(done[:, None], self.greedy, new_greedy)
+                new_z = torch.where(done[:, None], z, new_z)
+                if self.sc_logits is not None:
+                    scaled = torch.where(done[:, None, None], self.sc_logits, scaled)
+            self.done = done | self.stopping(new_greedy, scaled)
+        self.sc_logits = scaled.to(self.embed_dtype)
+        self.greedy = new_greedy
+        return new_z
+
+    def finished(self) -> bool:
+        return self.stopping is not None and bool(self.done.all())
+
+
 @torch.no_grad()
 def generate_blocks(
     model: AnchoredBackbone,
@@ -93,6 +140,7 @@ def generate_blocks(
     *,
     sampler: EntropyBoundSampler,
     refresh_interval: int = 1,
+    policy: RefreshPolicy | str | None = None,
     max_new_tokens: int = 256,
     canvas_length: int | None = None,
     attention_mask: Tensor | None = None,
@@ -111,6 +159,7 @@ def generate_blocks(
         prompt_ids: (B, P) token ids, left-padded when rows differ in length.
         sampler: Algorithm 2; its ``num_steps`` is T.
         refresh_interval: K >= 1 (1 = fresh anchor every step).
+        policy: a refresh policy instead of ``refresh_interval`` (reset for every canvas).
         max_new_tokens: generation budget; whole canvases are generated.
         canvas_length: L (default: the backbone's configured canvas length).
         attention_mask: (B, P), True/1 at real prompt tokens.
@@ -123,6 +172,11 @@ def generate_blocks(
         BlockGenerationOutput.
     """
     check_refresh_interval(refresh_interval)
+    if policy is None:
+        policy = FixedRefresh(refresh_interval)
+    elif refresh_interval != 1:
+        raise ValueError("give either a refresh policy or refresh_interval, not both")
+    policy = get_refresh_policy(policy)
     backbone = model.backbone
     if not (hasattr(backbone, "prefill") and hasattr(backbone, "append")):
         raise TypeError(f"{type(backbone).__name__} has no prompt encoder (prefill/append); use tadm.sampling.generate")
@@ -149,39 +203,12 @@ def generate_blocks(
     prompt = backbone.prefill(prompt_ids, attention_mask)
     encoder_calls += split.total
     for block in range(num_blocks):
-        cache = AnchorCache()
         z = sampler.initial_canvas(B, L, generator, device)  # (B, L)
-        greedy = z
-        sc_logits: Tensor | None = None
-        done_denoising = torch.zeros(B, dtype=torch.bool, device=device)
-        if stopping is not None:
-            stopping.reset()
-        steps = range(T, 0, -1)
-        for i in tqdm(steps, desc=f"canvas {block + 1}/{num_blocks}", disable=not progress, leave=False):
-            passes += (~(done_denoising | finished)).to(passes.dtype)
-            context = StackContext(prompt=prompt, self_conditioning_logits=sc_logits if self_conditioning else None)
-            prepared = model.prepare(z, context)
-            c = model.encode(z, prepared=prepared)  # (B, L, d)
-            counter.add_encode(split)
-            if is_refresh_step(i, T, refresh_interval):
-                cache.store(model.compute_anchor(c, prepared=prepared), z, i)
-                counter.add_anchor(split)
-            assert cache.hidden is not None  # step T always refreshes
-            logits = model.predict_logits(z, c, cache.hidden, prepared=prepared)  # (B, L, V)
-            counter.add_predict(split)
-            out = sampler.step(logits, i, z, generator)
-            new_greedy, new_z, scaled = out.argmax, out.prev_sample, out.scaled_logits
-            if stopping is not None:
-                if bool(done_denoising.any()):  # rows that stopped keep their state
-                    new_greedy = torch.where(done_denoising[:, None], greedy, new_greedy)
-                    new_z = torch.where(done_denoising[:, None], z, new_z)
-                    if sc_logits is not None:
-                        scaled = torch.where(done_denoising[:, None, None], sc_logits, scaled)
-                done_denoising |= stopping(new_greedy, scaled)
-            sc_logits = scaled.to(embed_dtype)
-            z, greedy = new_z, new_greedy
-            if stopping is not None and bool(done_denoising.all()):
-                break
+        canvas = _CanvasContext(prompt, z, self_conditioning=self_conditioning, stopping=stopping,
+                                finished=finished, passes=passes, embed_dtype=embed_dtype)
+        run = denoise(model, sampler, z, range(T, 0, -1), policy=policy, context=canvas, generator=generator,
+                      counter=counter, progress=progress, desc=f"canvas {block + 1}/{num_blocks}")
+        greedy, cache = canvas.greedy, run.cache
         refreshes.append(list(cache.history))
         sequences = torch.cat([sequences, greedy], dim=-1)
         sequences, finished = _finalize_canvas(sequences, finished, L, max_length, eos, pad_token_id)

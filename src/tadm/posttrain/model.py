@@ -17,8 +17,6 @@ packed as ``[H0, C0]`` along the feature axis (d_a = 2d), so the generic anchor-
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -95,9 +93,9 @@ class AnchoredBackbone(nn.Module):
     """A frozen layer-stack backbone split for anchor caching, with a trainable paired-attention fusion.
 
     Implements :class:`tadm.sampling.protocol.CacheableDenoiser`. The per-pass inputs besides the
-    canvas (prompt KV cache, self-conditioning logits) come from a :class:`StackContext`: pass
-    ``prepared=model.prepare(z, context)`` to the stage methods, or bind a context with
-    ``with model.bind(context):`` for callers that only know the protocol.
+    canvas (prompt KV cache, self-conditioning logits) come from a :class:`StackContext`: the
+    stage methods take ``prepared = model.prepare(z, context, t)`` (Algorithm 1's loop passes the
+    caller's context explicitly); without it they prepare a pass with an empty context.
 
     Args:
         backbone: a :class:`~tadm.posttrain.backbone.LayerStackBackbone` (its weights are frozen here).
@@ -135,9 +133,6 @@ class AnchoredBackbone(nn.Module):
         self.fusion_mode = fusion_mode
         self.vocab_size: int = backbone.vocab_size
         self.mask_token_id: int | None = backbone.mask_token_id
-        self._context: StackContext | None = None
-        self._prepared_key: tuple | None = None
-        self._prepared: Any = None
 
     # ---------------------------------------------------------------- configuration
     @property
@@ -180,43 +175,25 @@ class AnchoredBackbone(nn.Module):
         return self
 
     # ---------------------------------------------------------------- per-pass state
-    @contextmanager
-    def bind(self, context: StackContext | None) -> Iterator[AnchoredBackbone]:
-        """Use ``context`` for protocol calls (``encode``/``compute_anchor``/``predict`` without ``prepared``)."""
-        previous = self._context
-        self._context = context
-        self._prepared_key, self._prepared = None, None
-        try:
-            yield self
-        finally:
-            self._context = previous
-            self._prepared_key, self._prepared = None, None
+    def prepare(self, z: Tensor, context: StackContext | None = None, t: Tensor | None = None) -> Any:
+        """Per-pass state for a canvas z (B, L): the backbone's masks and tables for ``context`` at time t.
 
-    def prepare(self, z: Tensor, context: StackContext | None = None) -> Any:
-        """Per-pass state for a canvas z (B, L) under ``context`` (default: the bound one)."""
-        context = self._context if context is None else context
-        return self.backbone.prepare(z.shape[0], z.shape[1], z.device, context)
-
-    def _implicit(self, ref: Tensor, t: Tensor | None) -> Any:
-        """Prepared state for protocol calls, reused while shape, device, time and context are unchanged."""
-        context = self._context if self._context is not None else StackContext()
-        context = context.with_time(t)
-        key = (ref.shape[0], ref.shape[1], ref.device, id(self._context), None if t is None else t.data_ptr())
-        if self._prepared_key != key:
-            self._prepared = self.backbone.prepare(ref.shape[0], ref.shape[1], ref.device, context)
-            self._prepared_key = key
-        return self._prepared
+        The state a backbone needs between passes (prompt KV cache, self-conditioning input) comes
+        only from ``context``; nothing is kept on the model.
+        """
+        context = StackContext() if context is None else context
+        return self.backbone.prepare(z.shape[0], z.shape[1], z.device, context.with_time(t))
 
     # ---------------------------------------------------------------- the stages (CacheableDenoiser)
-    def encode(self, z_t: Tensor, t: Tensor | None = None, *, prepared: Any = None) -> Tensor:
-        """S: token ids (B, L) -> current shallow state C (B, L, d)."""
-        prepared = self._implicit(z_t, t) if prepared is None else prepared
+    def encode(self, z_t: Tensor, prepared: Any = None) -> Tensor:
+        """S: token ids (B, L) -> current shallow state C (B, L, d); ``prepared`` from :meth:`prepare`."""
+        prepared = self.prepare(z_t) if prepared is None else prepared
         h = self.backbone.embed(z_t, prepared)  # (B, L, d)
         return self.backbone.run_layers(h, 0, self.shared_end, prepared)
 
-    def compute_anchor(self, c: Tensor, t: Tensor | None = None, *, prepared: Any = None) -> Tensor:
+    def compute_anchor(self, c: Tensor, prepared: Any = None) -> Tensor:
         """A: shallow state C0 (B, L, d) -> cacheable anchor ``[H0, C0]`` (B, L, 2d)."""
-        prepared = self._implicit(c, t) if prepared is None else prepared
+        prepared = self.prepare(c[..., 0]) if prepared is None else prepared
         h0 = self.backbone.run_layers(c, self.shared_end, self.anchor_end, prepared)  # (B, L, d)
         return torch.cat([h0, c.to(h0.dtype)], dim=-1)  # (B, L, 2d)
 
@@ -253,20 +230,17 @@ class AnchoredBackbone(nn.Module):
         z_t: Tensor,
         c_t: Tensor,
         anchor: Tensor,
-        t: Tensor | None = None,
-        *,
         prepared: Any = None,
+        *,
         fusion: Callable[..., Tensor] | None = None,
     ) -> Tensor:
         """Fusion + denoiser: raw logits (B, L, V) of x_theta(z_t, z_t'), Eq. (DenoiserOp)."""
-        prepared = self._implicit(z_t, t) if prepared is None else prepared
+        prepared = self.prepare(z_t) if prepared is None else prepared
         return self.denoise_logits(self.fuse(c_t, anchor, fusion=fusion), prepared)
 
-    def predict(
-        self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, *, prepared: Any = None
-    ) -> Tensor:
+    def predict(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, prepared: Any = None) -> Tensor:
         """Fusion + denoiser: log-probabilities (B, L, V) in the backbone's output parameterisation."""
-        return self.backbone.log_probs(self.predict_logits(z_t, c_t, anchor, t, prepared=prepared), z_t)
+        return self.backbone.log_probs(self.predict_logits(z_t, c_t, anchor, prepared), z_t)
 
     def fresh_logits(self, c: Tensor, prepared: Any) -> Tensor:
         """The unsplit backbone's logits from a shallow state C: D(A(C)) with no fusion (B, L, V)."""

@@ -33,7 +33,9 @@ from torch import Tensor
 from tadm.diffusion import NoiseSchedule, sample_t, uniform_corrupt
 from tadm.posttrain.backbone import PromptCache, StackContext
 from tadm.posttrain.model import AnchoredBackbone
-from tadm.sampling.entropy_bound import EntropyBoundSampler
+from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler
+from tadm.sampling.loop import LoopContext, denoise
+from tadm.sampling.refresh import FixedRefresh
 
 __all__ = [
     "CACHE_AGES",
@@ -113,6 +115,37 @@ def _where_rows(rows: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return torch.where(rows.view(-1, *([1] * (a.dim() - 1))), a, b)
 
 
+class _RolloutContext(LoopContext):
+    """Rollout loop state: the prompt, per-row ages, and per-row self-conditioning logits."""
+
+    def __init__(
+        self,
+        prompt: PromptCache | None,
+        cache_age: Tensor,
+        sc_rows: Tensor,
+        has_signal: Tensor,
+        sc_logits: Tensor | None,
+        embed_dtype: torch.dtype,
+    ) -> None:
+        self.prompt, self.cache_age, self.sc_rows = prompt, cache_age, sc_rows
+        self.has_signal, self.sc_logits, self.embed_dtype = has_signal, sc_logits, embed_dtype
+
+    def pass_context(self) -> StackContext:
+        if self.sc_logits is None:
+            return StackContext(prompt=self.prompt)
+        return StackContext(prompt=self.prompt, self_conditioning_logits=self.sc_logits,
+                            self_conditioning_mask=self.has_signal)
+
+    def after_step(self, position: int, step_index: int | Tensor, z: Tensor, output: EntropyBoundOutput) -> Tensor:
+        active = position < self.cache_age  # (B,) rows still rolling out
+        learn = active & self.sc_rows
+        if bool(learn.any()):
+            new_sc = output.scaled_logits.to(self.embed_dtype)
+            self.sc_logits = new_sc if self.sc_logits is None else _where_rows(learn, new_sc, self.sc_logits)
+            self.has_signal = self.has_signal | learn
+        return _where_rows(active, output.prev_sample, z)
+
+
 @torch.no_grad()
 def on_policy_rollout(
     model: AnchoredBackbone,
@@ -174,34 +207,23 @@ def on_policy_rollout(
     sc_logits: Tensor | None = None
     if bool(has_signal.any()):
         first = model.prepare(z, StackContext(prompt=prompt))
-        boot = model.fresh_logits(model.encode(z, prepared=first), first)  # (B, L, V)
+        boot = model.fresh_logits(model.encode(z, first), first)  # (B, L, V)
         previous_step = torch.clamp(i_a + 1, max=T)
         sc_logits = sampler.scale_logits(boot, previous_step).to(embed_dtype)  # (B, L, V)
 
-    def context() -> StackContext:
-        if sc_logits is None:
-            return StackContext(prompt=prompt)
-        return StackContext(prompt=prompt, self_conditioning_logits=sc_logits, self_conditioning_mask=has_signal)
-
-    prepared = model.prepare(z, context())
-    c = model.encode(z, prepared=prepared)  # (B, L, d)
-    anchor = model.compute_anchor(c, prepared=prepared)  # (B, L, 2d)
-    for r in range(int(k.max()) if k.numel() else 0):
-        active = r < k  # (B,)
-        j = torch.where(active, i_a - r, torch.full_like(i_a, T))  # idle rows get any valid index
-        if r > 0:
-            prepared = model.prepare(z, context())
-            c = model.encode(z, prepared=prepared)
-        logits = model.predict_logits(z, c, anchor, prepared=prepared)  # (B, L, V)
-        out = sampler.step(logits, j, z, generator)
-        z = _where_rows(active, out.prev_sample, z)
-        if bool((active & sc_rows).any()):
-            new_sc = out.scaled_logits.to(embed_dtype)
-            sc_logits = new_sc if sc_logits is None else _where_rows(active & sc_rows, new_sc, sc_logits)
-            has_signal = has_signal | (active & sc_rows)
-    if k.numel() and int(k.max()) > 0:
-        prepared = model.prepare(z, context())
-        c = model.encode(z, prepared=prepared)
+    rollout = _RolloutContext(prompt, k, sc_rows, has_signal, sc_logits, embed_dtype)
+    max_age = int(k.max()) if k.numel() else 0
+    if max_age > 0:
+        # Reverse steps j = i_a - r for r < k per row; rows past their age idle at a valid index.
+        steps = [torch.where(r < k, i_a - r, torch.full_like(i_a, T)) for r in range(max_age)]
+        run = denoise(model, sampler, z, steps, policy=FixedRefresh(max_age), context=rollout, generator=generator)
+        z, anchor = run.z, run.cache.hidden
+        prepared = model.prepare(z, rollout.pass_context())
+        c = model.encode(z, prepared)
+    else:
+        prepared = model.prepare(z, rollout.pass_context())
+        c = model.encode(z, prepared)  # (B, L, d)
+        anchor = model.compute_anchor(c, prepared)  # (B, L, 2d)
     return RolloutState(
         x0=x0,
         z_anchor=z_anchor,

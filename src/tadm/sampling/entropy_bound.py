@@ -110,6 +110,8 @@ class EntropyBoundSampler:
         categorical: "multinomial" (the released sampler's draws) or "gumbel" (float64 Gumbel-max).
     """
 
+    consumes = "logits"  # the loop hands it the denoiser's raw logits, not log-probabilities
+
     def __init__(
         self,
         vocab_size: int,

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from tadm.sampling.anchor_cache import AnchorCache, LayerCallCounter, check_refresh_interval, is_refresh_step
+from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import Sampler
+from tadm.sampling.loop import denoise, network_pass
 from tadm.sampling.protocol import CacheableDenoiser
+from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, get_refresh_policy
 
 
 @dataclass
@@ -21,9 +22,10 @@ class GenerationOutput:
     tokens: Tensor
     layer_calls: LayerCallCounter
     num_steps: int
-    refresh_interval: int
+    refresh_interval: int | None  # K of a fixed policy, None for other policies
     refresh_steps: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    policy: str = ""  # the refresh policy's label, e.g. "K=4"
 
 
 def _model_device(model: object) -> torch.device:
@@ -34,8 +36,13 @@ def _model_device(model: object) -> torch.device:
     return torch.device("cpu")
 
 
-def _same_canvas(a: Tensor | None, b: Tensor) -> bool:
-    return a is not None and a.shape == b.shape and bool(torch.equal(a, b))
+def _resolve_policy(policy: RefreshPolicy | str | None, refresh_interval: int, skip_unchanged: bool) -> RefreshPolicy:
+    check_refresh_interval(refresh_interval)
+    if policy is None:
+        return FixedRefresh(refresh_interval, skip_unchanged=skip_unchanged)
+    if refresh_interval != 1 or skip_unchanged:
+        raise ValueError("give either a refresh policy or refresh_interval/skip_unchanged, not both")
+    return get_refresh_policy(policy)
 
 
 @torch.no_grad()
@@ -53,6 +60,7 @@ def generate(
     time_conditioned: bool = False,
     progress: bool = False,
     max_seq_len: int | None = None,
+    policy: RefreshPolicy | str | None = None,
 ) -> GenerationOutput:
     """Sample ``batch_size`` sequences of ``seq_len`` tokens with anchor caching (Algorithm 1).
 
@@ -73,8 +81,10 @@ def generate(
             same anchor.
         time_conditioned: pass t(i) to the network (only for time-conditioned networks).
         max_seq_len: if given, ``seq_len`` larger than this raises a clear error.
+        policy: a refresh policy (:mod:`tadm.sampling.refresh`) instead of ``refresh_interval`` and
+            ``skip_unchanged`` (which make ``FixedRefresh(K, skip_unchanged)``).
     """
-    check_refresh_interval(refresh_interval)
+    policy = _resolve_policy(policy, refresh_interval, skip_unchanged)
     sampler.set_timesteps(num_steps)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"sequence length must be an integer >= 1, got {seq_len!r}")
@@ -82,59 +92,31 @@ def generate(
         raise ValueError(f"sequence length {seq_len} exceeds the model's maximum of {max_seq_len}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
-    if skip_unchanged and time_conditioned:
+    if policy.skip_unchanged and time_conditioned:
         raise ValueError("skip_unchanged is only exact for networks without time conditioning")
     device = torch.device(device) if device is not None else _model_device(model)
 
-    split = model.layer_split
-    counter = LayerCallCounter()
-    cache = AnchorCache()
     z = sampler.initial_canvas(batch_size, seq_len, generator, device)  # (B, L)
-    prev_canvas: Tensor | None = None
-    prev_log_probs: Tensor | None = None
-
     start = time.perf_counter()
-    steps = range(num_steps, 0, -1)
-    for i in tqdm(steps, desc="sampling", disable=not progress, leave=False):
-        t = torch.full((batch_size,), sampler.time(i), device=device) if time_conditioned else None
-        refresh = is_refresh_step(i, num_steps, refresh_interval)
-        unchanged = skip_unchanged and _same_canvas(prev_canvas, z)
-        if unchanged and (not refresh or _same_canvas(cache.canvas, z)) and prev_log_probs is not None:
-            log_probs = prev_log_probs
-            counter.skipped_steps += 1
-        else:
-            c = model.encode(z, t)  # (B, L, D)
-            counter.add_encode(split)
-            if refresh and not (skip_unchanged and _same_canvas(cache.canvas, z)):
-                cache.store(model.compute_anchor(c, t), z, i)
-                counter.add_anchor(split)
-            if cache.hidden is None:  # only reachable if the first step were not a refresh step
-                raise RuntimeError("anchor cache is empty at the first reverse step")
-            log_probs = model.predict(z, c, cache.hidden, t)  # (B, L, V)
-            counter.add_predict(split)
-        prev_canvas, prev_log_probs = z, log_probs
-        z = sampler.step(log_probs, i, z, generator).prev_sample
-
+    run = denoise(model, sampler, z, range(num_steps, 0, -1), policy=policy, generator=generator,
+                  time_conditioned=time_conditioned, progress=progress)
+    z, counter, cache, last = run.z, run.layer_calls, run.cache, run.output
     mask_id = getattr(model, "mask_token_id", None)
-    if mask_id is not None and prev_log_probs is not None and bool((z == mask_id).any()):
+    if mask_id is not None and last is not None and bool((z == mask_id).any()):
         if getattr(sampler, "final_denoise", False):
             # The released samplers' last call: one more prediction on the final canvas (step 0 of
-            # Algorithm 1, refreshing the anchor if (T - 0) mod K == 0), argmax at the masks.
+            # Algorithm 1, position T, refreshing the anchor if the policy says so), argmax at the masks.
             t = torch.full((batch_size,), sampler.time(0), device=device) if time_conditioned else None
-            c = model.encode(z, t)  # (B, L, D)
-            counter.add_encode(split)
-            if is_refresh_step(0, num_steps, refresh_interval):
-                cache.store(model.compute_anchor(c, t), z, 0)
-                counter.add_anchor(split)
-            prev_log_probs = model.predict(z, c, cache.hidden, t)  # (B, L, V)
-            counter.add_predict(split)
+            last, _ = network_pass(model, z, refresh=policy.due(num_steps, 0, z, cache), cache=cache,
+                                   counter=counter, step_index=0, t=t)
         # Otherwise masks left by a schedule with alpha_0 slightly below 1 take the argmax of the last prediction.
-        z = torch.where(z == mask_id, prev_log_probs.argmax(-1), z)
+        z = torch.where(z == mask_id, last.argmax(-1), z)
     return GenerationOutput(
         tokens=z,
         layer_calls=counter,
         num_steps=num_steps,
-        refresh_interval=refresh_interval,
+        refresh_interval=policy.interval if isinstance(policy, FixedRefresh) else None,
         refresh_steps=list(cache.history),
         seconds=time.perf_counter() - start,
+        policy=policy.label(),
     )

@@ -9,6 +9,10 @@ drive any object with the four methods below. A network of ``L_S`` shared, ``L_A
     log_probs = predict(z_t, c_t, h)        # fusion Phi + denoiser D (+ output head), every step
 
 and ``layer_split`` tells the layer counter how many Transformer layers each stage runs.
+
+A network that needs per-pass state besides the canvas (a prompt KV cache, self-conditioning
+input, masks) also has ``prepare(z_t, context, t) -> state``; the loop then passes that state where
+the others take the time ``t`` (see :func:`tadm.sampling.loop.pass_state`).
 """
 
 from __future__ import annotations

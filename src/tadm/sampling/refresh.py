@@ -1,0 +1,237 @@
+"""Refresh policies: when Algorithm 1's loop recomputes the anchor, and when it may skip the network.
+
+A policy answers, before each reverse step, two questions:
+
+* **refresh?** recompute the anchor ``h = A(c_i)`` on the current canvas, or keep the cached one;
+* **reuse?** skip the network and reuse the previous prediction because the canvas did not change
+  since the previous step (MDLM's caching, exact for networks without time conditioning).
+
+Steps are seen both by their *position* ``n = 0, 1, ...`` in the run (``n = T - i`` for a run
+``i = T .. 1``; ``n = T`` is the extra final pass of the released samplers at ``i = 0``) and by
+their reverse step index ``i``. Policies:
+
+* ``fixed`` (default): every K steps, ``n mod K == 0``, i.e. Algorithm 1's ``(T - i) mod K == 0``;
+* ``schedule``: exactly at the listed step indices ``i`` (the first step of a run must be listed);
+* ``adaptive`` (beyond the paper): when the share of canvas positions that changed since the canvas
+  the cached anchor was computed on reaches ``tau``, never sooner than ``min_interval`` and never
+  later than ``max_interval`` steps after the previous refresh. ``tau = 0`` refreshes every step
+  (K = 1); ``tau > 1`` with ``max_interval = K`` is ``fixed`` K.
+
+A policy keeps per-run state; the loop calls ``reset()`` at the start of every run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from tadm.sampling.anchor_cache import AnchorCache, check_refresh_interval
+
+__all__ = [
+    "REFRESH_POLICIES",
+    "AdaptiveRefresh",
+    "FixedRefresh",
+    "RefreshPolicy",
+    "StepPlan",
+    "ScheduleRefresh",
+    "get_refresh_policy",
+]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the loop does at one step: recompute the anchor, and/or reuse the previous prediction."""
+
+    refresh: bool
+    reuse: bool = False
+
+
+def _same_canvas(a: Tensor | None, b: Tensor) -> bool:
+    return a is not None and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+class RefreshPolicy:
+    """Base class: ``due`` says whether a refresh is due; ``plan`` adds the unchanged-canvas skip.
+
+    Args:
+        skip_unchanged: reuse the previous prediction when the canvas equals the previous step's and
+            the anchor would not change (a refresh due on a canvas identical to the cached one is
+            skipped too, since it would recompute the same anchor).
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, skip_unchanged: bool = False) -> None:
+        self.skip_unchanged = bool(skip_unchanged)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget per-run state (called by the loop before each run)."""
+        self.last_refresh_position: int | None = None
+
+    def due(self, position: int, step_index: int | Tensor, z: Tensor, cache: AnchorCache) -> bool:
+        raise NotImplementedError
+
+    def plan(
+        self,
+        position: int,
+        step_index: int | Tensor,
+        z: Tensor,
+        cache: AnchorCache,
+        previous_canvas: Tensor | None = None,
+    ) -> StepPlan:
+        """Decide the step at ``position`` (step index ``step_index``) on canvas ``z`` (B, L)."""
+        due = self.due(position, step_index, z, cache)
+        if self.skip_unchanged:
+            anchor_current = _same_canvas(cache.canvas, z)
+            if _same_canvas(previous_canvas, z) and (not due or anchor_current):
+                return StepPlan(refresh=False, reuse=True)
+            due = due and not anchor_current
+        if due:
+            self.last_refresh_position = position
+        return StepPlan(refresh=due)
+
+    def config(self) -> dict[str, Any]:
+        """Name and parameters, as written to results files."""
+        return {"policy": self.name, "skip_unchanged": self.skip_unchanged}
+
+    def label(self) -> str:
+        """A short label for tables and plots, e.g. ``K=4`` or ``adaptive tau=0.1``."""
+        return self.name
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "policy")
+        return f"{type(self).__name__}({params})"
+
+
+class FixedRefresh(RefreshPolicy):
+    """Algorithm 1: refresh every K steps, at positions n = 0, K, 2K, ... (``(T - i) mod K == 0``)."""
+
+    name = "fixed"
+
+    def __init__(self, interval: int = 1, skip_unchanged: bool = False) -> None:
+        self.interval = check_refresh_interval(interval)
+        super().__init__(skip_unchanged)
+
+    def due(self, position: int, step_index: int | Tensor, z: Tensor, cache: AnchorCache) -> bool:
+        return position % self.interval == 0
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "interval": self.interval}
+
+    def label(self) -> str:
+        return f"K={self.interval}"
+
+
+class ScheduleRefresh(RefreshPolicy):
+    """Refresh exactly at the listed reverse step indices i (e.g. ``[128, 120, 100, 60]``)."""
+
+    name = "schedule"
+
+    def __init__(self, steps: Iterable[int], skip_unchanged: bool = False) -> None:
+        steps = tuple(steps) if not isinstance(steps, (str, bytes)) else ()
+        if not steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in steps):
+            raise ValueError(f"a refresh schedule is a non-empty list of step indices i >= 0, got {steps!r}")
+        self.steps = tuple(sorted(set(steps), reverse=True))
+        super().__init__(skip_unchanged)
+
+    def due(self, position: int, step_index: int | Tensor, z: Tensor, cache: AnchorCache) -> bool:
+        if isinstance(step_index, Tensor):
+            raise TypeError("a refresh schedule needs one step index per step, not one per row")
+        return step_index in self.steps
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "steps": list(self.steps)}
+
+    def label(self) -> str:
+        return f"schedule({len(self.steps)})"
+
+
+class AdaptiveRefresh(RefreshPolicy):
+    """Refresh when the canvas has drifted from the cached anchor's canvas by a share ``tau``.
+
+    drift = share of the batch's canvas positions whose token differs from the canvas the cached
+    anchor was computed on. A refresh happens at step n when the cache is empty, or when
+    ``n - n_last >= min_interval`` and (drift >= tau or ``n - n_last >= max_interval``).
+    Computing the drift reads one number from the device per step.
+
+    Args:
+        tau: drift threshold in [0, inf); 0 refreshes every step, > 1 only at ``max_interval``.
+        min_interval: the fewest steps between refreshes (>= 1).
+        max_interval: the most steps between refreshes (>= min_interval), or None for no bound.
+    """
+
+    name = "adaptive"
+
+    def __init__(
+        self, tau: float, min_interval: int = 1, max_interval: int | None = None, skip_unchanged: bool = False
+    ) -> None:
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 0:
+            raise ValueError(f"adaptive refresh threshold tau must be a finite number >= 0, got {tau!r}")
+        self.tau = float(tau)
+        self.min_interval = check_refresh_interval(min_interval)
+        if max_interval is not None:
+            check_refresh_interval(max_interval)
+            if max_interval < min_interval:
+                raise ValueError(f"adaptive max_interval {max_interval} is below min_interval {min_interval}")
+        self.max_interval = max_interval
+        super().__init__(skip_unchanged)
+
+    def due(self, position: int, step_index: int | Tensor, z: Tensor, cache: AnchorCache) -> bool:
+        if cache.hidden is None or self.last_refresh_position is None:
+            return True
+        age = position - self.last_refresh_position
+        if age < self.min_interval:
+            return False
+        if self.max_interval is not None and age >= self.max_interval:
+            return True
+        if self.tau == 0.0:
+            return True
+        if cache.canvas is None or cache.canvas.shape != z.shape:
+            return True
+        drift = (z != cache.canvas).float().mean()
+        return bool(drift >= self.tau)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **super().config(),
+            "tau": self.tau,
+            "min_interval": self.min_interval,
+            "max_interval": self.max_interval,
+        }
+
+    def label(self) -> str:
+        bound = "" if self.max_interval is None else f",<={self.max_interval}"
+        return f"adaptive tau={self.tau:g}{bound}"
+
+
+REFRESH_POLICIES: dict[str, type[RefreshPolicy]] = {
+    FixedRefresh.name: FixedRefresh,
+    ScheduleRefresh.name: ScheduleRefresh,
+    AdaptiveRefresh.name: AdaptiveRefresh,
+}
+
+
+def get_refresh_policy(name: str | RefreshPolicy = "fixed", **params: Any) -> RefreshPolicy:
+    """Build the refresh policy called ``name`` with ``params`` (an instance is returned as is).
+
+    ``get_refresh_policy("fixed", interval=4)``, ``get_refresh_policy("schedule", steps=[32, 24, 8])``,
+    ``get_refresh_policy("adaptive", tau=0.1, max_interval=16)``.
+    """
+    if isinstance(name, RefreshPolicy):
+        if params:
+            raise ValueError(f"parameters {sorted(params)} given with a ready policy {name!r}")
+        return name
+    try:
+        cls = REFRESH_POLICIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown refresh policy {name!r}; valid: {', '.join(REFRESH_POLICIES)}") from None
+    try:
+        return cls(**params)
+    except TypeError as error:
+        raise ValueError(f"refresh policy {name!r}: {error}") from None
