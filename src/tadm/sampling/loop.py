@@ -94,7 +94,8 @@ def network_pass(
 ) -> tuple[Tensor, Any]:
     """One evaluation of the split network on canvas z (B, L); returns (output (B, L, V), pass state).
 
-    Refreshes the cached anchor first when ``refresh``; ``consumes`` picks ``model.predict``
+    Refreshes the cached anchor first when ``refresh`` (the cache records the step index; -1 when
+    rows are at different steps); ``consumes`` picks ``model.predict``
     (log-probabilities) or ``model.predict_logits`` (raw logits, for the entropy-bound sampler).
     """
     split = model.layer_split
