@@ -21,6 +21,8 @@ from tadm.posttrain.rollout import on_policy_rollout
 from tadm.sampling import generate, get_sampler
 from tadm.sampling.entropy_bound import EntropyBoundSampler, StableConfidentStopping
 
+from tests.posttrain.conftest import _one_thread  # noqa: F401  (autouse: tiny tensors run fastest on one thread)
+
 GOLDEN = Path(__file__).parents[1] / "golden" / "loop_tokens.json"
 
 
@@ -151,14 +153,6 @@ def _golden() -> dict:
 @pytest.fixture(scope="module")
 def golden():
     return _golden()
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("caller", sorted(RUNS))
