@@ -188,7 +188,17 @@ def main(argv=None) -> int:
     _write(out_dir / "results.json", {"command": " ".join(["python", "benchmarks/adaptive_refresh.py", *sys.argv[1:]]),
                                       "rows": rows, "seconds_this_invocation": time.perf_counter() - started})
     lines = _table(rows, sp.evaluators)
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
+    from tadm.eval.report import machine_info
+    from tadm.study.runner import git_commit
+
+    machine, commit = machine_info(), git_commit()
+    header = ["# Adaptive vs fixed refresh at matched compute: table", "",
+              f"- Command: `{' '.join(['python', 'benchmarks/adaptive_refresh.py', *sys.argv[1:]])}`",
+              f"- Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, torch "
+              f"{machine.get('torch', '?')}, {torch.get_num_threads()} thread(s)",
+              f"- Wall time: {(time.perf_counter() - started) / 60:.1f} min (this invocation)",
+              f"- Commit: `{(commit.get('commit') or 'unknown')[:10]}`", ""]
+    (out_dir / "table.md").write_text("\n".join(header + lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -363,6 +363,7 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
     lines = [
         f"# Staleness study `{cfg.name}`",
         "",
+        f"- Command: `{last.get('command') or 'tadm study ' + cfg.name}` (re-run it to continue; finished units are skipped).",
         f"- Data: `{cfg.data.source}`, tokenizer `{cfg.data.tokenizer}`"
         + (f" ({cfg.data.tokenizer_vocab_size} tokens)" if cfg.data.tokenizer == "bpe" else "")
         + f", sequences of {cfg.data.seq_len} tokens; held-out split {cfg.data.val_fraction:g} of the documents.",
