@@ -34,7 +34,7 @@ def test_train_then_sample_with_the_adapter(base_dir, capsys):
     code = main([
         "posttrain", "train", str(CONFIGS / "posttrain-tiny.yaml"),
         f"base.path={base_dir / 'base'}", f"data.train_file={base_dir / 'chat.jsonl'}", f"train.out_dir={out}",
-        "train.max_steps=2", "train.micro_batch_size=2", "train.save_every=1", "fusion.rank=8", "rollout.num_steps=6",
+        "train.max_steps=2", "train.micro_batch_size=2", "train.save_every=1", "fusion.rank=8", "rollout.sampler.num_steps=6",
         "data.canvases_per_example=1",
     ])
     assert code == 0

@@ -33,7 +33,7 @@ CONFIGS = PRESET_DIR
 
 def _config(**overrides):
     base = {
-        "rollout.num_steps": 12,
+        "rollout.sampler.num_steps": 12,
         "rollout.cache_ages": [1, 2],
         "rollout.cache_age_probs": [0.5, 0.5],
         "train.max_steps": 40,
@@ -221,8 +221,8 @@ def test_config_errors_name_the_key(tmp_path):
         load_posttrain_config(None, ["train.max_steps=many"])
     with pytest.raises(PosttrainConfigError, match="cache_age_probs"):
         load_posttrain_config(None, ["rollout.cache_age_probs=[1.0]"])
-    with pytest.raises(PosttrainConfigError, match="rollout.categorical"):
-        load_posttrain_config(None, ["rollout.categorical=topk"])
+    with pytest.raises(PosttrainConfigError, match="categorical draw"):
+        load_posttrain_config(None, ["rollout.sampler.categorical=topk"])
     with pytest.raises(PosttrainConfigError, match="key=value"):
         load_posttrain_config(None, ["train.max_steps"])
     bad = tmp_path / "bad.yaml"

@@ -38,7 +38,7 @@ from tadm.diffusion import get_schedule, kd_loss
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.posttrain.rollout import RolloutState, on_policy_rollout
-from tadm.sampling.entropy_bound import CATEGORICAL_DRAWS, EntropyBoundSampler
+from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
 
 __all__ = [
     "BaseSection",
@@ -100,11 +100,7 @@ class RolloutSection:
 
     cache_ages: list[int] = field(default_factory=lambda: [0, 1, 2])
     cache_age_probs: list[float] = field(default_factory=lambda: [0.34, 0.33, 0.33])
-    num_steps: int = 48  # T, the sampling grid
-    entropy_bound: float = 0.1
-    temperature_max: float = 0.8
-    temperature_min: float = 0.4
-    categorical: str = "multinomial"
+    sampler: EntropyBoundSamplerConfig = field(default_factory=EntropyBoundSamplerConfig)  # T = sampler.num_steps
     schedule: str = "loglinear"  # alpha_t of the uniform forward process for z_t'
     antithetic: bool = True
     self_conditioning_prob: float = 0.5
@@ -180,28 +176,19 @@ def _validate(cfg: PosttrainConfig) -> None:
         if value <= 0:
             raise PosttrainConfigError(f"{name} must be > 0, got {value!r}")
 
-    for name in ("num_steps",):
-        positive(f"rollout.{name}", getattr(cfg.rollout, name))
     ages, probs = list(cfg.rollout.cache_ages), list(cfg.rollout.cache_age_probs)
     if not ages or len(ages) != len(probs):
         raise PosttrainConfigError(
             f"rollout.cache_ages {ages} and rollout.cache_age_probs {probs} must be non-empty and equally long"
         )
-    if any(a < 0 or a >= cfg.rollout.num_steps for a in ages):
-        raise PosttrainConfigError(f"rollout.cache_ages must lie in 0..num_steps-1, got {ages}")
+    if any(a < 0 or a >= cfg.rollout.sampler.num_steps for a in ages):
+        raise PosttrainConfigError(f"rollout.cache_ages must lie in 0..rollout.sampler.num_steps-1, got {ages}")
     if any(p < 0 for p in probs) or sum(probs) <= 0:
         raise PosttrainConfigError(f"rollout.cache_age_probs must be >= 0 with a positive sum, got {probs}")
-    if cfg.rollout.categorical not in CATEGORICAL_DRAWS:
-        raise PosttrainConfigError(
-            f"rollout.categorical {cfg.rollout.categorical!r} is unknown; valid: {', '.join(CATEGORICAL_DRAWS)}"
-        )
     if not 0.0 <= cfg.rollout.self_conditioning_prob <= 1.0:
         raise PosttrainConfigError(
             f"rollout.self_conditioning_prob must be in [0, 1], got {cfg.rollout.self_conditioning_prob}"
         )
-    positive("rollout.entropy_bound", cfg.rollout.entropy_bound)
-    if not 0 < cfg.rollout.temperature_min <= cfg.rollout.temperature_max:
-        raise PosttrainConfigError("rollout temperatures must satisfy 0 < temperature_min <= temperature_max")
     try:
         get_schedule(cfg.rollout.schedule)
     except ValueError as err:
@@ -255,6 +242,10 @@ def load_posttrain_config(path: str | os.PathLike[str] | None = None, overrides:
         key = getattr(err, "full_key", None)
         where = f" (key '{key}')" if key else ""
         raise PosttrainConfigError(f"{origin}: {str(err).splitlines()[0]}{where}") from None
+    except PosttrainConfigError:
+        raise
+    except ValueError as err:  # a section's own validation (e.g. rollout.sampler)
+        raise PosttrainConfigError(f"{origin}: {err}") from None
     assert isinstance(cfg, PosttrainConfig)
     _validate(cfg)
     return cfg
@@ -361,14 +352,7 @@ class PosttrainTrainer:
         self.device = torch.device(device)
         self.fusion_runner = fusion_runner if fusion_runner is not None else model.fusion
         r = config.rollout
-        self.sampler = EntropyBoundSampler(
-            model.vocab_size,
-            entropy_bound=r.entropy_bound,
-            temperature_max=r.temperature_max,
-            temperature_min=r.temperature_min,
-            num_steps=r.num_steps,
-            categorical=r.categorical,
-        )
+        self.sampler = EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
         self.schedule = get_schedule(r.schedule)
         o = config.optim
         params = [p for p in model.fusion.parameters() if p.requires_grad]

@@ -5,7 +5,8 @@ from tadm.sampling.base import Sampler, SamplerOutput
 from tadm.sampling.categorical import nucleus_filter, sample_categorical
 from tadm.sampling.generate import GenerationOutput, generate
 from tadm.sampling.loop import LoopContext, LoopResult, denoise
-from tadm.sampling.mdlm import MDLMSampler
+from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
+from tadm.sampling.mdlm import MDLMSampler, MDLMSamplerConfig
 from tadm.sampling.protocol import CacheableDenoiser, LayerSplit
 from tadm.sampling.refresh import (
     REFRESH_POLICIES,
@@ -15,14 +16,16 @@ from tadm.sampling.refresh import (
     ScheduleRefresh,
     get_refresh_policy,
 )
-from tadm.sampling.registry import SAMPLERS, get_sampler
-from tadm.sampling.remdm import REMDM_STRATEGIES, ReMDMSampler
+from tadm.sampling.registry import SAMPLERS, build_sampler, get_sampler, sampler_config
+from tadm.sampling.remdm import REMDM_STRATEGIES, ReMDMSampler, ReMDMSamplerConfig
 
 __all__ = [
     "REFRESH_POLICIES",
     "AdaptiveRefresh",
     "AnchorCache",
     "CacheableDenoiser",
+    "EntropyBoundSampler",
+    "EntropyBoundSamplerConfig",
     "FixedRefresh",
     "GenerationOutput",
     "LayerCallCounter",
@@ -30,14 +33,17 @@ __all__ = [
     "LoopContext",
     "LoopResult",
     "MDLMSampler",
+    "MDLMSamplerConfig",
     "REMDM_STRATEGIES",
     "ReMDMSampler",
+    "ReMDMSamplerConfig",
     "RefreshPolicy",
     "SAMPLERS",
     "Sampler",
     "SamplerOutput",
     "ScheduleRefresh",
     "check_refresh_interval",
+    "build_sampler",
     "denoise",
     "generate",
     "get_refresh_policy",
@@ -45,4 +51,5 @@ __all__ = [
     "is_refresh_step",
     "nucleus_filter",
     "sample_categorical",
+    "sampler_config",
 ]

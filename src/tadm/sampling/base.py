@@ -8,6 +8,7 @@ of the clean sequence and the current canvas; the sampler returns the next canva
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,9 +57,43 @@ def check_num_steps(num_steps: int) -> int:
     return num_steps
 
 
+def check_number(
+    owner: str,
+    name: str,
+    value: object,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> float:
+    """A finite real number within [low, high] (``(low, high]`` with ``low_open``), else a ValueError.
+
+    The message names the owner, the parameter, the value and the valid range, so a NaN, an
+    infinity or an out-of-range value never reaches a sampler silently.
+    """
+    lower = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
+    upper = "" if high is None else f"{high:g}]"
+    valid = f"{lower or '(-inf'}, {upper or 'inf)'}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{owner}: {name} must be a number in {valid}, got {value!r}")
+    number = float(value)
+    below = low is not None and (number <= low if low_open else number < low)
+    above = high is not None and number > high
+    if not math.isfinite(number) or below or above:
+        raise ValueError(f"{owner}: {name} must be a finite number in {valid}, got {value!r}")
+    return number
+
+
 def check_step_index(step_index: int, num_steps: int) -> None:
     if not 1 <= step_index <= num_steps:
         raise ValueError(f"step index must be in 1..{num_steps} (reverse steps run T..1), got {step_index}")
+
+
+def check_mask_id(mask_id: object) -> int:
+    """A mask token id: an integer >= 0."""
+    if isinstance(mask_id, bool) or not isinstance(mask_id, int) or mask_id < 0:
+        raise ValueError(f"mask_id must be an integer >= 0 (the model's mask token id), got {mask_id!r}")
+    return mask_id
 
 
 def mask_canvas(batch_size: int, seq_len: int, mask_id: int, device: torch.device) -> Tensor:

@@ -26,18 +26,19 @@ different stream).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import check_num_steps, check_step_index
+from tadm.sampling.base import check_num_steps, check_number, check_step_index
 from tadm.sampling.categorical import sample_categorical
 
 __all__ = [
     "CATEGORICAL_DRAWS",
     "EntropyBoundOutput",
     "EntropyBoundSampler",
+    "EntropyBoundSamplerConfig",
     "StableConfidentStopping",
     "entropy_bound_accept",
     "token_entropy",
@@ -94,6 +95,37 @@ class EntropyBoundOutput:
     entropy: Tensor
 
 
+@dataclass(frozen=True)
+class EntropyBoundSamplerConfig:
+    """Settings of :class:`EntropyBoundSampler` (paper defaults; validated on construction).
+
+    entropy_bound: eta > 0, finite (paper: 0.1).
+    temperature_max, temperature_min: tau at n = T and as n -> 0, 0 < min <= max (paper: 0.8, 0.4).
+    num_steps: T, the step budget (paper: 48).
+    categorical: "multinomial" (the released sampler's draws) or "gumbel" (float64 Gumbel-max).
+    """
+
+    entropy_bound: float = 0.1
+    temperature_max: float = 0.8
+    temperature_min: float = 0.4
+    num_steps: int = 48
+    categorical: str = "multinomial"
+
+    def __post_init__(self) -> None:
+        owner = "entropy-bound sampler"
+        check_number(owner, "entropy_bound", self.entropy_bound, low=0.0, low_open=True)
+        check_number(owner, "temperature_min", self.temperature_min, low=0.0, low_open=True)
+        check_number(owner, "temperature_max", self.temperature_max, low=0.0, low_open=True)
+        if not self.temperature_min <= self.temperature_max:
+            raise ValueError(
+                f"{owner}: temperatures must satisfy 0 < temperature_min <= temperature_max, got "
+                f"min={self.temperature_min!r}, max={self.temperature_max!r}"
+            )
+        check_num_steps(self.num_steps)
+        if self.categorical not in CATEGORICAL_DRAWS:
+            raise ValueError(f"unknown categorical draw {self.categorical!r}; valid: {', '.join(CATEGORICAL_DRAWS)}")
+
+
 class EntropyBoundSampler:
     """Entropy-bound sampling over a uniform-noise canvas (Algorithm 2), diffusers-style.
 
@@ -103,11 +135,8 @@ class EntropyBoundSampler:
 
     Args:
         vocab_size: V, the number of ids the canvas and the noise range over.
-        entropy_bound: eta > 0 (paper: 0.1).
-        temperature_max: tau at n = T (paper: 0.8).
-        temperature_min: tau as n -> 0 (paper: 0.4); the schedule is linear in n / T.
-        num_steps: T, the fixed step budget (paper: 48).
-        categorical: "multinomial" (the released sampler's draws) or "gumbel" (float64 Gumbel-max).
+        entropy_bound, temperature_max, temperature_min, num_steps, categorical: see
+            :class:`EntropyBoundSamplerConfig`.
     """
 
     consumes = "logits"  # the loop hands it the denoiser's raw logits, not log-probabilities
@@ -123,21 +152,18 @@ class EntropyBoundSampler:
     ) -> None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
             raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
-        if not entropy_bound > 0:
-            raise ValueError(f"entropy_bound (eta) must be > 0, got {entropy_bound!r}")
-        if not 0 < temperature_min <= temperature_max:
-            raise ValueError(
-                f"temperatures must satisfy 0 < temperature_min <= temperature_max, got "
-                f"min={temperature_min!r}, max={temperature_max!r}"
-            )
-        if categorical not in CATEGORICAL_DRAWS:
-            raise ValueError(f"unknown categorical draw {categorical!r}; valid: {', '.join(CATEGORICAL_DRAWS)}")
+        self.config = EntropyBoundSamplerConfig(entropy_bound, temperature_max, temperature_min, num_steps, categorical)
         self.vocab_size = vocab_size
         self.entropy_bound = float(entropy_bound)
         self.temperature_max = float(temperature_max)
         self.temperature_min = float(temperature_min)
         self.categorical = categorical
-        self.num_steps = check_num_steps(num_steps)
+        self.num_steps = num_steps
+
+    @classmethod
+    def from_config(cls, vocab_size: int, config: EntropyBoundSamplerConfig) -> EntropyBoundSampler:
+        """The sampler of ``config`` over a vocabulary of ``vocab_size`` ids."""
+        return cls(vocab_size, **asdict(config))
 
     def set_timesteps(self, num_steps: int) -> None:
         """Use ``num_steps`` reverse steps; the sampler keeps no other per-run state."""

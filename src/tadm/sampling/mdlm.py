@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import torch
 from torch import Tensor
 
@@ -9,13 +11,37 @@ from tadm.diffusion import get_schedule, remdm_move_probs
 from tadm.sampling.base import (
     SamplerOutput,
     check_num_steps,
+    check_number,
     check_step_index,
+    check_mask_id,
     check_time_grid,
     grid_time,
     mask_canvas,
 )
 from tadm.sampling.categorical import check_nucleus
 from tadm.sampling.masked_transition import masked_transition
+
+
+@dataclass(frozen=True)
+class MDLMSamplerConfig:
+    """Settings of :class:`MDLMSampler` (validated on construction).
+
+    schedule: noise schedule name ("loglinear", "linear", "cosine"), used on the "paper" grid.
+    top_p: nucleus mass applied to x_theta before the posterior, a finite number in (0, 1].
+    nucleus: nucleus rule, "released" (the released MDLM/ReMDM code) or "standard".
+    time_grid: "paper" (t = i / T) or "released" (t = linspace(1, 1e-5, T + 1), final argmax call).
+    """
+
+    schedule: str = "loglinear"
+    top_p: float = 1.0
+    nucleus: str = "released"
+    time_grid: str = "paper"
+
+    def __post_init__(self) -> None:
+        check_number("MDLM sampler", "top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_nucleus(self.top_p, self.nucleus)
+        check_time_grid(self.time_grid)
+        get_schedule(self.schedule)
 
 
 class MDLMSampler:
@@ -26,12 +52,7 @@ class MDLMSampler:
 
     Args:
         mask_id: id of the mask token.
-        schedule: noise schedule name ("loglinear", "linear", "cosine"), on the "paper" grid.
-        top_p: nucleus mass applied to x_theta before the posterior, in (0, 1].
-        nucleus: nucleus rule, "released" (default, the released MDLM/ReMDM code) or "standard".
-        time_grid: "paper" (default: t = i / T, alpha from ``schedule``) or "released" (the released
-            code's t = linspace(1, 1e-5, T + 1) with alpha = 1 - t and a final argmax call); see
-            :class:`~tadm.sampling.remdm.ReMDMSampler`.
+        schedule, top_p, nucleus, time_grid: see :class:`MDLMSamplerConfig`.
     """
 
     def __init__(
@@ -42,14 +63,19 @@ class MDLMSampler:
         nucleus: str = "released",
         time_grid: str = "paper",
     ) -> None:
-        check_nucleus(top_p, nucleus)
-        self.mask_id = mask_id
+        self.config = MDLMSamplerConfig(schedule=schedule, top_p=top_p, nucleus=nucleus, time_grid=time_grid)
+        self.mask_id = check_mask_id(mask_id)
         self.schedule = get_schedule(schedule)
         self.top_p = top_p
         self.nucleus = nucleus
-        self.time_grid = check_time_grid(time_grid)
+        self.time_grid = time_grid
         self.final_denoise = time_grid == "released"
         self.num_steps = 0
+
+    @classmethod
+    def from_config(cls, mask_id: int, config: MDLMSamplerConfig) -> MDLMSampler:
+        """The sampler of ``config`` for a vocabulary whose mask id is ``mask_id``."""
+        return cls(mask_id, **asdict(config))
 
     def set_timesteps(self, num_steps: int) -> None:
         self.num_steps = check_num_steps(num_steps)

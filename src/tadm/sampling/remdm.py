@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import torch
 from torch import Tensor
 
 from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_move_probs, remdm_sigma, remdm_sigma_max
 from tadm.sampling.base import (
     SamplerOutput,
+    check_mask_id,
     check_num_steps,
+    check_number,
     check_step_index,
     check_time_grid,
     grid_time,
@@ -16,6 +20,44 @@ from tadm.sampling.base import (
 )
 from tadm.sampling.categorical import check_nucleus
 from tadm.sampling.masked_transition import masked_transition
+
+
+@dataclass(frozen=True)
+class ReMDMSamplerConfig:
+    """Settings of :class:`ReMDMSampler` (validated on construction; see the sampler for their meaning).
+
+    Every number must be finite. ``eta`` is a probability scale in [0, 1]: sigma never exceeds
+    sigma_max <= 1, so a larger eta would only be clamped (``conf`` does not use eta).
+    """
+
+    strategy: str = "cap"
+    eta: float = 0.04
+    schedule: str = "loglinear"
+    top_p: float = 0.9
+    t_on: float = 0.55
+    t_off: float = 0.05
+    alpha_on: float = 0.9
+    window: bool = False
+    nucleus: str = "released"
+    time_grid: str = "paper"
+
+    def __post_init__(self) -> None:
+        owner = f"ReMDM-{self.strategy} sampler"
+        if self.strategy not in REMDM_STRATEGIES:
+            raise ValueError(f"unknown ReMDM strategy {self.strategy!r}; valid: {', '.join(REMDM_STRATEGIES)}")
+        check_number(owner, "eta", self.eta, low=0.0, high=1.0)
+        check_number(owner, "top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_nucleus(self.top_p, self.nucleus)
+        for name in ("t_on", "t_off", "alpha_on"):
+            check_number(owner, name, getattr(self, name), low=0.0, high=1.0)
+        if not 0.0 <= self.t_off < self.t_on <= 1.0:
+            raise ValueError(f"{owner}: need 0 <= t_off < t_on <= 1, got t_off={self.t_off}, t_on={self.t_on}")
+        if not 0.0 < self.alpha_on < 1.0:
+            raise ValueError(f"{owner}: alpha_on must be in (0, 1), got {self.alpha_on}")
+        if not isinstance(self.window, bool):
+            raise ValueError(f"{owner}: window must be true or false, got {self.window!r}")
+        check_time_grid(self.time_grid)
+        get_schedule(self.schedule)
 
 
 class ReMDMSampler:
@@ -70,16 +112,9 @@ class ReMDMSampler:
         nucleus: str = "released",
         time_grid: str = "paper",
     ) -> None:
-        if strategy not in REMDM_STRATEGIES:
-            raise ValueError(f"unknown ReMDM strategy {strategy!r}; valid: {', '.join(REMDM_STRATEGIES)}")
-        check_nucleus(top_p, nucleus)
-        if eta < 0:
-            raise ValueError(f"ReMDM eta must be >= 0, got {eta}")
-        if not 0.0 <= t_off < t_on <= 1.0:
-            raise ValueError(f"need 0 <= t_off < t_on <= 1, got t_off={t_off}, t_on={t_on}")
-        if not 0.0 < alpha_on < 1.0:
-            raise ValueError(f"alpha_on must be in (0, 1), got {alpha_on}")
-        self.mask_id = mask_id
+        self.config = ReMDMSamplerConfig(strategy, eta, schedule, top_p, t_on, t_off, alpha_on, window, nucleus,
+                                         time_grid)
+        self.mask_id = check_mask_id(mask_id)
         self.strategy = strategy
         self.eta = eta
         self.schedule = get_schedule(schedule)
@@ -87,10 +122,15 @@ class ReMDMSampler:
         self.t_on, self.t_off, self.alpha_on = t_on, t_off, alpha_on
         self.window = window or strategy == "loop"
         self.nucleus = nucleus
-        self.time_grid = check_time_grid(time_grid)
+        self.time_grid = time_grid
         self.final_denoise = time_grid == "released"
         self.num_steps = 0
         self._confidence: Tensor | None = None  # (B, L) prob of each decoded token when decoded
+
+    @classmethod
+    def from_config(cls, mask_id: int, config: ReMDMSamplerConfig) -> ReMDMSampler:
+        """The sampler of ``config`` for a vocabulary whose mask id is ``mask_id``."""
+        return cls(mask_id, **asdict(config))
 
     def set_timesteps(self, num_steps: int) -> None:
         self.num_steps = check_num_steps(num_steps)
