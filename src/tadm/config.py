@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 ARCHITECTURES = ("tadm", "mdlm", "adlm", "ar")
 MODEL_PRESETS = ("tiny", "small")
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -107,11 +109,11 @@ class ExperimentConfig:
         return asdict(self)
 
 
-def _fail(err: OmegaConfBaseException, origin: str) -> ConfigError:
+def _fail(err: OmegaConfBaseException, origin: str, error: type[ConfigError] = ConfigError) -> ConfigError:
     key = getattr(err, "full_key", None)
     first = str(err).splitlines()[0]
     where = f" (key '{key}')" if key else ""
-    return ConfigError(f"{origin}: {first}{where}")
+    return error(f"{origin}: {first}{where}")
 
 
 def _validate(cfg: ExperimentConfig) -> None:
@@ -203,28 +205,70 @@ def resolve_config_path(path_or_preset: str | Path) -> Path:
         ) from None
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
-    """Defaults <- YAML file or shipped preset ``path`` <- ``key=value`` overrides, validated strictly."""
-    schema = OmegaConf.structured(ExperimentConfig)
-    merged = schema
+def _read_yaml(path: Path, error: type[ConfigError]) -> Any:
+    """``OmegaConf.load(path)``; a syntax error becomes one line naming the file, line and column."""
+    try:
+        return OmegaConf.load(path)
+    except OmegaConfBaseException as err:
+        raise _fail(err, str(path), error) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
+        raise error(f"{path}: not valid YAML: {problem}{where}") from None
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
+
+
+def load_structured(
+    schema: type[T],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    error: type[ConfigError] = ConfigError,
+    validate: Callable[[T], None] | None = None,
+    resolve: Callable[[str | Path], Path] = resolve_config_path,
+) -> T:
+    """Defaults of the dataclass ``schema`` <- YAML file ``path`` <- ``key=value`` overrides, then ``validate``.
+
+    ``resolve`` turns ``path`` into a file (default: a file, else a shipped preset of that name).
+    Unknown keys, values of the wrong type and a ValueError raised by a section's own checks
+    (``__post_init__``) become ``error`` with the key and where it came from in one line; a missing
+    file is a FileNotFoundError.
+    """
+    merged = OmegaConf.structured(schema)
+    origin = "defaults"
     if path is not None:
-        path = resolve_config_path(path)
+        path = resolve(path)
+        origin = str(path)
+        loaded = _read_yaml(path, error)
         try:
-            preset = OmegaConf.load(path)
-            merged = OmegaConf.merge(merged, preset)
+            merged = OmegaConf.merge(merged, loaded)
         except OmegaConfBaseException as err:
-            raise _fail(err, str(path)) from None
+            raise _fail(err, origin, error) from None
     bad = [o for o in overrides if "=" not in o]
     if bad:
-        raise ConfigError(f"overrides must look like section.key=value, got {bad[0]!r}")
+        raise error(f"overrides must look like section.key=value, got {bad[0]!r}")
     try:
-        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        if overrides:
+            origin = "overrides"
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise _fail(err, "overrides") from None
-    assert isinstance(cfg, ExperimentConfig)
-    _validate(cfg)
+        raise _fail(err, origin, error) from None
+    except ConfigError:
+        raise
+    except ValueError as err:  # a section's own validation in __post_init__
+        raise error(f"{origin}: {err}") from None
+    assert isinstance(cfg, schema)
+    if validate is not None:
+        validate(cfg)
     return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Defaults <- YAML file or shipped preset ``path`` <- ``key=value`` overrides, validated strictly."""
+    return load_structured(ExperimentConfig, path, overrides, validate=_validate)
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:

@@ -39,6 +39,7 @@ from tadm.config import (
     TrainSection,
     _fail,
     _validate,
+    load_structured,
 )
 
 __all__ = [
@@ -310,30 +311,17 @@ def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> E
     return out
 
 
+def _resolve_study_path(path: str | Path) -> Path:
+    p = Path(path)
+    if p.is_file():
+        return p
+    try:
+        return study_preset_path(str(path))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"study config {str(path)!r} is neither a file nor a shipped study preset "
+                                f"({', '.join(list_study_presets())})") from None
+
+
 def load_study_config(path: str | Path, overrides: Sequence[str] = ()) -> StudyConfig:
     """Defaults <- YAML file or shipped preset (``study-brown-cpu``) <- ``key=value`` overrides, validated."""
-    p = Path(path)
-    if not p.is_file():
-        try:
-            p = study_preset_path(str(path))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"study config {str(path)!r} is neither a file nor a shipped study preset "
-                                    f"({', '.join(list_study_presets())})") from None
-    try:
-        raw = OmegaConf.load(p)
-    except OmegaConfBaseException as err:
-        raise _fail(err, str(p)) from None
-    except Exception as err:  # YAML syntax errors come from PyYAML
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(f"{p}: not valid YAML: {first}") from None
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise ConfigError(f"overrides must look like key=value, got {bad[0]!r}")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(StudyConfig), raw, OmegaConf.from_dotlist(list(overrides)))
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        raise _fail(err, str(p)) from None
-    assert isinstance(cfg, StudyConfig)
-    _validate_study(cfg)
-    return cfg
+    return load_structured(StudyConfig, path, overrides, validate=_validate_study, resolve=_resolve_study_path)
