@@ -17,6 +17,7 @@ from tadm.training import objectives
 from tadm.training.checkpoint import (
     CONFIG_FILENAME,
     STATE_FORMAT,
+    UnsafeStateError,
     capture_rng_state,
     load_training_state,
     restore_rng_state,
@@ -157,6 +158,9 @@ def test_training_state_loads_weights_only(tmp_path: Path) -> None:
     torch.save({"format": STATE_FORMAT, "evil": Path("x")}, path)  # an arbitrary class is refused
     with pytest.raises(pickle.UnpicklingError):
         load_training_state(path)
+    with pytest.raises(UnsafeStateError, match=r"refusing to load .*s\.pt: it would import or call 'pathlib\."):
+        load_training_state(path)
+    assert issubclass(UnsafeStateError, ValueError)  # a user error: the CLI prints it in one line
     torch.save({"format": 99}, path)
     with pytest.raises(ValueError, match="format"):
         load_training_state(path)

@@ -16,7 +16,9 @@ Two kinds of files are written into a run's ``out_dir``:
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ __all__ = [
     "CONFIG_FILENAME",
     "STATE_FILENAME",
     "STATE_FORMAT",
+    "UnsafeStateError",
     "capture_rng_state",
     "load_training_state",
     "restore_rng_state",
@@ -41,6 +44,10 @@ __all__ = [
 STATE_FILENAME = "training_state.pt"
 CONFIG_FILENAME = "train_config.yaml"
 STATE_FORMAT = 1
+
+
+class UnsafeStateError(ValueError, pickle.UnpicklingError):
+    """A training state that holds objects other than tensors and plain values; nothing of it was run."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -74,11 +81,26 @@ def save_training_state(state: dict[str, Any], path: str | os.PathLike[str]) -> 
 
 
 def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a state written by :func:`save_training_state` (``weights_only=True``, tensors on CPU)."""
+    """Load a state written by :func:`save_training_state` (``weights_only=True``, tensors on CPU).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        UnsafeStateError: the file holds other objects (a pickle that would import or call
+            something); it is refused before any of it runs.
+        ValueError: not a training state of format :data:`STATE_FORMAT`.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no training state at {path}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        what = f"it would import or call {found.group(1)!r}" if found else "it holds objects other than tensors"
+        raise UnsafeStateError(
+            f"refusing to load {path}: {what}; a training state holds only tensors and plain values and is "
+            "read with weights_only=True (a file that needs more may run code)"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{path} is not a tadm training state of format {STATE_FORMAT}")
     return state
