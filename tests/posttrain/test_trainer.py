@@ -18,12 +18,13 @@ from tadm.posttrain import (
     PosttrainTrainer,
     SplitSpec,
     StackContext,
-    cosine_lr_factor,
     load_posttrain_config,
     on_policy_rollout,
     posttrain_loss,
 )
 from tadm.sampling.entropy_bound import EntropyBoundSampler
+from tadm.training.checkpoint import load_training_state, save_training_state
+from tadm.training.lr import WarmupSchedule
 
 from .conftest import build_tiny_gemma
 
@@ -146,11 +147,22 @@ def test_optimizer_and_schedule_follow_the_config(gemma):
     assert isinstance(trainer.optimizer, torch.optim.AdamW)
     assert (group["betas"], group["weight_decay"], group["eps"]) == ((0.95, 0.99), 1e-4, 1e-8)
     assert group["lr"] == pytest.approx(1.5e-4 / 100)  # first warm-up step
-    assert cosine_lr_factor(99, 1000, 100, 0.1) == 1.0
-    assert cosine_lr_factor(100, 1000, 100, 0.1) == 1.0
-    assert cosine_lr_factor(550, 1000, 100, 0.1) == pytest.approx(0.55)
-    assert cosine_lr_factor(1000, 1000, 100, 0.1) == pytest.approx(0.1)
-    assert cosine_lr_factor(325, 1000, 100, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    # The pretraining schedule in its cosine form: linear warm-up over 100 steps, then cosine to 0.1.
+    schedule = trainer.scheduler.lr_lambdas[0]
+    assert isinstance(schedule, WarmupSchedule) and schedule.schedule == "cosine"
+
+    def by_hand(step):
+        if step < 100:
+            return (step + 1) / 100
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - 100) / 900)))
+
+    assert schedule(99) == 1.0 and schedule(100) == 1.0
+    assert schedule(550) == pytest.approx(0.55) and schedule(1000) == pytest.approx(0.1)
+    assert schedule(325) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    for step in range(1200):  # the optimiser follows it step by step (no gradients: the weights stay put)
+        assert group["lr"] == pytest.approx(1.5e-4 * by_hand(step), rel=1e-12, abs=0), step
+        trainer.optimizer.step()
+        trainer.scheduler.step()
 
 
 def test_gradient_accumulation_and_clipping(gemma):
@@ -166,7 +178,7 @@ def test_gradient_accumulation_and_clipping(gemma):
     assert all(p.grad is None for p in model.fusion.parameters())  # zeroed after the step
 
 
-def test_resume_equals_an_uninterrupted_run():
+def test_resume_equals_an_uninterrupted_run(tmp_path):
     batches = [[_batch(seed=s)] for s in range(3)]
     straight = PosttrainTrainer(_model(build_tiny_gemma()), _config())
     for b in batches:
@@ -174,7 +186,8 @@ def test_resume_equals_an_uninterrupted_run():
     first = PosttrainTrainer(_model(build_tiny_gemma()), _config())
     for b in batches[:2]:
         first.train_step(b)
-    state = first.state_dict()
+    # through a file read with weights_only=True: the state holds only tensors and plain values
+    state = load_training_state(save_training_state(first.state_dict(), tmp_path / "training_state.pt"))
     resumed = PosttrainTrainer(_model(build_tiny_gemma()), _config())
     resumed.load_state_dict(state)
     resumed.train_step(batches[2])

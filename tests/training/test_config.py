@@ -107,3 +107,30 @@ def test_preset_path_finds_shipped_presets() -> None:
     assert preset_path("tadm-brown-cpu").resolve() == (CONFIGS / "tadm-brown-cpu.yaml").resolve()
     with pytest.raises(FileNotFoundError, match="shipped presets: .*tadm-tiny"):
         preset_path("tadm-hugee")
+
+
+def test_one_loader_for_every_recipe(tmp_path: Path) -> None:
+    """Pretraining, post-training and study configs load through ``load_structured`` with their own errors."""
+    from tadm.config import load_structured
+    from tadm.posttrain import PosttrainConfig, PosttrainConfigError, load_posttrain_config
+    from tadm.study import load_study_config
+
+    assert issubclass(PosttrainConfigError, ConfigError)
+    cfg = load_structured(PosttrainConfig, None, ["train.max_steps=9"], error=PosttrainConfigError)
+    assert cfg == load_posttrain_config(None, ["train.max_steps=9"]) and cfg.train.max_steps == 9
+    with pytest.raises(PosttrainConfigError, match=r"overrides: .*'train\.nope'"):
+        load_posttrain_config(None, ["train.nope=1"])
+    with pytest.raises(PosttrainConfigError, match="overrides: .*categorical draw"):  # a section's __post_init__
+        load_posttrain_config(None, ["rollout.sampler.categorical=topk"])
+    seen: list[ExperimentConfig] = []
+    assert load_structured(ExperimentConfig, None, (), validate=seen.append) == ExperimentConfig() == seen[0]
+
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("train:\n  max_steps: [1, 2\n  seed: 0\n")
+    for loader, error in ((load_config, ConfigError), (load_posttrain_config, PosttrainConfigError),
+                          (load_study_config, ConfigError)):
+        with pytest.raises(error) as caught:
+            loader(bad)
+        message = str(caught.value)
+        assert len(message.splitlines()) == 1, message
+        assert message.startswith(f"{bad}: not valid YAML: ") and "(line 3, column" in message, message

@@ -22,7 +22,6 @@ synchronised).
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,11 +33,16 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from tadm.config import ConfigError, load_structured
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.posttrain.rollout import RolloutState, on_policy_rollout
 from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
+from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
+from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
+from tadm.training.lr import WarmupSchedule, build_lr_scheduler
+from tadm.training.precision import PRECISIONS, autocast_context
 
 __all__ = [
     "BaseSection",
@@ -54,7 +58,6 @@ __all__ = [
     "SplitSection",
     "TrainSection",
     "canvas_batches",
-    "cosine_lr_factor",
     "load_posttrain_config",
     "posttrain_loss",
     "run_posttrain",
@@ -62,7 +65,7 @@ __all__ = [
 
 
 # ===================================================================================== configuration
-class PosttrainConfigError(ValueError):
+class PosttrainConfigError(ConfigError):
     """A post-training configuration problem; the message names the key."""
 
 
@@ -213,42 +216,14 @@ def _validate(cfg: PosttrainConfig) -> None:
     positive("optim.grad_clip", cfg.optim.grad_clip)
     for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "log_every", "save_every"):
         positive(f"train.{name}", getattr(cfg.train, name))
-    if cfg.train.precision not in ("auto", "fp32", "bf16"):
-        raise PosttrainConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: auto, fp32, bf16")
+    if cfg.train.precision not in PRECISIONS:
+        valid = ", ".join(PRECISIONS)
+        raise PosttrainConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: {valid}")
 
 
 def load_posttrain_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> PosttrainConfig:
     """Defaults <- YAML preset at ``path`` <- ``key=value`` overrides; unknown keys and bad types fail by name."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    merged = OmegaConf.structured(PosttrainConfig)
-    origin = "defaults"
-    try:
-        if path is not None:
-            from tadm.config import resolve_config_path
-
-            path = resolve_config_path(path)
-            origin = str(path)
-            merged = OmegaConf.merge(merged, OmegaConf.load(str(path)))
-        if overrides:
-            origin = "overrides"
-            bad = [o for o in overrides if "=" not in o]
-            if bad:
-                raise PosttrainConfigError(f"overrides must look like key=value, got {bad}")
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None)
-        where = f" (key '{key}')" if key else ""
-        raise PosttrainConfigError(f"{origin}: {str(err).splitlines()[0]}{where}") from None
-    except PosttrainConfigError:
-        raise
-    except ValueError as err:  # a section's own validation (e.g. rollout.sampler)
-        raise PosttrainConfigError(f"{origin}: {err}") from None
-    assert isinstance(cfg, PosttrainConfig)
-    _validate(cfg)
-    return cfg
+    return load_structured(PosttrainConfig, path, overrides, error=PosttrainConfigError, validate=_validate)
 
 
 # ========================================================================================= objective
@@ -310,22 +285,15 @@ def posttrain_loss(
 
 
 def cosine_lr_factor(step: int, max_steps: int, warmup_steps: int, min_ratio: float) -> float:
-    """Learning-rate multiplier: linear warm-up over ``warmup_steps``, then cosine from 1 to ``min_ratio``."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    span = max(1, max_steps - warmup_steps)
-    progress = min(1.0, max(0.0, (step - warmup_steps) / span))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    """Deprecated alias of ``WarmupSchedule(warmup_steps, max_steps, "cosine", min_ratio)(step)``.
+
+    The post-training schedule is :func:`~tadm.training.lr.build_lr_scheduler` with ``schedule="cosine"``;
+    this name stays only for the package's re-export.
+    """
+    return WarmupSchedule(warmup_steps, max_steps, "cosine", min_ratio)(step)
 
 
 # =========================================================================================== trainer
-def _autocast(device: torch.device, precision: str):
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    if not use_bf16:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
 class PosttrainTrainer:
     """Trains the fusion of an :class:`AnchoredBackbone` on canvas batches with on-policy rollouts.
 
@@ -359,9 +327,12 @@ class PosttrainTrainer:
         self.optimizer = torch.optim.AdamW(
             params, lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps, weight_decay=o.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+        self.scheduler = build_lr_scheduler(
             self.optimizer,
-            lambda s: cosine_lr_factor(s, config.train.max_steps, o.warmup_steps, o.min_lr_ratio),
+            warmup_steps=o.warmup_steps,
+            max_steps=config.train.max_steps,
+            schedule="cosine",
+            min_lr_ratio=o.min_lr_ratio,
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.train.seed * 1000 + rank)
         self.step = 0
@@ -372,7 +343,7 @@ class PosttrainTrainer:
         batch = batch.to(self.device)
         backbone = self.model.backbone
         sync_context = nullcontext() if sync or not hasattr(self.fusion_runner, "no_sync") else self.fusion_runner.no_sync()
-        with _autocast(self.device, self.config.train.precision):
+        with autocast_context(self.device, self.config.train.precision):
             prompt = None
             if hasattr(backbone, "prefill"):
                 with torch.no_grad():
@@ -435,7 +406,9 @@ class PosttrainTrainer:
         }
 
     def state_dict(self) -> dict[str, Any]:
+        """Tensors and plain values only, so that :func:`~tadm.training.checkpoint.load_training_state` reads it."""
         return {
+            "format": STATE_FORMAT,
             "step": self.step,
             "fusion": self.model.fusion.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -476,116 +449,161 @@ def canvas_batches(
 
 
 # ======================================================================================= entry point
-def _resolve_device(name: str, local_rank: int) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    return torch.device(name)
+@dataclass
+class _PosttrainRun:
+    """What one call of :func:`run_posttrain` works with."""
+
+    config: PosttrainConfig
+    info: DistInfo
+    trainer: PosttrainTrainer
+    dataset: ChatCanvasDataset
+    pad_id: int
+    log: Callable[[str], None]
+
+    @property
+    def model(self) -> AnchoredBackbone:
+        return self.trainer.model
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config.train.out_dir)
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.out_dir / "adapter"
+
+
+def _state_path(config: PosttrainConfig) -> Path:
+    return Path(config.train.out_dir) / "adapter" / STATE_FILENAME
+
+
+def _previous_state(config: PosttrainConfig) -> dict[str, Any] | None:
+    """The state to continue from (``train.resume`` and a saved state), read weights-only; None to start afresh.
+
+    A file holding anything but tensors and plain values is refused (:class:`UnsafeStateError`)
+    without running any of it.
+    """
+    path = _state_path(config)
+    if not (config.train.resume and path.is_file()):
+        return None
+    return load_training_state(path)
+
+
+def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasDataset, int]:
+    """The chat JSONL cut into canvases, and the pad id."""
+    from transformers import AutoTokenizer
+
+    from tadm.posttrain.data import read_chat_jsonl
+
+    d = config.data
+    tokenizer = AutoTokenizer.from_pretrained(d.tokenizer or config.base.path)
+    pad_id = d.pad_id if d.pad_id is not None else tokenizer.pad_token_id
+    if pad_id is None:
+        raise PosttrainConfigError("the tokenizer has no pad token; set data.pad_id")
+    canvas_length = d.canvas_length or getattr(backbone, "canvas_length", None)
+    if canvas_length is None:
+        raise PosttrainConfigError("data.canvas_length is required for backbones without a canvas length")
+    examples = read_chat_jsonl(d.train_file, prompt_field=d.prompt_field, response_field=d.response_field)
+    dataset = ChatCanvasDataset(
+        examples,
+        tokenizer,
+        canvas_length=canvas_length,
+        pad_id=pad_id,
+        max_prompt_tokens=d.max_prompt_tokens,
+        max_response_tokens=d.max_response_tokens,
+        canvases_per_example=d.canvases_per_example,
+    )
+    return dataset, pad_id
+
+
+def _build_run(config: PosttrainConfig, info: DistInfo, log: Callable[[str], None]) -> _PosttrainRun:
+    """Frozen backbone, canvases, fusion (DDP-wrapped when distributed; the backbone is not) and trainer."""
+    from tadm.posttrain.backbone import load_backbone
+
+    torch.manual_seed(config.train.seed)
+    if not config.data.train_file:
+        raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
+    backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
+    dataset, pad_id = _canvas_dataset(config, backbone)
+    split = SplitSpec(config.split.shared_layers, config.split.anchor_layers, config.split.denoiser_layers)
+    fusion = FusionSpec(config.fusion.rank, config.fusion.num_heads, config.fusion.eps, config.fusion.gate_bias)
+    model = AnchoredBackbone(backbone, split, fusion)
+    model.fusion.to(info.device)
+    runner = wrap_model(model.fusion, info)  # every fusion parameter takes part in every step
+    trainer = PosttrainTrainer(model, config, device=info.device, fusion_runner=runner, rank=info.rank)
+    return _PosttrainRun(config, info, trainer, dataset, pad_id, log)
+
+
+def _batches(run: _PosttrainRun) -> Iterator[CanvasBatch]:
+    """This rank's batches, fast-forwarded past those the restored steps consumed."""
+    t = run.config.train
+    batches = canvas_batches(
+        run.dataset, t.micro_batch_size, run.pad_id, seed=t.seed, rank=run.info.rank, world_size=run.info.world_size
+    )
+    for _ in range(run.trainer.step * t.grad_accum_steps):  # replay the data order up to the resume point
+        next(batches)
+    return batches
+
+
+def _announce(run: _PosttrainRun) -> None:
+    if not run.info.is_main:
+        return
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    model = run.model
+    trainable = sum(p.numel() for p in model.fusion.parameters())
+    run.log(f"post-training {trainable:,} fusion parameters on {len(run.dataset)} canvases "
+            f"(split {model.layer_split.shared}/{model.layer_split.anchor}/{model.layer_split.denoiser})")
+
+
+def _save(run: _PosttrainRun) -> None:
+    """Rank 0 writes the adapter, the training state (atomically) and the resolved config."""
+    if not run.info.is_main:
+        return
+    from omegaconf import OmegaConf
+
+    from tadm.posttrain.adapter_io import save_adapter
+
+    config = run.config
+    extra = {"step": run.trainer.step, "config": config.to_dict()}
+    save_adapter(run.adapter_dir, run.model, base_model=config.base.path, extra=extra)
+    save_training_state(run.trainer.state_dict(), _state_path(config))
+    (run.adapter_dir / "posttrain_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
+
+
+def _train_until_done(run: _PosttrainRun, batches: Iterator[CanvasBatch]) -> None:
+    """Steps up to ``train.max_steps``: metrics logged on rank 0, a save every ``train.save_every`` and at the end."""
+    t, trainer = run.config.train, run.trainer
+    metrics_path = run.out_dir / "metrics.jsonl"
+    while trainer.step < t.max_steps:
+        metrics = trainer.train_step([next(batches) for _ in range(t.grad_accum_steps)])
+        if run.info.is_main and (trainer.step % t.log_every == 0 or trainer.step == 1):
+            line = json.dumps(metrics)
+            run.log(line)
+            with metrics_path.open("a") as handle:
+                handle.write(line + "\n")
+        if trainer.step % t.save_every == 0:
+            _save(run)
+    _save(run)
 
 
 def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print) -> Path:
     """Post-train a fusion as ``config`` says; returns the adapter directory (``out_dir/adapter``).
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank trains on its shard and gradients of the fusion
-    are averaged by DDP. With ``train.resume`` a run continues from ``out_dir/adapter/training_state.pt``.
+    are averaged by DDP. With ``train.resume`` a run continues from ``out_dir/adapter/training_state.pt``
+    (read with ``weights_only=True``: a file holding other objects is refused).
     """
-    import torch.distributed as dist
-
-    from transformers import AutoTokenizer
-
-    from tadm.posttrain.adapter_io import save_adapter
-    from tadm.posttrain.backbone import load_backbone
-    from tadm.posttrain.data import read_chat_jsonl
-
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = _resolve_device(config.train.device, local_rank)
-    distributed = world_size > 1
-    if distributed and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    is_main = rank == 0
-    torch.manual_seed(config.train.seed)
-
-    if not config.data.train_file:
-        raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
-    backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=device)
-    tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or config.base.path)
-    pad_id = config.data.pad_id if config.data.pad_id is not None else tokenizer.pad_token_id
-    if pad_id is None:
-        raise PosttrainConfigError("the tokenizer has no pad token; set data.pad_id")
-    canvas_length = config.data.canvas_length or getattr(backbone, "canvas_length", None)
-    if canvas_length is None:
-        raise PosttrainConfigError("data.canvas_length is required for backbones without a canvas length")
-    examples = read_chat_jsonl(
-        config.data.train_file, prompt_field=config.data.prompt_field, response_field=config.data.response_field
-    )
-    dataset = ChatCanvasDataset(
-        examples,
-        tokenizer,
-        canvas_length=canvas_length,
-        pad_id=pad_id,
-        max_prompt_tokens=config.data.max_prompt_tokens,
-        max_response_tokens=config.data.max_response_tokens,
-        canvases_per_example=config.data.canvases_per_example,
-    )
-    split = SplitSpec(config.split.shared_layers, config.split.anchor_layers, config.split.denoiser_layers)
-    fusion = FusionSpec(config.fusion.rank, config.fusion.num_heads, config.fusion.eps, config.fusion.gate_bias)
-    model = AnchoredBackbone(backbone, split, fusion)
-    model.fusion.to(device)
-    runner: nn.Module = model.fusion
-    if distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        runner = DistributedDataParallel(model.fusion, device_ids=[device.index] if device.type == "cuda" else None)
-    trainer = PosttrainTrainer(model, config, device=device, fusion_runner=runner, rank=rank)
-
-    out_dir = Path(config.train.out_dir)
-    adapter_dir = out_dir / "adapter"
-    state_path = adapter_dir / "training_state.pt"
-    if config.train.resume and state_path.is_file():
-        trainer.load_state_dict(torch.load(state_path, map_location=device, weights_only=False))
-        log(f"resumed from {state_path} at step {trainer.step}")
-    batches = canvas_batches(
-        dataset, config.train.micro_batch_size, pad_id, seed=config.train.seed, rank=rank, world_size=world_size
-    )
-    for _ in range(trainer.step * config.train.grad_accum_steps):  # replay the data order up to the resume point
-        next(batches)
-    if is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        trainable = sum(p.numel() for p in model.fusion.parameters())
-        log(f"post-training {trainable:,} fusion parameters on {len(dataset)} canvases "
-            f"(split {model.layer_split.shared}/{model.layer_split.anchor}/{model.layer_split.denoiser})")
-
-    def save() -> None:
-        if not is_main:
-            return
-        save_adapter(
-            adapter_dir,
-            model,
-            base_model=config.base.path,
-            extra={"step": trainer.step, "config": config.to_dict()},
-        )
-        tmp = state_path.with_suffix(".tmp")
-        torch.save(trainer.state_dict(), tmp)
-        os.replace(tmp, state_path)
-        from omegaconf import OmegaConf
-
-        (adapter_dir / "posttrain_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
-
-    metrics_path = out_dir / "metrics.jsonl"
-    while trainer.step < config.train.max_steps:
-        micro = [next(batches) for _ in range(config.train.grad_accum_steps)]
-        metrics = trainer.train_step(micro)
-        if is_main and (trainer.step % config.train.log_every == 0 or trainer.step == 1):
-            line = json.dumps(metrics)
-            log(line)
-            with metrics_path.open("a") as handle:
-                handle.write(line + "\n")
-        if trainer.step % config.train.save_every == 0:
-            save()
-    save()
-    if distributed:
-        dist.barrier()
-    return adapter_dir
+    info = init_distributed(config.train.device)
+    try:
+        state = _previous_state(config)
+        run = _build_run(config, info, log)
+        if state is not None:
+            run.trainer.load_state_dict(state)
+            log(f"resumed from {_state_path(config)} at step {run.trainer.step}")
+        batches = _batches(run)
+        _announce(run)
+        _train_until_done(run, batches)
+        barrier(info)
+        return run.adapter_dir
+    finally:
+        cleanup(info)

@@ -1,0 +1,118 @@
+"""``run_posttrain`` end to end on a tiny saved base model: exact resumption and refusal of unsafe states."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tadm.config import PRESET_DIR
+from tadm.posttrain import PosttrainTrainer, load_posttrain_config, run_posttrain
+from tadm.training.checkpoint import STATE_FORMAT, UnsafeStateError, load_training_state
+
+from .conftest import build_tiny_gemma, tiny_chat_tokenizer
+
+CHAT = [
+    ("the cat", "sat on a mat"),
+    ("how are you", "fine thanks"),
+    ("what is it", "the dog ran far away"),
+    ("hello", "hello how are you"),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A saved tiny DiffusionGemma with its chat tokenizer, and a chat JSONL."""
+    root = tmp_path_factory.mktemp("posttrain-run")
+    build_tiny_gemma(seed=2).save_pretrained(root / "base")
+    tiny_chat_tokenizer().save_pretrained(root / "base")
+    lines = [json.dumps({"prompt": p, "response": r}) for p, r in CHAT]
+    (root / "chat.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _config(files, out_dir, *extra):
+    return load_posttrain_config(PRESET_DIR / "posttrain-tiny.yaml", [
+        f"base.path={files / 'base'}", f"data.train_file={files / 'chat.jsonl'}", f"train.out_dir={out_dir}",
+        "train.max_steps=4", "train.micro_batch_size=2", "train.grad_accum_steps=2", "train.save_every=2",
+        "fusion.rank=8", "rollout.sampler.num_steps=6", "data.canvases_per_example=1", "optim.warmup_steps=1",
+        *extra,
+    ])
+
+
+class SimulatedCrash(Exception):
+    """Raised from inside a training step to stand for a killed process."""
+
+
+def test_interrupted_run_resumes_to_the_same_fusion(files, tmp_path, monkeypatch):
+    straight = run_posttrain(_config(files, tmp_path / "straight"), log=lambda m: None)
+
+    real_step = PosttrainTrainer.train_step
+
+    def crash_in_step_3(self, micro_batches):
+        if self.step == 2:
+            raise SimulatedCrash
+        return real_step(self, micro_batches)
+
+    monkeypatch.setattr(PosttrainTrainer, "train_step", crash_in_step_3)
+    with pytest.raises(SimulatedCrash):
+        run_posttrain(_config(files, tmp_path / "resumed"), log=lambda m: None)
+    assert load_training_state(tmp_path / "resumed" / "adapter" / "training_state.pt")["step"] == 2
+    monkeypatch.undo()
+
+    messages = []
+    resumed = run_posttrain(_config(files, tmp_path / "resumed"), log=messages.append)
+    assert any(m.startswith("resumed from") and m.endswith("at step 2") for m in messages)
+    a, b = load_file(straight / "adapter.safetensors"), load_file(resumed / "adapter.safetensors")
+    assert a.keys() == b.keys() and any(torch.count_nonzero(v) for v in a.values())
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    state_a = load_training_state(straight / "training_state.pt")
+    state_b = load_training_state(resumed / "training_state.pt")
+    assert state_a["step"] == state_b["step"] == 4 and state_a["format"] == STATE_FORMAT
+    assert state_a["scheduler"] == state_b["scheduler"]
+    assert torch.equal(state_a["generator"], state_b["generator"])
+
+
+class Payload:
+    """Unpickling this object runs code: it writes ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('payload ran')",))
+
+
+def test_resume_refuses_a_state_that_would_run_code(files, tmp_path):
+    cfg = _config(files, tmp_path / "run")
+    state_path = tmp_path / "run" / "adapter" / "training_state.pt"
+    state_path.parent.mkdir(parents=True)
+    marker = tmp_path / "payload-ran"
+    torch.save({"format": STATE_FORMAT, "step": 1, "fusion": Payload(marker)}, state_path)
+
+    refused = r"refusing to load .*training_state\.pt: it would import or call 'exec'"
+    with pytest.raises(UnsafeStateError, match=refused):
+        run_posttrain(cfg, log=lambda m: None)
+    assert not marker.exists()  # nothing of the file ran
+    assert not (tmp_path / "run" / "adapter" / "adapter.safetensors").exists()  # and nothing was trained
+
+    # The file is live: the unsafe way of reading it would have run the payload.
+    torch.load(state_path, weights_only=False)
+    assert marker.read_text() == "payload ran"
+    os.remove(marker)
+
+
+def test_resume_refusal_is_a_one_line_cli_error(files, tmp_path, capsys):
+    from tadm.cli import main
+
+    out = tmp_path / "run"
+    (out / "adapter").mkdir(parents=True)
+    marker = tmp_path / "payload-ran"
+    torch.save({"format": STATE_FORMAT, "fusion": Payload(marker)}, out / "adapter" / "training_state.pt")
+    code = main(["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), f"base.path={files / 'base'}",
+                 f"data.train_file={files / 'chat.jsonl'}", f"train.out_dir={out}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "refusing to load" in err
+    assert not marker.exists()
