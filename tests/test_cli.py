@@ -59,15 +59,19 @@ def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["sample", "--refresh", "0"], "refresh interval K must be an integer >= 1, got 0"),
-        (["sample", "--steps", "0"], "number of steps T must be an integer >= 1, got 0"),
+        (["sample", "--refresh", "0"], "argument -K/--refresh: must be >= 1, got 0"),
+        (["sample", "--steps", "0"], "argument -T/--steps: must be >= 1, got 0"),
         (["sample", "--sampler", "ddim"], "unknown sampler 'ddim'"),
         (["sample", "--schedule", "sqrt"], "sqrt"),
         (["sample", "--length", "100000"], "--length 100000"),
-        (["sample", "--top-p", "1.5"], "top_p must be a number in (0, 1], got 1.5"),
-        (["sample", "--top-p", "0"], "top_p must be a number in (0, 1], got 0"),
+        (["sample", "--top-p", "1.5"], "top_p must be a finite number in (0, 1], got 1.5"),
+        (["sample", "--top-p", "0"], "top_p must be a finite number in (0, 1], got 0"),
         (["sample", "--model", "no/such/dir/here"], "no/such/dir/here"),
-        (["sample", "--eta", "0.1"], "--eta applies to ReMDM samplers"),
+        (["sample", "--eta", "0.1"], "sampler 'mdlm' has no option(s) eta"),
+        (["sample", "--sampler", "remdm-rescale", "--eta", "5"], "eta must be a finite number in [0, 1], got 5.0"),
+        (["sample", "--sampler", "remdm-cap", "--eta", "nan"], "eta must be a finite number in [0, 1], got nan"),
+        (["sample", "--device", "tpu"], "unknown device 'tpu'"),
+        (["sample", "--batch-size", "0"], "argument --batch-size/-B: must be >= 1, got 0"),
         (["sample", "--tau", "0.1"], "--tau do(es) not apply to --refresh-policy fixed"),
         (["sample", "--refresh-policy", "adaptive"], "needs --tau"),
         (["sample", "--refresh-policy", "adaptive", "--tau", "nan"], "tau must be a finite number >= 0, got nan"),
@@ -84,7 +88,8 @@ def test_bad_input_gives_one_line_error(capsys, argv, needle):
 
 
 def test_compute_rejects_zero_refresh(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["compute", "--anchor-layers", "12", "--denoiser-layers", "6", "--steps", "8", "--refresh", "0"])
-    assert exc.value.code == 2
-    assert "must be >= 1, got 0" in capsys.readouterr().err
+    code = main(["compute", "--anchor-layers", "12", "--denoiser-layers", "6", "--steps", "8", "--refresh", "0"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "tadm compute: error: argument -K/--refresh: must be >= 1, got 0 (see 'tadm compute --help')"
+    ]

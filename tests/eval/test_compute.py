@@ -1,7 +1,7 @@
 import pytest
 
 from tadm.eval.compute import compute_row, layer_calls
-from tadm.sampling.protocol import LayerSplit
+from tadm.protocol import LayerSplit
 
 MDLM = LayerSplit(0, 0, 12)
 ADLM = LayerSplit(0, 12, 6)

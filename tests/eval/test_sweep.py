@@ -109,7 +109,7 @@ def test_interrupted_sweep_resumes_and_skips_finished_cells(world, tmp_path, mon
 
 
 def test_cli_sweep_runs_and_resumes(world, tmp_path, capsys):
-    argv = ["eval", "sweep", "--models", f"tadm={world['model']}", "--T", "4", "--K", "1", "4", "--samples", "2",
+    argv = ["eval", "sweep", "--models", f"tadm={world['model']}", "-T", "4", "-K", "1", "4", "--samples", "2",
             "--length", "8", "--reference", "none", "--throughput-generations", "5", "--throughput-warmup", "0",
             "--evaluator", str(world["evaluator"]), "--out", str(tmp_path / "cli"), "--no-progress"]
     assert main(argv) == 0

@@ -45,7 +45,7 @@ def test_bfloat16_autocast_runs_and_bad_settings_fail():
                                 warmup=0, dtype="bfloat16")
     assert result.dtype == "bfloat16" and result.tokens_per_second > 0
     assert resolve_dtype("float16") is torch.float16
-    with pytest.raises(ValueError, match="unknown dtype 'fp8'; valid: float32, bfloat16, float16"):
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'; valid: auto, fp32, bf16, fp16"):
         measure_throughput(model, sampler, seq_len=8, num_steps=4, dtype="fp8")
     with pytest.raises(ValueError, match="num_generations"):
         measure_throughput(model, sampler, seq_len=8, num_steps=4, num_generations=0)

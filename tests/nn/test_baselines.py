@@ -17,7 +17,7 @@ from tadm.nn.baselines import (
     mdlm_tiny,
 )
 from tadm.nn.dit import NEG_INF, DiTBlock
-from tadm.sampling.protocol import CacheableDenoiser, LayerSplit
+from tadm.protocol import CacheableDenoiser, LayerSplit
 
 MASK = 64
 

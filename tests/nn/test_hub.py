@@ -1,5 +1,6 @@
 """save_pretrained / from_pretrained / load_model round trips, registries and error messages."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -133,3 +134,22 @@ def test_builders_registry() -> None:
     with pytest.raises(ValueError, match="tadm-tiny") as err:
         build_model("tadm-huge")
     assert "tadm-huge" in str(err.value) and "ar-small" in str(err.value)
+
+
+def test_model_configs_share_one_size_schema():
+    """Every network config takes the shared size fields from one base and validates them there."""
+    from tadm.nn import ADLMConfig, ARConfig, DiTSizes, MaskedDiffusionSizes, MDLMConfig, TADMConfig
+
+    shared = {"vocab_size", "hidden_size", "num_heads", "cond_dim", "mlp_ratio", "dropout", "max_seq_len"}
+    for config_class in (TADMConfig, MDLMConfig, ADLMConfig, ARConfig):
+        assert issubclass(config_class, DiTSizes)
+        assert shared <= {f.name for f in dataclasses.fields(config_class)}
+        with pytest.raises(ValueError, match=f"{config_class.__name__}.hidden_size"):
+            config_class(hidden_size=30, num_heads=4)  # 30 is not divisible by 4
+        for layer_field in config_class.layer_fields:
+            with pytest.raises(ValueError, match=f"{config_class.__name__}.{layer_field} must be an int >= 1"):
+                config_class(**{layer_field: 0})
+    for config_class in (TADMConfig, MDLMConfig, ADLMConfig):
+        assert issubclass(config_class, MaskedDiffusionSizes)
+        assert config_class(vocab_size=10).resolved_mask_token_id == 9
+    assert not issubclass(ARConfig, MaskedDiffusionSizes)

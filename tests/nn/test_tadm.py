@@ -5,7 +5,7 @@ import torch
 
 from tadm.nn.dit import NEG_INF, DiTBlock
 from tadm.nn.tadm import TADM, TADMConfig, TADMOutput, tadm_small, tadm_tiny
-from tadm.sampling.protocol import CacheableDenoiser, LayerSplit
+from tadm.protocol import CacheableDenoiser, LayerSplit
 
 MASK = 64
 

@@ -16,7 +16,7 @@ from tadm.posttrain import (
     wrap_backbone,
 )
 from tadm.sampling import MDLMSampler, generate
-from tadm.sampling.protocol import CacheableDenoiser, LayerSplit
+from tadm.protocol import CacheableDenoiser, LayerSplit
 
 from .conftest import randomize
 

@@ -1,7 +1,7 @@
 import torch
 from torch import Tensor
 
-from tadm.sampling.protocol import LayerSplit
+from tadm.protocol import LayerSplit
 
 
 class OracleDenoiser:

@@ -5,7 +5,7 @@ import torch
 
 from tadm.eval.compute import layer_calls
 from tadm.sampling import MDLMSampler, ReMDMSampler, generate, get_sampler, is_refresh_step
-from tadm.sampling.protocol import LayerSplit
+from tadm.protocol import LayerSplit
 
 from .oracle import OracleDenoiser
 

@@ -90,3 +90,75 @@ def policy_from_args(args: argparse.Namespace):
                                   max_interval=args.max_interval, skip_unchanged=skip)
     except ValueError as error:
         raise CLIError(str(error)) from None
+
+
+# ------------------------------------------------------------------------- flags shared by commands
+def device_type(value: str) -> str:
+    """An argparse type for --device: auto, cpu, cuda or cuda:N (see tadm.specs), checked against this machine."""
+    from tadm.specs import resolve_device
+
+    try:
+        return str(resolve_device(value))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def dtype_type(value: str) -> str:
+    """An argparse type for --dtype: auto, fp32, bf16, fp16 (or float32, bfloat16, float16)."""
+    from tadm.specs import resolve_dtype
+
+    try:
+        resolve_dtype(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
+def device_arg(p: argparse.ArgumentParser) -> None:
+    """--device, default auto (CUDA when available, else CPU)."""
+    p.add_argument("--device", type=device_type, default="auto", metavar="DEVICE",
+                   help="auto (default: CUDA when available, else CPU), cpu, cuda or cuda:N")
+
+
+def dtype_arg(p: argparse.ArgumentParser, default: str = "auto", what: str = "dtype") -> None:
+    """--dtype in tadm's one vocabulary."""
+    p.add_argument("--dtype", type=dtype_type, default=default, metavar="DTYPE",
+                   help=f"{what}: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16 (default: {default})")
+
+
+def steps_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> None:
+    """-T/--steps: reverse steps T (one, or a list with ``many``)."""
+    kwargs.setdefault("help", "reverse steps T" + (" (one or more)" if many else ""))
+    p.add_argument("-T", "--steps", type=positive_int, nargs="+" if many else None, metavar="T", **kwargs)
+
+
+def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> None:
+    """-K/--refresh: the fixed policy's anchor refresh interval K (one, or a list with ``many``)."""
+    kwargs.setdefault("help", "anchor refresh interval K" + (" (one or more)" if many else " (fixed policy)"))
+    p.add_argument("-K", "--refresh", type=positive_int, nargs="+" if many else None, metavar="K", **kwargs)
+
+
+def sampler_args(p: argparse.ArgumentParser, default: str, *, names: tuple[str, ...] = ()) -> None:
+    """--sampler and the masked samplers' options; unset options keep the sampler's defaults."""
+    from tadm.sampling import SAMPLERS
+
+    valid = names or tuple(sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id"))
+    p.add_argument("--sampler", default=default, help=f"one of: {', '.join(valid)} (default: {default})")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: the sampler's)")
+    p.add_argument("--eta", type=float, default=None, help="ReMDM remasking strength in [0, 1] (default: the sampler's)")
+    p.add_argument("--schedule", default=None, help="noise schedule: loglinear, linear, cosine (default: loglinear)")
+    fidelity_args(p)
+
+
+def sampler_from_args(args: argparse.Namespace, name: str, model) -> object:
+    """The sampler ``name`` for ``model`` with the options given on the command line (tadm.sampling.registry)."""
+    from tadm.sampling import get_sampler
+
+    options = {"top_p": args.top_p, "eta": args.eta, "schedule": args.schedule, "nucleus": args.nucleus,
+               "time_grid": args.time_grid}
+    given = {key: value for key, value in options.items() if value is not None}
+    try:
+        return get_sampler(name, model.mask_token_id, **given)
+    except ValueError as err:
+        flags = ", ".join(f"--{key.replace('_', '-')}" for key in given)
+        raise CLIError(f"--sampler {name}: {err}" + (f" (given: {flags})" if flags else "")) from None

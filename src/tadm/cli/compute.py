@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from tadm.cli.common import nonnegative_int, positive_int
-from tadm.sampling.protocol import LayerSplit
+from tadm.cli.common import nonnegative_int, positive_int, refresh_arg, steps_arg
+from tadm.protocol import LayerSplit
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shared-layers", type=nonnegative_int, default=0, metavar="N")
     p.add_argument("--anchor-layers", type=nonnegative_int, required=True, metavar="N")
     p.add_argument("--denoiser-layers", type=nonnegative_int, required=True, metavar="N")
-    p.add_argument("--steps", type=positive_int, nargs="+", required=True, metavar="T")
-    p.add_argument("--refresh", type=positive_int, nargs="+", default=[1], metavar="K")
+    steps_arg(p, many=True, required=True)
+    refresh_arg(p, many=True, default=[1])
     p.add_argument(
         "--baseline-layers",
         type=positive_int,

@@ -5,9 +5,9 @@
     tadm eval gen-ppl --texts brown --max-texts 20      # any text source
     tadm eval mauve --samples out.json --reference brown
     tadm eval likelihood --model runs/tadm --data brown --split val --t-samples 4
-    tadm eval staleness --model tadm=runs/tadm/final adlm=runs/adlm/final --T 32 128 --max-age 7 --naive
+    tadm eval staleness --model tadm=runs/tadm/final adlm=runs/adlm/final -T 32 128 --max-age 7 --naive
     tadm eval throughput --model runs/tadm --steps 128 --refresh 1 2 4 8 --length 1024
-    tadm eval sweep --models tadm=runs/tadm mdlm=runs/mdlm --T 128 256 --K 1 2 4 8 --samples 64
+    tadm eval sweep --models tadm=runs/tadm mdlm=runs/mdlm -T 128 256 -K 1 2 4 8 --samples 64
 """
 
 from __future__ import annotations
@@ -18,7 +18,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import CLIError, fidelity_args, nonnegative_int, positive_int
+from tadm.cli.common import (
+    CLIError,
+    device_arg,
+    dtype_arg,
+    fidelity_args,
+    nonnegative_int,
+    positive_int,
+    refresh_arg,
+    sampler_args,
+    sampler_from_args,
+    steps_arg,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +58,7 @@ def _evaluator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--evaluator", default=None, metavar="PATH",
                    help="HF causal-LM dir or hub id, or a tadm AR checkpoint (default: prepared smollm2-135m)")
     p.add_argument("--eval-batch-size", type=positive_int, default=8, metavar="N")
-    p.add_argument("--device", default="cpu")
+    device_arg(p)
 
 
 def _sample_args(p: argparse.ArgumentParser) -> None:
@@ -80,17 +91,13 @@ def _read_sample_records(path: Path) -> list[dict[str, Any]]:
 
 
 def _sample_tokenizer(args: argparse.Namespace, records: list[dict[str, Any]]) -> Any:
-    from tadm.eval.sweep import _find_tokenizer_dir
-    from tadm.training.tokenization import load_tokenizer
+    from tadm.specs import find_tokenizer, find_tokenizer_dir
 
-    if args.tokenizer is not None:
-        return load_tokenizer(args.tokenizer)
     model = records[0].get("model")
-    if isinstance(model, str) and Path(model).is_dir():
-        found = _find_tokenizer_dir(Path(model))
-        if found is not None:
-            return load_tokenizer(found)
-    return None
+    model = model if isinstance(model, str) else None
+    if args.tokenizer is None and (model is None or find_tokenizer_dir(model) is None):
+        return None
+    return find_tokenizer(model, args.tokenizer)
 
 
 def _load_samples(args: argparse.Namespace) -> tuple[list[str], list[list[int]] | None]:
@@ -260,7 +267,7 @@ def _bound_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-blocks", type=positive_int, default=None, metavar="N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=".tadm-cache")
-    p.add_argument("--device", default="cpu")
+    device_arg(p)
 
 
 def _named(specs: list[str]) -> list[tuple[str, str]]:
@@ -326,10 +333,10 @@ def _add_staleness(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-fraction", type=float, default=0.02)
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="the models' tokenizer (default: each checkpoint's)")
     p.add_argument("--seq-len", type=positive_int, default=None, metavar="L", help="block length (default: model max)")
-    p.add_argument("--T", "--steps", dest="steps", type=positive_int, nargs="+", default=[128], metavar="T",
+    p.add_argument("-T", "--steps", dest="steps", type=positive_int, nargs="+", default=[128], metavar="T",
                    help="step budgets T: cache age k means t' = min(1, t + k / T)")
     p.add_argument("--max-age", type=nonnegative_int, default=7, metavar="K_MAX", help="ages k = 0 .. K_MAX")
-    p.add_argument("--K", "--refresh", dest="refresh", type=positive_int, nargs="*", default=[1, 2, 4, 8],
+    p.add_argument("-K", "--refresh", dest="refresh", type=positive_int, nargs="*", default=[1, 2, 4, 8],
                    metavar="K", help="refresh intervals for the discrete cached-process bound (none: skip it)")
     p.add_argument("--discrete-steps", type=positive_int, default=None, metavar="T",
                    help="T of the discrete cached-process bound (default: the smallest --T)")
@@ -413,19 +420,17 @@ def _run_staleness(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------- throughput
 def _add_throughput(esub: argparse._SubParsersAction) -> None:
-    from tadm.sampling.registry import SAMPLERS
-
     p = esub.add_parser("throughput", help="measured tokens/s and exact vs analytic layer calls")
     p.add_argument("--model", required=True, help="checkpoint dir, hub id, or builder name (random weights)")
-    p.add_argument("--sampler", default="remdm-cap", help=f"one of: {', '.join(sorted(SAMPLERS))}")
-    p.add_argument("--steps", "-T", type=positive_int, nargs="+", required=True)
-    p.add_argument("--refresh", "-K", type=positive_int, nargs="+", default=[1])
+    sampler_args(p, default="remdm-cap")
+    steps_arg(p, many=True, required=True)
+    refresh_arg(p, many=True, default=[1])
     p.add_argument("--length", "-L", type=positive_int, default=None, help="tokens per sample (default: model max)")
     p.add_argument("--generations", type=positive_int, default=20, help="timed generations (paper: 20)")
     p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per generation (paper: 1)")
     p.add_argument("--warmup", type=nonnegative_int, default=1)
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--device", default="cpu")
+    dtype_arg(p, default="fp32", what="autocast dtype")
+    device_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print JSON (an object for one cell, else a list)")
@@ -434,19 +439,9 @@ def _add_throughput(esub: argparse._SubParsersAction) -> None:
 
 def _run_throughput(args: argparse.Namespace) -> int:
     from tadm.eval.throughput import measure_throughput
-    from tadm.nn import MODEL_BUILDERS, build_model, load_model
-    from tadm.nn.hub import _import_models
-    from tadm.sampling import get_sampler
+    from tadm.specs import resolve_model
 
-    _import_models()
-    path = Path(args.model)
-    if args.model in MODEL_BUILDERS and not path.exists():
-        model = build_model(args.model)
-    elif path.is_dir() or not args.model.startswith((".", "/", "~")):
-        model = load_model(args.model)
-    else:
-        raise CLIError(f"--model {args.model!r} is neither a checkpoint directory nor a builder name")
-    model = model.to(args.device).eval()
+    model = resolve_model(args.model, device=args.device)
     if getattr(model, "mask_token_id", None) is None:
         raise CLIError(f"model {args.model!r} has no mask token: throughput is measured for diffusion models")
     max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
@@ -456,7 +451,7 @@ def _run_throughput(args: argparse.Namespace) -> int:
     results = []
     for T in args.steps:
         for K in args.refresh:
-            sampler = get_sampler(args.sampler, model.mask_token_id)
+            sampler = sampler_from_args(args, args.sampler, model)
             r = measure_throughput(model, sampler, seq_len=length, num_steps=T, refresh_interval=K,
                                    num_generations=args.generations, batch_size=args.batch_size, warmup=args.warmup,
                                    dtype=args.dtype, device=args.device, seed=args.seed,
@@ -480,8 +475,8 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p = esub.add_parser("sweep", help="models x T x K: MAUVE, Gen PPL, entropy, compute, tok/s; tables + plots",
                         description="Run (or resume) a sweep; writes results.json/.csv, table.md and two plots.")
     p.add_argument("--models", nargs="+", required=True, metavar="NAME=PATH")
-    p.add_argument("--T", "--steps", dest="steps", type=positive_int, nargs="+", required=True, metavar="T")
-    p.add_argument("--K", "--refresh", dest="refresh", type=positive_int, nargs="+", default=[1, 2, 4, 8], metavar="K")
+    steps_arg(p, many=True, required=True)
+    refresh_arg(p, many=True, default=[1, 2, 4, 8])
     p.add_argument("--samples", type=positive_int, default=16, metavar="N", help="samples per cell (paper: 5000)")
     p.add_argument("--length", type=positive_int, default=None, metavar="L", help="tokens per sample (default: model max)")
     p.add_argument("--sampler", default="auto", help="'auto' (ReMDM-cap for T < L, ReMDM-loop otherwise) or a name")
@@ -505,7 +500,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--throughput-baseline", default=None, metavar="NAME", help="model whose K=1 tok/s is 1.00x")
     p.add_argument("--baseline-layers", type=positive_int, default=None, metavar="N",
                    help="compute is relative to an N-layer MDLM (default: the sweep's MDLM, else 12)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    dtype_arg(p, default="fp32", what="autocast dtype of generation")
     p.add_argument("--cache-dir", default=".tadm-cache")
     p.add_argument("--out", default="tadm-sweep", metavar="DIR")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")

@@ -10,7 +10,16 @@ import argparse
 import json
 from pathlib import Path
 
-from tadm.cli.common import CLIError, policy_from_args, positive_int, refresh_policy_args
+from tadm.cli.common import (
+    CLIError,
+    device_arg,
+    dtype_arg,
+    policy_from_args,
+    positive_int,
+    refresh_arg,
+    refresh_policy_args,
+    steps_arg,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,14 +51,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     s.add_argument("--prompt-file", default=None, help="a text file with one prompt per line")
     s.add_argument("--raw", action="store_true", help="encode prompts as plain text, without the chat template")
-    s.add_argument("--refresh", "-K", type=positive_int, default=1, help="anchor refresh interval K (fixed policy)")
+    refresh_arg(s, default=1)
     refresh_policy_args(s)
-    s.add_argument("--steps", "-T", type=positive_int, default=48, help="denoising steps per canvas")
+    steps_arg(s, default=48, help="denoising steps T per canvas (paper: 48)")
     s.add_argument("--max-new-tokens", type=positive_int, default=256)
     s.add_argument("--canvas-length", type=positive_int, default=None, help="tokens per canvas (default: model's)")
-    s.add_argument("--entropy-bound", type=float, default=0.1)
-    s.add_argument("--temperature-max", type=float, default=0.8)
-    s.add_argument("--temperature-min", type=float, default=0.4)
+    s.add_argument("--entropy-bound", type=float, default=None, help="eta of Algorithm 2 (default: 0.1)")
+    s.add_argument("--temperature-max", type=float, default=None, help="tau at n = T (default: 0.8)")
+    s.add_argument("--temperature-min", type=float, default=None, help="tau as n -> 0 (default: 0.4)")
     s.add_argument("--naive", action="store_true", help="naive reuse baseline: the denoiser reads the stale anchor")
     s.add_argument(
         "--split",
@@ -60,8 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--no-self-conditioning", action="store_true")
     s.add_argument("--adaptive-stopping", action="store_true", help="stop a canvas once stable and confident")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", default="auto", help="auto, fp32, bf16, fp16")
+    device_arg(s)
+    dtype_arg(s, what="weights dtype")
     s.add_argument("--progress", action="store_true")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=run_sample)
@@ -108,7 +117,8 @@ def run_sample(args: argparse.Namespace) -> int:
     from tadm.posttrain.backbone import load_backbone
     from tadm.posttrain.generate import generate_blocks
     from tadm.posttrain.model import AnchoredBackbone
-    from tadm.sampling.entropy_bound import EntropyBoundSampler, StableConfidentStopping
+    from tadm.sampling import get_sampler
+    from tadm.sampling.entropy_bound import StableConfidentStopping
 
     prompts = _prompts(args)
     mode = "naive" if args.naive else "paired"
@@ -141,13 +151,13 @@ def run_sample(args: argparse.Namespace) -> int:
         mask[n, width - len(row) :] = True
     generation_config = getattr(getattr(backbone, "model", None), "generation_config", None)
     eos_id = getattr(generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-    sampler = EntropyBoundSampler(
-        model.vocab_size,
-        entropy_bound=args.entropy_bound,
-        temperature_max=args.temperature_max,
-        temperature_min=args.temperature_min,
-        num_steps=args.steps,
-    )
+    options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,
+               "temperature_min": args.temperature_min}
+    try:
+        sampler = get_sampler("entropy-bound", vocab_size=model.vocab_size, num_steps=args.steps,
+                              **{key: value for key, value in options.items() if value is not None})
+    except ValueError as err:
+        raise CLIError(str(err)) from None
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     out = generate_blocks(
         model,

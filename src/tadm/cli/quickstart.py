@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tadm.cli.common import positive_int
+from tadm.cli.common import positive_int, refresh_arg, steps_arg
 
 PRESET = "tadm-brown-cpu"
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
@@ -32,8 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-steps", type=positive_int, default=None, help="override the preset's training steps")
     p.add_argument("--source", default=None, help="train on another corpus (file, dir, .jsonl) instead of Brown")
     p.add_argument("--samples", type=positive_int, default=8, help="sequences generated per K")
-    p.add_argument("--steps", type=positive_int, default=128, help="reverse steps T")
-    p.add_argument("--refresh", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="refresh intervals K")
+    steps_arg(p, default=128)
+    refresh_arg(p, many=True, default=[1, 2, 4, 8])
     p.add_argument("--sampler", default="remdm-cap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue an interrupted quickstart run in OUT")

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from tadm.cli.common import CLIError, fidelity_args, policy_from_args, refresh_policy_args
+from tadm.cli.common import (
+    CLIError,
+    device_arg,
+    policy_from_args,
+    positive_int,
+    refresh_arg,
+    refresh_policy_args,
+    sampler_args,
+    sampler_from_args,
+    steps_arg,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from tadm.sampling.registry import SAMPLERS
 
     p = sub.add_parser(
         "sample",
@@ -18,60 +26,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Sample from a checkpoint directory or a model builder (random weights).",
     )
     p.add_argument("--model", default="tadm-tiny", help="checkpoint dir, hub name, or builder name (e.g. tadm-tiny)")
-    p.add_argument("--sampler", default="mdlm", help=f"one of: {', '.join(sorted(SAMPLERS))}")
-    p.add_argument("--steps", "-T", type=int, default=128, help="reverse steps T")
-    p.add_argument("--refresh", "-K", type=int, default=1, help="anchor refresh interval K (fixed policy)")
+    sampler_args(p, default="mdlm")
+    steps_arg(p, default=128)
+    refresh_arg(p, default=1)
     refresh_policy_args(p)
-    p.add_argument("--length", "-L", type=int, default=None, help="tokens per sample (default: model maximum)")
-    p.add_argument("--batch-size", "-B", type=int, default=1)
+    p.add_argument("--length", "-L", type=positive_int, default=None, help="tokens per sample (default: model maximum)")
+    p.add_argument("--batch-size", "-B", type=positive_int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: sampler's)")
-    p.add_argument("--eta", type=float, default=None, help="ReMDM remasking strength")
-    p.add_argument("--schedule", default="loglinear", help="noise schedule: loglinear, linear, cosine")
-    fidelity_args(p)
     p.add_argument("--skip-unchanged", action="store_true", help="reuse the last prediction if the canvas is unchanged")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir for decoding (default: the checkpoint's, if any)")
-    p.add_argument("--device", default="cpu")
+    device_arg(p)
     p.add_argument("--progress", action="store_true", help="show a progress bar over reverse steps")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
-def _load_any_model(name_or_path: str):
-    from tadm.nn import MODEL_BUILDERS, build_model, load_model
-
-    if name_or_path in MODEL_BUILDERS:
-        return build_model(name_or_path)
-    path = Path(name_or_path)
-    if path.exists():
-        return load_model(path)
-    if "/" in name_or_path and not name_or_path.startswith((".", "/")):
-        return load_model(name_or_path)  # a hub id
-    raise CLIError(
-        f"--model {name_or_path!r} is neither a checkpoint directory nor a builder name "
-        f"(builders: {', '.join(sorted(MODEL_BUILDERS))})"
-    )
-
-
 def _load_tokenizer(args: argparse.Namespace):
-    candidate = args.tokenizer
-    if candidate is None and Path(args.model).is_dir() and (Path(args.model) / "tokenizer.json").exists():
-        candidate = args.model
-    if candidate is None:
-        return None
-    from tadm.training.tokenization import TextTokenizer
+    """The tokenizer given by --tokenizer, else the checkpoint's own, else None (token ids are printed)."""
+    from tadm.specs import find_tokenizer, find_tokenizer_dir
 
-    if not Path(candidate).exists():
-        raise CLIError(f"--tokenizer {candidate!r}: no such directory")
-    return TextTokenizer.load(candidate)
+    if args.tokenizer is None and find_tokenizer_dir(args.model) is None:
+        return None
+    return find_tokenizer(args.model, args.tokenizer)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from tadm.sampling import generate, get_sampler
+    from tadm.sampling import generate
+    from tadm.specs import resolve_model
 
-    model = _load_any_model(args.model).to(args.device).eval()
+    model = resolve_model(args.model, device=args.device)
     mask_id = model.mask_token_id
     if mask_id is None:
         raise CLIError(f"model {args.model!r} has no mask token: it is not a masked diffusion model")
@@ -81,14 +66,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--length is required for this model")
     if length < 1 or (max_len is not None and length > max_len):
         raise CLIError(f"--length {length} does not fit the model (1..{max_len})")
-    kwargs = {"schedule": args.schedule, "nucleus": args.nucleus, "time_grid": args.time_grid}
-    if args.top_p is not None:
-        kwargs["top_p"] = args.top_p
-    if args.eta is not None:
-        if not args.sampler.startswith("remdm"):
-            raise CLIError(f"--eta applies to ReMDM samplers, not {args.sampler!r}")
-        kwargs["eta"] = args.eta
-    sampler = get_sampler(args.sampler, mask_id, **kwargs)
+    sampler = sampler_from_args(args, args.sampler, model)
     policy = policy_from_args(args)
     tokenizer = _load_tokenizer(args)
     if tokenizer is not None and tokenizer.vocab_size != model.vocab_size:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import check_num_steps
-from tadm.sampling.protocol import LayerSplit
+from tadm.protocol import LayerSplit
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, ScheduleRefresh
 
 

@@ -276,17 +276,6 @@ def _is_tadm_checkpoint(path: Path) -> str | None:
     return None
 
 
-def _load_tadm_tokenizer(path: Path, tokenizer: str | os.PathLike[str] | None) -> Any:
-    from tadm.training.tokenization import META_FILENAME, load_tokenizer
-
-    if tokenizer is not None:
-        return load_tokenizer(tokenizer)
-    for candidate in (path, path / "tokenizer", path.parent, path.parent / "tokenizer"):
-        if (candidate / META_FILENAME).is_file():
-            return load_tokenizer(candidate)
-    raise FileNotFoundError(f"no tokenizer found for the tadm AR evaluator {path}: pass its tokenizer directory")
-
-
 def _is_hub_id(spec: str) -> bool:
     """A hub id: "name" or "owner/name", not starting like a path, whose first part is no local directory."""
     if spec.startswith((".", "/", "~")) or "\\" in spec:
@@ -332,10 +321,11 @@ def load_evaluator(
                     f"evaluator {name!r} is a tadm {model_type!r} checkpoint; an evaluator must be autoregressive ('ar')"
                 )
             from tadm.nn import load_model
+            from tadm.specs import find_tokenizer
 
             model = load_model(path, device=str(device))
             return evaluator_from_ar_model(
-                model, _load_tadm_tokenizer(path, tokenizer), name=name, device=device, context_size=context_size
+                model, find_tokenizer(path, tokenizer), name=name, device=device, context_size=context_size
             )
         if not (path / "config.json").is_file():
             raise FileNotFoundError(

@@ -40,8 +40,9 @@ from tadm.eval.gen_ppl import decode_samples, gen_ppl
 from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_from_features, mauve_sample_problem, text_features
 from tadm.eval.report import DATA_MODEL, cell_key, machine_info, markdown_report, read_results, write_results
 from tadm.eval.throughput import MIN_TIMED_GENERATIONS, TimingCell, interleaved_throughput, resolve_dtype
-from tadm.sampling.base import check_time_grid
-from tadm.sampling.categorical import check_nucleus
+from tadm.sampling.registry import SAMPLERS, get_sampler, sampler_config, sampler_options
+
+MASKED_SAMPLERS = tuple(sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id"))
 
 __all__ = [
     "PAPER_BASELINE_LAYERS",
@@ -132,8 +133,6 @@ class SweepConfig:
     out_dir: str = "tadm-sweep"
 
     def __post_init__(self) -> None:
-        from tadm.sampling.registry import SAMPLERS
-
         if not self.models:
             raise ValueError("SweepConfig.models is empty: pass at least one NAME=PATH")
         for name, values in (("steps", self.steps), ("refresh", self.refresh)):
@@ -150,17 +149,20 @@ class SweepConfig:
                              f"(tokens/s is the median of the timed generations), got {self.throughput_generations}")
         if self.mauve_min_samples < 2:
             raise ValueError(f"SweepConfig.mauve_min_samples must be >= 2, got {self.mauve_min_samples}")
-        check_nucleus(self.top_p, self.nucleus)
-        check_time_grid(self.time_grid)
-        if self.sampler != "auto" and self.sampler not in SAMPLERS:
-            raise ValueError(f"unknown sampler {self.sampler!r}; valid: auto, {', '.join(sorted(SAMPLERS))}")
+        if self.sampler != "auto" and self.sampler not in MASKED_SAMPLERS:
+            raise ValueError(f"unknown sampler {self.sampler!r}; valid: auto, {', '.join(MASKED_SAMPLERS)}")
+        for name in ("remdm-cap", "remdm-loop") if self.sampler == "auto" else (self.sampler,):
+            sampler_config(name, **sampler_options(name, self.sampler_settings()))
         if self.reference_split not in ("val", "all"):
             raise ValueError(f"SweepConfig.reference_split must be 'val' or 'all', got {self.reference_split!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SweepConfig.top_p must be in (0, 1], got {self.top_p}")
         resolve_dtype(self.dtype)
         self.steps = sorted(set(self.steps))
         self.refresh = sorted(set(self.refresh))
+
+    def sampler_settings(self) -> dict[str, Any]:
+        """The sampler options of every cell (unset ones keep the sampler's defaults)."""
+        return {"top_p": self.top_p, "eta": self.eta, "schedule": self.schedule, "nucleus": self.nucleus,
+                "time_grid": self.time_grid}
 
     def identity(self) -> dict[str, Any]:
         """The settings that must match for a resumed sweep to reuse finished cells."""
@@ -168,15 +170,6 @@ class SweepConfig:
 
 
 # ---------------------------------------------------------------------------------------- loading
-def _find_tokenizer_dir(path: Path) -> Path | None:
-    from tadm.training.tokenization import META_FILENAME
-
-    for candidate in (path, path / "tokenizer", path.parent, path.parent / "tokenizer"):
-        if (candidate / META_FILENAME).is_file():
-            return candidate
-    return None
-
-
 def load_model_and_tokenizer(
     spec: str, tokenizer: str | os.PathLike[str] | None = None, device: torch.device | str = "cpu"
 ) -> tuple[torch.nn.Module, Any]:
@@ -186,28 +179,11 @@ def load_model_and_tokenizer(
     its files, or in its parent), a Hub id, or a builder name such as ``"tadm-tiny"`` (random
     weights; ``tokenizer`` must then be given). ``tokenizer`` overrides the lookup.
     """
-    from tadm.nn import MODEL_BUILDERS, build_model, load_model
-    from tadm.nn.hub import _import_models
-    from tadm.training.tokenization import check_vocab_compatible, load_tokenizer
+    from tadm.specs import find_tokenizer, resolve_model
+    from tadm.training.tokenization import check_vocab_compatible
 
-    _import_models()
-    path = Path(spec).expanduser()
-    if spec in MODEL_BUILDERS and not path.exists():
-        model = build_model(spec)
-    elif path.is_dir():
-        model = load_model(path, device=str(device))
-    elif path.exists() or spec.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"model {spec!r} is not a checkpoint directory")
-    else:
-        model = load_model(spec, device=str(device))  # a Hub id; raises a clear FileNotFoundError
-    model = model.to(device).eval()
-    if tokenizer is not None:
-        tok = load_tokenizer(tokenizer)
-    else:
-        found = _find_tokenizer_dir(path) if path.is_dir() else None
-        if found is None:
-            raise FileNotFoundError(f"no tokenizer found for model {spec!r}: pass --tokenizer DIR")
-        tok = load_tokenizer(found)
+    model = resolve_model(spec, device=device)
+    tok = find_tokenizer(spec, tokenizer)
     mask_id = getattr(model, "mask_token_id", None)
     if mask_id is None:  # the AR baseline has no mask token: its vocabulary may lack the tokenizer's mask id
         if model.vocab_size not in (tok.vocab_size, tok.vocab_size - 1):
@@ -244,19 +220,9 @@ class SweepOutput:
     evaluated: list[tuple[str, int, int]] = field(default_factory=list)  # cells run in this call
 
 
-def _sampler_kwargs(config: SweepConfig, sampler_name: str) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"top_p": config.top_p, "schedule": config.schedule, "nucleus": config.nucleus,
-                              "time_grid": config.time_grid}
-    if config.eta is not None and sampler_name.startswith("remdm"):
-        kwargs["eta"] = config.eta
-    return kwargs
-
-
 def _build_sampler(ctx: CellContext, num_steps: int) -> tuple[str, Any]:
-    from tadm.sampling import get_sampler
-
     name = resolve_sampler(ctx.config.sampler, num_steps, ctx.length)
-    return name, get_sampler(name, ctx.model.mask_token_id, **_sampler_kwargs(ctx.config, name))
+    return name, get_sampler(name, ctx.model.mask_token_id, **sampler_options(name, ctx.config.sampler_settings()))
 
 
 def _time_conditioned(model: Any) -> bool:
@@ -339,15 +305,13 @@ def _length(config: SweepConfig, model: Any, name: str) -> int:
 
 
 def _timing_cell(config: SweepConfig, cell: tuple[str, int, int], model: Any, tokenizer: Any) -> TimingCell:
-    from tadm.sampling import get_sampler
-
     name, T, K = cell
     length = _length(config, model, name)
     sampler_name = resolve_sampler(config.sampler, T, length)
     return TimingCell(key=cell, model=model, seq_len=length, num_steps=T, refresh_interval=K,
                       time_conditioned=_time_conditioned(model),
                       make_sampler=lambda: get_sampler(sampler_name, model.mask_token_id,
-                                                       **_sampler_kwargs(config, sampler_name)))
+                                                       **sampler_options(sampler_name, config.sampler_settings())))
 
 
 def _reference(cfg: SweepConfig, tokenizer: Any, length: int, log: Callable[[str], None]) -> tuple[list[str], torch.Tensor]:

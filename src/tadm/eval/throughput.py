@@ -29,20 +29,13 @@ from tqdm.auto import tqdm
 
 from tadm.eval.compute import layer_calls
 from tadm.sampling import GenerationOutput, Sampler, generate
+from tadm.specs import DTYPE_NAMES, resolve_dtype
 
 __all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput", "measure_throughput", "resolve_dtype"]
 
 MIN_TIMED_GENERATIONS = 5  # fewer timed generations give no meaningful median
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    """Autocast dtype by name: "float32", "bfloat16" or "float16"."""
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}") from None
+DTYPES = ("float32", "bfloat16", "float16", *DTYPE_NAMES)  # autocast dtypes (tadm.specs vocabulary)
 
 
 def _sync(device: torch.device) -> None:
@@ -129,10 +122,10 @@ def measure_throughput(
         raise ValueError(f"num_generations must be >= 1, got {num_generations}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
-    amp = resolve_dtype(dtype)
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
     device = torch.device(device)
+    amp = resolve_dtype(dtype, device)
     gen_device = device if device.type == "cuda" else torch.device("cpu")
     seconds: list[float] = []
     counted: dict[str, int] = {}
@@ -219,7 +212,7 @@ def interleaved_throughput(
     keys = [c.key for c in cells]
     if len(set(keys)) != len(keys):
         raise ValueError("timing cells need distinct keys")
-    amp = resolve_dtype(dtype)
+    amp = resolve_dtype(dtype, device)
     device = torch.device(device)
     gen_device = device if device.type == "cuda" else torch.device("cpu")
     samplers = {c.key: c.make_sampler() for c in cells}

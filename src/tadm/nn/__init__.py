@@ -27,9 +27,13 @@ from tadm.nn.dit import (
 )
 from tadm.nn.fusion import GatedResidualFusion, PairedAttentionFusion
 from tadm.nn.hub import MODEL_BUILDERS, MODEL_CLASSES, HubMixin, build_model, load_model
+from tadm.nn.base import DiTSizes, MaskedDiffusionNetwork, MaskedDiffusionSizes
 from tadm.nn.tadm import TADM, NaiveReuse, TADMConfig, TADMOutput, tadm_small, tadm_tiny
 
 __all__ = [
+    "DiTSizes",
+    "MaskedDiffusionNetwork",
+    "MaskedDiffusionSizes",
     "ADLM",
     "ADLMConfig",
     "ARConfig",

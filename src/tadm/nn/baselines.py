@@ -1,6 +1,6 @@
 """Baselines built from the same DiT blocks: MDLM, ADLM and an autoregressive Transformer.
 
-MDLM and ADLM satisfy :class:`tadm.sampling.protocol.CacheableDenoiser`, so the anchor-cache loop
+MDLM and ADLM satisfy :class:`tadm.protocol.CacheableDenoiser`, so the anchor-cache loop
 drives them exactly like TADM:
 
 * MDLM has no anchor network: ``compute_anchor`` returns its input and ``predict`` runs the full
@@ -28,7 +28,7 @@ match MDLM's DiT and the paper's Table (main-results):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -36,11 +36,6 @@ from tadm.nn.dit import (
     DiTStack,
     FinalLayer,
     TimestepEmbedder,
-    check_bool,
-    check_dropout,
-    check_heads,
-    check_int,
-    check_mask_token,
     remove_mask_log_probs,
     stack_kwargs,
     subs_log_probs,
@@ -48,76 +43,30 @@ from tadm.nn.dit import (
     token_embedding,
 )
 from tadm.nn.hub import TINY_SIZES, HubMixin, register_builder
-from tadm.sampling.protocol import LayerSplit
-
-
-def _check_common(config: Any, layer_fields: tuple[str, ...]) -> None:
-    owner = type(config).__name__
-    check_int(owner, "vocab_size", config.vocab_size, minimum=2)
-    for name in ("hidden_size", "num_heads", "cond_dim", "mlp_ratio", "max_seq_len", *layer_fields):
-        check_int(owner, name, getattr(config, name))
-    check_heads(owner, config.hidden_size, config.num_heads)
-    check_dropout(owner, "dropout", config.dropout)
-    check_bool(owner, "time_conditioning", config.time_conditioning)
-
-
-def _check_tokens(owner: str, z: Tensor, max_seq_len: int) -> None:
-    if z.dim() != 2:
-        raise ValueError(f"{owner}: token ids must have shape (B, L), got {tuple(z.shape)}")
-    if z.shape[1] > max_seq_len:
-        raise ValueError(f"{owner}: sequence length {z.shape[1]} exceeds max_seq_len={max_seq_len}")
+from tadm.nn.base import DiTSizes, MaskedDiffusionNetwork, MaskedDiffusionSizes, check_token_ids
+from tadm.protocol import LayerSplit
 
 
 # -------------------------------------------------------------------------------------------- MDLM
 @dataclass
-class MDLMConfig:
+class MDLMConfig(MaskedDiffusionSizes):
     """Sizes of an MDLM DiT. Defaults are MDLM's small model (170M parameters)."""
 
-    vocab_size: int = 50258  # GPT-2's 50257 tokens + the mask token
-    mask_token_id: int | None = None  # None: vocab_size - 1
-    hidden_size: int = 768
-    num_heads: int = 12
     num_layers: int = 12
-    cond_dim: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.1
-    max_seq_len: int = 1024
-    time_conditioning: bool = False
 
-    def __post_init__(self) -> None:
-        _check_common(self, ("num_layers",))
-        check_mask_token(type(self).__name__, self.mask_token_id, self.vocab_size)
-
-    @property
-    def resolved_mask_token_id(self) -> int:
-        """The mask token id, ``vocab_size - 1`` unless set explicitly."""
-        return self.vocab_size - 1 if self.mask_token_id is None else self.mask_token_id
+    layer_fields: ClassVar[tuple[str, ...]] = ("num_layers",)
 
 
-class MDLM(nn.Module, HubMixin, model_type="mdlm"):
+class MDLM(MaskedDiffusionNetwork, HubMixin, model_type="mdlm"):
     """Masked diffusion LM (MDLM): embedding -> DiT blocks -> output layer, SUBS-parameterised."""
 
     config_class = MDLMConfig
 
     def __init__(self, config: MDLMConfig | None = None) -> None:
-        super().__init__()
         config = MDLMConfig() if config is None else config
-        self.config = config
-        self.vocab_size = config.vocab_size
-        self.mask_token_id: int | None = config.resolved_mask_token_id
-        self.layer_split = LayerSplit(shared=0, anchor=0, denoiser=config.num_layers)
-        self.embed = token_embedding(config.vocab_size, config.hidden_size)
-        self.time_embed = TimestepEmbedder(config.cond_dim)
+        super().__init__(config, LayerSplit(shared=0, anchor=0, denoiser=config.num_layers))
         self.blocks = DiTStack(config.num_layers, **stack_kwargs(config))
         self.head = FinalLayer(config.hidden_size, config.vocab_size, config.cond_dim)
-
-    def _cond(self, t: Tensor | None, ref: Tensor) -> Tensor:
-        return time_condition(self.time_embed, t, ref.shape[0], ref.device, self.config.time_conditioning)
-
-    def encode(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
-        """Token ids (B, L) -> embeddings (B, L, D)."""
-        _check_tokens("MDLM", z_t, self.config.max_seq_len)
-        return self.embed(z_t)
 
     def compute_anchor(self, c: Tensor, t: Tensor | None = None) -> Tensor:
         """No anchor network: returns ``c`` unchanged (zero layers)."""
@@ -137,32 +86,16 @@ class MDLM(nn.Module, HubMixin, model_type="mdlm"):
 
 # -------------------------------------------------------------------------------------------- ADLM
 @dataclass
-class ADLMConfig:
+class ADLMConfig(MaskedDiffusionSizes):
     """Sizes of an ADLM. Defaults are the small model compared in the paper (293M parameters)."""
 
-    vocab_size: int = 50258
-    mask_token_id: int | None = None  # None: vocab_size - 1
-    hidden_size: int = 768
-    num_heads: int = 12
     anchor_layers: int = 12
     denoiser_layers: int = 6
-    cond_dim: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.1
-    max_seq_len: int = 1024
-    time_conditioning: bool = False
 
-    def __post_init__(self) -> None:
-        _check_common(self, ("anchor_layers", "denoiser_layers"))
-        check_mask_token(type(self).__name__, self.mask_token_id, self.vocab_size)
-
-    @property
-    def resolved_mask_token_id(self) -> int:
-        """The mask token id, ``vocab_size - 1`` unless set explicitly."""
-        return self.vocab_size - 1 if self.mask_token_id is None else self.mask_token_id
+    layer_fields: ClassVar[tuple[str, ...]] = ("anchor_layers", "denoiser_layers")
 
 
-class ADLM(nn.Module, HubMixin, model_type="adlm"):
+class ADLM(MaskedDiffusionNetwork, HubMixin, model_type="adlm"):
     """Anchored diffusion LM: ``x_theta(z_t) = x_theta_D(y_theta_A(z_t))``.
 
     The anchor stack and its output layer give anchor log-probabilities (mask token removed); their
@@ -172,29 +105,15 @@ class ADLM(nn.Module, HubMixin, model_type="adlm"):
     config_class = ADLMConfig
 
     def __init__(self, config: ADLMConfig | None = None) -> None:
-        super().__init__()
         config = ADLMConfig() if config is None else config
-        self.config = config
-        self.vocab_size = config.vocab_size
-        self.mask_token_id: int | None = config.resolved_mask_token_id
-        self.layer_split = LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers)
+        super().__init__(config, LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers))
         d = config.hidden_size
         blocks = stack_kwargs(config)
-        self.embed = token_embedding(config.vocab_size, d)
-        self.time_embed = TimestepEmbedder(config.cond_dim)
         self.anchor = DiTStack(config.anchor_layers, **blocks)
         self.anchor_head = FinalLayer(d, config.vocab_size, config.cond_dim)
         self.anchor_proj = nn.Linear(config.vocab_size, d)
         self.denoiser = DiTStack(config.denoiser_layers, **blocks)
         self.head = FinalLayer(d, config.vocab_size, config.cond_dim)
-
-    def _cond(self, t: Tensor | None, ref: Tensor) -> Tensor:
-        return time_condition(self.time_embed, t, ref.shape[0], ref.device, self.config.time_conditioning)
-
-    def encode(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
-        """Token ids (B, L) -> embeddings (B, L, D)."""
-        _check_tokens("ADLM", z_t, self.config.max_seq_len)
-        return self.embed(z_t)
 
     def anchor_log_probs(self, c: Tensor, t: Tensor | None = None) -> Tensor:
         """Anchor network on embeddings c (B, L, D) -> log y_theta_A (B, L, V), mask token at NEG_INF."""
@@ -226,25 +145,13 @@ class ADLM(nn.Module, HubMixin, model_type="adlm"):
 
 # ---------------------------------------------------------------------------------------------- AR
 @dataclass
-class ARConfig:
+class ARConfig(DiTSizes):
     """Sizes of the autoregressive baseline: causal DiT blocks without time conditioning or mask token."""
 
     vocab_size: int = 50257  # GPT-2
-    hidden_size: int = 768
-    num_heads: int = 12
     num_layers: int = 12
-    cond_dim: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.1
-    max_seq_len: int = 1024
 
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        check_int(owner, "vocab_size", self.vocab_size)
-        for name in ("hidden_size", "num_heads", "num_layers", "cond_dim", "mlp_ratio", "max_seq_len"):
-            check_int(owner, name, getattr(self, name))
-        check_heads(owner, self.hidden_size, self.num_heads)
-        check_dropout(owner, "dropout", self.dropout)
+    layer_fields: ClassVar[tuple[str, ...]] = ("num_layers",)
 
 
 class ARTransformer(nn.Module, HubMixin, model_type="ar"):
@@ -264,7 +171,7 @@ class ARTransformer(nn.Module, HubMixin, model_type="ar"):
 
     def forward(self, x: Tensor) -> Tensor:
         """Token ids (B, L) -> float32 next-token logits (B, L, V); position i sees tokens <= i."""
-        _check_tokens("ARTransformer", x, self.config.max_seq_len)
+        check_token_ids("ARTransformer", x, self.config.max_seq_len)
         h = self.embed(x)  # (B, L, D)
         cond = time_condition(self.time_embed, None, x.shape[0], x.device, enabled=False)  # (B, cond_dim)
         return self.head(self.blocks(h, cond), cond).float()  # (B, L, V)

@@ -14,63 +14,40 @@ anchor loss with gamma > 0 (Eq. (anchor-loss)); it is not part of the inference 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from tadm.nn.dit import (
     DiTStack,
     FinalLayer,
-    TimestepEmbedder,
     check_bool,
-    check_dropout,
-    check_heads,
-    check_int,
-    check_mask_token,
     remove_mask_log_probs,
     stack_kwargs,
     subs_log_probs,
-    time_condition,
-    token_embedding,
 )
 from tadm.nn.fusion import GatedResidualFusion
 from tadm.nn.hub import TINY_SIZES, HubMixin, register_builder
-from tadm.sampling.protocol import LayerSplit
+from tadm.nn.base import MaskedDiffusionNetwork, MaskedDiffusionSizes
+from tadm.protocol import LayerSplit
 
 
 @dataclass
-class TADMConfig:
-    """Sizes of a TADM network. Defaults are the paper's small model (224M inference parameters)."""
+class TADMConfig(MaskedDiffusionSizes):
+    """Sizes of a TADM network (shared fields: :class:`~tadm.nn.sizes.MaskedDiffusionSizes`).
 
-    vocab_size: int = 50258  # GPT-2's 50257 tokens + the mask token
-    mask_token_id: int | None = None  # None: vocab_size - 1
-    hidden_size: int = 768
-    num_heads: int = 12
+    Defaults are the paper's small model (224M inference parameters).
+    """
+
     anchor_layers: int = 12
     denoiser_layers: int = 6
-    cond_dim: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.1
-    max_seq_len: int = 1024
-    time_conditioning: bool = False
     anchor_lm_head: bool = True  # training-only head for the anchor loss (gamma > 0)
 
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        check_int(owner, "vocab_size", self.vocab_size, minimum=2)
-        sizes = ("hidden_size", "num_heads", "anchor_layers", "denoiser_layers", "cond_dim", "mlp_ratio", "max_seq_len")
-        for name in sizes:
-            check_int(owner, name, getattr(self, name))
-        check_heads(owner, self.hidden_size, self.num_heads)
-        check_mask_token(owner, self.mask_token_id, self.vocab_size)
-        check_dropout(owner, "dropout", self.dropout)
-        check_bool(owner, "time_conditioning", self.time_conditioning)
-        check_bool(owner, "anchor_lm_head", self.anchor_lm_head)
+    layer_fields: ClassVar[tuple[str, ...]] = ("anchor_layers", "denoiser_layers")
 
-    @property
-    def resolved_mask_token_id(self) -> int:
-        """The mask token id, ``vocab_size - 1`` unless set explicitly."""
-        return self.vocab_size - 1 if self.mask_token_id is None else self.mask_token_id
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_bool(type(self).__name__, "anchor_lm_head", self.anchor_lm_head)
 
 
 @dataclass
@@ -82,8 +59,8 @@ class TADMOutput:
     anchor_hidden: Tensor  # (B, L, D) the anchor h_t' = A(S(z_t'))
 
 
-class TADM(nn.Module, HubMixin, model_type="tadm"):
-    """Time-anchored diffusion LM; satisfies :class:`tadm.sampling.protocol.CacheableDenoiser`.
+class TADM(MaskedDiffusionNetwork, HubMixin, model_type="tadm"):
+    """Time-anchored diffusion LM; satisfies :class:`tadm.protocol.CacheableDenoiser`.
 
     Fresh prediction: ``x_theta(z_t) = D(Phi(S(z_t), A(S(z_t))))``; with a cached anchor from
     ``z_t'``: ``x_theta(z_t, z_t') = D(Phi(S(z_t), A(S(z_t'))))``, Eq. (DenoiserOp).
@@ -92,32 +69,15 @@ class TADM(nn.Module, HubMixin, model_type="tadm"):
     config_class = TADMConfig
 
     def __init__(self, config: TADMConfig | None = None) -> None:
-        super().__init__()
         config = TADMConfig() if config is None else config
-        self.config = config
-        self.vocab_size = config.vocab_size
-        self.mask_token_id: int | None = config.resolved_mask_token_id
-        self.layer_split = LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers)
+        super().__init__(config, LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers))
         d = config.hidden_size
         blocks = stack_kwargs(config)
-        self.embed = token_embedding(config.vocab_size, d)
-        self.time_embed = TimestepEmbedder(config.cond_dim)
         self.anchor = DiTStack(config.anchor_layers, **blocks)
         self.fusion = GatedResidualFusion(d)
         self.denoiser = DiTStack(config.denoiser_layers, **blocks)
         self.head = FinalLayer(d, config.vocab_size, config.cond_dim)
         self.anchor_head = FinalLayer(d, config.vocab_size, config.cond_dim) if config.anchor_lm_head else None
-
-    def _cond(self, t: Tensor | None, ref: Tensor) -> Tensor:
-        return time_condition(self.time_embed, t, ref.shape[0], ref.device, self.config.time_conditioning)
-
-    def encode(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
-        """S: token ids (B, L) -> current-state representation c_t (B, L, D). ``t`` is unused."""
-        if z_t.dim() != 2:
-            raise ValueError(f"token ids must have shape (B, L), got {tuple(z_t.shape)}")
-        if z_t.shape[1] > self.config.max_seq_len:
-            raise ValueError(f"sequence length {z_t.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
-        return self.embed(z_t)  # (B, L, D)
 
     def compute_anchor(self, c: Tensor, t: Tensor | None = None) -> Tensor:
         """A: representation c_t' (B, L, D) -> cacheable anchor h_t' (B, L, D) (no final norm)."""
@@ -184,7 +144,7 @@ class NaiveReuse(nn.Module):
     the current canvas reaches the prediction only through SUBS carry-over of its unmasked tokens,
     as in ADLM's naive reuse of a cached anchor. With a fresh anchor (K = 1, or cache age 0) this is
     the wrapped model exactly, so the gap to the fused model at age k > 0 is what the fusion with
-    the current state recovers. Satisfies :class:`tadm.sampling.protocol.CacheableDenoiser`; the
+    the current state recovers. Satisfies :class:`tadm.protocol.CacheableDenoiser`; the
     parameters are those of the wrapped model.
     """
 

@@ -3,7 +3,7 @@
 * :mod:`~tadm.posttrain.backbone` - adapters exposing a layer-stack LM stage by stage
   (``DiffusionGemmaForBlockDiffusion`` from ``transformers``, tadm's MDLM);
 * :mod:`~tadm.posttrain.model` - :class:`AnchoredBackbone`: shared / anchor / denoiser split plus the
-  paired-attention fusion, a :class:`~tadm.sampling.protocol.CacheableDenoiser`;
+  paired-attention fusion, a :class:`~tadm.protocol.CacheableDenoiser`;
 * :mod:`~tadm.posttrain.generate` - block-wise generation over a prompt (Algorithm 2 inside
   Algorithm 1, with the prompt KV cache);
 * :mod:`~tadm.posttrain.rollout` - the on-policy rollouts of Eq. (anchor-sft-rollout);

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tadm.specs import resolve_dtype
+
 if TYPE_CHECKING:  # pragma: no cover
     from tadm.nn.baselines import MDLM
 
@@ -126,22 +128,6 @@ class LayerStackBackbone(Protocol):
 def _check_tokens(z: Tensor, vocab_size: int) -> None:
     if z.dim() != 2 or z.dtype != torch.long:
         raise ValueError(f"canvas must be a LongTensor of token ids (B, L); got {z.dtype} of shape {tuple(z.shape)}")
-
-
-def resolve_dtype(name: str | torch.dtype | None, device: torch.device | str = "cpu") -> torch.dtype:
-    """A torch dtype from a name: "auto" (bf16 on CUDA, else fp32), "fp32", "bf16", "fp16" (or their long names)."""
-    if isinstance(name, torch.dtype):
-        return name
-    table = {
-        "fp32": torch.float32, "float32": torch.float32,
-        "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-        "fp16": torch.float16, "float16": torch.float16,
-    }
-    if name in (None, "auto"):
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; valid: auto, {', '.join(table)}")
-    return table[name]
 
 
 # ----------------------------------------------------------------------------------- DiffusionGemma

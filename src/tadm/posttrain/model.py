@@ -12,7 +12,7 @@ The paper's DiffusionGemma split is s = 2, a = 22 of N = 30 layers. The cached a
 shallow state C0 computed at the refresh beside the deep state H0: ``compute_anchor`` returns them
 packed as ``[H0, C0]`` along the feature axis (d_a = 2d), so the generic anchor-cache loop
 (:func:`tadm.sampling.generate`) caches both. :class:`AnchoredBackbone` satisfies
-:class:`tadm.sampling.protocol.CacheableDenoiser`. Only the fusion has trainable parameters.
+:class:`tadm.protocol.CacheableDenoiser`. Only the fusion has trainable parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from tadm.nn.fusion import PairedAttentionFusion
 from tadm.posttrain.backbone import LayerStackBackbone, StackContext
-from tadm.sampling.protocol import LayerSplit
+from tadm.protocol import LayerSplit
 
 __all__ = ["FUSION_MODES", "AnchoredBackbone", "FusionSpec", "SplitSpec"]
 
@@ -92,7 +92,7 @@ class FusionSpec:
 class AnchoredBackbone(nn.Module):
     """A frozen layer-stack backbone split for anchor caching, with a trainable paired-attention fusion.
 
-    Implements :class:`tadm.sampling.protocol.CacheableDenoiser`. The per-pass inputs besides the
+    Implements :class:`tadm.protocol.CacheableDenoiser`. The per-pass inputs besides the
     canvas (prompt KV cache, self-conditioning logits) come from a :class:`StackContext`: the
     stage methods take ``prepared = model.prepare(z, context, t)`` (Algorithm 1's loop passes the
     caller's context explicitly); without it they prepare a pass with an empty context.

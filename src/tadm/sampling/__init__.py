@@ -7,7 +7,7 @@ from tadm.sampling.generate import GenerationOutput, generate
 from tadm.sampling.loop import LoopContext, LoopResult, denoise
 from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
 from tadm.sampling.mdlm import MDLMSampler, MDLMSamplerConfig
-from tadm.sampling.protocol import CacheableDenoiser, LayerSplit
+from tadm.protocol import CacheableDenoiser, LayerSplit
 from tadm.sampling.refresh import (
     REFRESH_POLICIES,
     AdaptiveRefresh,

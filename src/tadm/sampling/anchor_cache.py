@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from torch import Tensor
 
-from tadm.sampling.protocol import LayerSplit
+from tadm.protocol import LayerSplit
 
 
 def check_refresh_interval(refresh_interval: int) -> int:

@@ -8,9 +8,10 @@ of the clean sequence and the current canvas; the sampler returns the next canva
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -48,6 +49,21 @@ class Sampler(Protocol):
     ) -> SamplerOutput:
         """Draw z_{s(i)} given the network's log x_theta (B, L, V) and the canvas z_{t(i)} (B, L)."""
         ...
+
+
+class ConfiguredSampler:
+    """Mixin of the samplers whose settings are one config dataclass (the registry builds them from it).
+
+    A subclass's ``__init__`` takes what it needs from the model (a mask id or a vocabulary size)
+    followed by the fields of its config, and keeps the validated config as ``self.config``.
+    """
+
+    config: Any
+
+    @classmethod
+    def from_config(cls, model_value: int, config: Any) -> Any:
+        """The sampler of ``config`` for a model's mask id (masked samplers) or vocabulary size (uniform)."""
+        return cls(model_value, **dataclasses.asdict(config))
 
 
 def check_num_steps(num_steps: int) -> int:

@@ -26,12 +26,12 @@ different stream).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import check_num_steps, check_number, check_step_index
+from tadm.sampling.base import ConfiguredSampler, check_num_steps, check_number, check_step_index
 from tadm.sampling.categorical import sample_categorical
 
 __all__ = [
@@ -126,7 +126,7 @@ class EntropyBoundSamplerConfig:
             raise ValueError(f"unknown categorical draw {self.categorical!r}; valid: {', '.join(CATEGORICAL_DRAWS)}")
 
 
-class EntropyBoundSampler:
+class EntropyBoundSampler(ConfiguredSampler):
     """Entropy-bound sampling over a uniform-noise canvas (Algorithm 2), diffusers-style.
 
     ``set_timesteps(T)`` then, for ``n = T, ..., 1``, ``step(logits, n, z_n, generator)``. ``n`` may
@@ -159,11 +159,6 @@ class EntropyBoundSampler:
         self.temperature_min = float(temperature_min)
         self.categorical = categorical
         self.num_steps = num_steps
-
-    @classmethod
-    def from_config(cls, vocab_size: int, config: EntropyBoundSamplerConfig) -> EntropyBoundSampler:
-        """The sampler of ``config`` over a vocabulary of ``vocab_size`` ids."""
-        return cls(vocab_size, **asdict(config))
 
     def set_timesteps(self, num_steps: int) -> None:
         """Use ``num_steps`` reverse steps; the sampler keeps no other per-run state."""

@@ -11,7 +11,7 @@ from torch import Tensor
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import Sampler
 from tadm.sampling.loop import denoise, network_pass
-from tadm.sampling.protocol import CacheableDenoiser
+from tadm.protocol import CacheableDenoiser
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, get_refresh_policy
 
 

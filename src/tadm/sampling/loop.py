@@ -135,7 +135,7 @@ def denoise(
     """Run the reverse steps ``steps`` (e.g. ``range(T, 0, -1)``) from canvas z (B, L) with the anchor cache.
 
     Args:
-        model: a :class:`~tadm.sampling.protocol.CacheableDenoiser`.
+        model: a :class:`~tadm.protocol.CacheableDenoiser`.
         sampler: its ``step(output, i, z, generator)`` draws the next canvas; ``set_timesteps`` must
             have been called. ``sampler.consumes`` ("log_probs" default, or "logits") picks the output.
         steps: reverse step indices in the order run; an index may be a (B,) tensor (rows at

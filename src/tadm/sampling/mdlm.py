@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from tadm.diffusion import get_schedule, remdm_move_probs
 from tadm.sampling.base import (
+    ConfiguredSampler,
     SamplerOutput,
     check_num_steps,
     check_number,
@@ -44,7 +45,7 @@ class MDLMSamplerConfig:
         get_schedule(self.schedule)
 
 
-class MDLMSampler:
+class MDLMSampler(ConfiguredSampler):
     """Ancestral sampling for absorbing-state diffusion (MDLM).
 
     At step i a masked position is unmasked to a draw from x_theta with probability
@@ -71,11 +72,6 @@ class MDLMSampler:
         self.time_grid = time_grid
         self.final_denoise = time_grid == "released"
         self.num_steps = 0
-
-    @classmethod
-    def from_config(cls, mask_id: int, config: MDLMSamplerConfig) -> MDLMSampler:
-        """The sampler of ``config`` for a vocabulary whose mask id is ``mask_id``."""
-        return cls(mask_id, **asdict(config))
 
     def set_timesteps(self, num_steps: int) -> None:
         self.num_steps = check_num_steps(num_steps)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_move_probs, remdm_sigma, remdm_sigma_max
 from tadm.sampling.base import (
+    ConfiguredSampler,
     SamplerOutput,
     check_mask_id,
     check_num_steps,
@@ -60,7 +61,7 @@ class ReMDMSamplerConfig:
         get_schedule(self.schedule)
 
 
-class ReMDMSampler:
+class ReMDMSampler(ConfiguredSampler):
     """Masked-diffusion sampler that may remask decoded tokens with probability sigma_t.
 
     Strategies (ReMDM):
@@ -126,11 +127,6 @@ class ReMDMSampler:
         self.final_denoise = time_grid == "released"
         self.num_steps = 0
         self._confidence: Tensor | None = None  # (B, L) prob of each decoded token when decoded
-
-    @classmethod
-    def from_config(cls, mask_id: int, config: ReMDMSamplerConfig) -> ReMDMSampler:
-        """The sampler of ``config`` for a vocabulary whose mask id is ``mask_id``."""
-        return cls(mask_id, **asdict(config))
 
     def set_timesteps(self, num_steps: int) -> None:
         self.num_steps = check_num_steps(num_steps)

@@ -73,7 +73,7 @@ def _table(header: list[str], body: list[list[str]]) -> str:
 # ---------------------------------------------------------------------------------------- collect
 def _split(cfg: StudyConfig, kind: str) -> Any:
     """Shared / anchor / denoiser Transformer layers of a study model (MDLM: one stack, no anchor)."""
-    from tadm.sampling.protocol import LayerSplit
+    from tadm.protocol import LayerSplit
 
     s = cfg.size
     if MODEL_KINDS[kind][0] in ("tadm", "adlm"):

@@ -343,15 +343,13 @@ class _Study:
 
     def sampler(self, model: Any, T: int) -> tuple[str, Any]:
         from tadm.eval.sweep import resolve_sampler
-        from tadm.sampling import get_sampler
+        from tadm.sampling.registry import get_sampler, sampler_options
 
         sp = self.cfg.sampling
         name = resolve_sampler(sp.sampler, T, self.length())
-        kwargs: dict[str, Any] = {"top_p": sp.top_p, "schedule": self.cfg.objective.schedule,
-                                  "nucleus": sp.nucleus, "time_grid": sp.time_grid}
-        if sp.eta is not None and name.startswith("remdm"):
-            kwargs["eta"] = sp.eta
-        return name, get_sampler(name, model.mask_token_id, **kwargs)
+        settings = {"top_p": sp.top_p, "eta": sp.eta, "schedule": self.cfg.objective.schedule,
+                    "nucleus": sp.nucleus, "time_grid": sp.time_grid}
+        return name, get_sampler(name, model.mask_token_id, **sampler_options(name, settings))
 
     def sample_spec(self, m: StudyModel, seed: int, naive: bool, T: int, K: int) -> dict[str, Any]:
         sp = self.cfg.sampling

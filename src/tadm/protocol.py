@@ -1,4 +1,4 @@
-"""The contract between networks and the sampling loop.
+"""The contract between networks and the sampling loop (imported by both, importing neither).
 
 Samplers and the anchor-cache loop (paper Algorithm 1) never import a concrete network: they
 drive any object with the four methods below. A network of ``L_S`` shared, ``L_A`` anchor and

@@ -1,0 +1,109 @@
+"""What every tadm network shares: its size fields, validated once, and the masked-diffusion front end.
+
+:class:`DiTSizes` holds what every network built from DiT blocks has (vocabulary, width, heads,
+conditioning size, MLP ratio, dropout, context length); :class:`MaskedDiffusionSizes` adds the mask
+token and time conditioning of the diffusion models. Each model's config (``TADMConfig``,
+``MDLMConfig``, ``ADLMConfig``, ``ARConfig``) subclasses one of them, adds its layer counts and names
+them in ``layer_fields`` so that they are validated like the rest. :class:`MaskedDiffusionNetwork`
+is the front end of TADM, MDLM and ADLM: the token embedding S, the time embedding and the
+attributes the sampling loop reads (``vocab_size``, ``mask_token_id``, ``layer_split``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+from tadm.nn.dit import (
+    TimestepEmbedder,
+    check_bool,
+    check_dropout,
+    check_heads,
+    check_int,
+    check_mask_token,
+    time_condition,
+    token_embedding,
+)
+from tadm.protocol import LayerSplit
+
+__all__ = ["DiTSizes", "MaskedDiffusionNetwork", "MaskedDiffusionSizes", "check_token_ids"]
+
+
+@dataclass
+class DiTSizes:
+    """Sizes of a network of DiT blocks (defaults: the paper's d = 768, 12 heads, L = 1024)."""
+
+    vocab_size: int = 50258  # GPT-2's 50257 tokens + the mask token
+    hidden_size: int = 768
+    num_heads: int = 12
+    cond_dim: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.1
+    max_seq_len: int = 1024
+
+    layer_fields: ClassVar[tuple[str, ...]] = ()  # the subclass's layer counts, validated as ints >= 1
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        check_int(owner, "vocab_size", self.vocab_size, minimum=2)
+        for name in ("hidden_size", "num_heads", "cond_dim", "mlp_ratio", "max_seq_len", *self.layer_fields):
+            check_int(owner, name, getattr(self, name))
+        check_heads(owner, self.hidden_size, self.num_heads)
+        check_dropout(owner, "dropout", self.dropout)
+
+
+@dataclass
+class MaskedDiffusionSizes(DiTSizes):
+    """:class:`DiTSizes` plus the mask token and time conditioning of a masked diffusion LM."""
+
+    mask_token_id: int | None = None  # None: vocab_size - 1
+    time_conditioning: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        check_mask_token(owner, self.mask_token_id, self.vocab_size)
+        check_bool(owner, "time_conditioning", self.time_conditioning)
+
+    @property
+    def resolved_mask_token_id(self) -> int:
+        """The mask token id, ``vocab_size - 1`` unless set explicitly."""
+        return self.vocab_size - 1 if self.mask_token_id is None else self.mask_token_id
+
+
+def check_token_ids(owner: str, z: Tensor, max_seq_len: int) -> None:
+    """Token ids must have shape (B, L) with L <= ``max_seq_len``."""
+    if z.dim() != 2:
+        raise ValueError(f"{owner}: token ids must have shape (B, L), got {tuple(z.shape)}")
+    if z.shape[1] > max_seq_len:
+        raise ValueError(f"{owner}: sequence length {z.shape[1]} exceeds max_seq_len={max_seq_len}")
+
+
+class MaskedDiffusionNetwork(nn.Module):
+    """The shared front end of a masked diffusion LM: the embedding S and the time conditioning.
+
+    Subclasses call ``super().__init__(config, layer_split)`` and build their stacks; ``encode`` is
+    the shared network S of the :class:`~tadm.protocol.CacheableDenoiser` protocol.
+    """
+
+    config: MaskedDiffusionSizes
+
+    def __init__(self, config: MaskedDiffusionSizes, layer_split: LayerSplit) -> None:
+        super().__init__()
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.mask_token_id: int | None = config.resolved_mask_token_id
+        self.layer_split = layer_split
+        self.embed = token_embedding(config.vocab_size, config.hidden_size)
+        self.time_embed = TimestepEmbedder(config.cond_dim)
+
+    def _cond(self, t: Tensor | None, ref: Tensor) -> Tensor:
+        """The conditioning vector (B, cond_dim): embedded time, or a fixed vector without time conditioning."""
+        return time_condition(self.time_embed, t, ref.shape[0], ref.device, self.config.time_conditioning)
+
+    def encode(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
+        """S: token ids (B, L) -> current-state representation c_t (B, L, D). ``t`` is unused."""
+        check_token_ids(type(self).__name__, z_t, self.config.max_seq_len)
+        return self.embed(z_t)  # (B, L, D)
