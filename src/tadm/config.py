@@ -191,17 +191,28 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def resolve_config_path(path_or_preset: str | Path) -> Path:
-    """A YAML file path if it exists, else the shipped preset of that name (clear error if neither)."""
+def resolve_config_path(
+    path_or_preset: str | Path,
+    *,
+    preset: Callable[[str], Path] = preset_path,
+    presets: Callable[[], list[str]] = list_presets,
+    kind: str = "",
+) -> Path:
+    """A YAML file path if it exists, else the shipped preset of that name (clear error if neither).
+
+    ``preset`` and ``presets`` look up and list another family of shipped presets (e.g. studies),
+    ``kind`` names it in the error ("study").
+    """
     path = Path(path_or_preset)
     if path.is_file():
         return path
     try:
-        return preset_path(str(path_or_preset))
+        return preset(str(path_or_preset))
     except FileNotFoundError:
+        kind = f"{kind} " if kind else ""
         raise FileNotFoundError(
-            f"config {str(path_or_preset)!r} is neither a file nor a shipped preset "
-            f"(presets: {', '.join(list_presets())})"
+            f"{kind}config {str(path_or_preset)!r} is neither a file nor a shipped {kind}preset "
+            f"(presets: {', '.join(presets())})"
         ) from None
 
 

@@ -40,6 +40,7 @@ from tadm.config import (
     _fail,
     _validate,
     load_structured,
+    resolve_config_path,
 )
 
 __all__ = [
@@ -312,14 +313,7 @@ def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> E
 
 
 def _resolve_study_path(path: str | Path) -> Path:
-    p = Path(path)
-    if p.is_file():
-        return p
-    try:
-        return study_preset_path(str(path))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"study config {str(path)!r} is neither a file nor a shipped study preset "
-                                f"({', '.join(list_study_presets())})") from None
+    return resolve_config_path(path, preset=study_preset_path, presets=list_study_presets, kind="study")
 
 
 def load_study_config(path: str | Path, overrides: Sequence[str] = ()) -> StudyConfig:
