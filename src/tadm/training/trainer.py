@@ -78,6 +78,7 @@ from tadm.training.objectives import (
     rare_token_mask,
     validation_config,
 )
+from tadm.training.precision import autocast_context, uses_bf16
 from tadm.training.tokenization import (
     META_FILENAME,
     TextTokenizer,
@@ -350,46 +351,111 @@ def train(cfg: ExperimentConfig, *, resume: bool = False) -> TrainResult:
         cleanup(info)
 
 
-def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> TrainResult:
-    wall_start = time.perf_counter()
-    tc = cfg.train
-    say = _Printer(info.is_main)
-    out_dir = Path(tc.out_dir)
-    state_path = out_dir / STATE_FILENAME
-    final_dir, best_dir = out_dir / FINAL_DIRNAME, out_dir / BEST_DIRNAME
+@dataclass
+class _Run:
+    """One call of :func:`train`: its settings, data and model, and what changes from step to step."""
 
-    # ---------------------------------------------------------------- batch geometry
+    cfg: ExperimentConfig
+    info: DistInfo
+    say: _Printer
+    accum: int  # micro-batches per rank and optimizer step
+    tokenizer: TextTokenizer
+    splits: PackedSplits
+    sampler: BlockSampler
+    raw_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ema: EMA | None
+    objective: Callable[..., LossOutput]
+    obj_cfg: ObjectiveConfig
+    val_cfg: ObjectiveConfig
+    start_step: int = 0
+    best_val: float | None = None
+    last_saved: int | None = None  # step of the newest training state on disk
+    # set once the state is restored: the DDP-wrapped raw_model, the metrics files, the result
+    model: nn.Module = field(init=False)
+    metrics: MetricsLogger = field(init=False)
+    result: TrainResult = field(init=False)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.cfg.train.out_dir)
+
+    @property
+    def state_path(self) -> Path:
+        return self.out_dir / STATE_FILENAME
+
+    @property
+    def eval_model(self) -> nn.Module:
+        return self.ema.model if self.ema is not None else self.raw_model
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.train.global_batch_size * self.cfg.data.seq_len
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return autocast_context(self.info.device, self.cfg.train.precision)
+
+
+@dataclass
+class _StepStats:
+    """What one optimizer step reports."""
+
+    loss: float
+    lr: float
+    grad_norm: float
+    part_names: list[str]
+    reduced: torch.Tensor  # (1 + parts,) rank-averaged loss and loss parts; the parts are read when logged
+
+
+def _accumulation_steps(cfg: ExperimentConfig, info: DistInfo) -> int:
+    tc = cfg.train
     per_step = tc.micro_batch_size * info.world_size
     if tc.global_batch_size % per_step:
         raise ConfigError(
             f"train.global_batch_size ({tc.global_batch_size}) must be a multiple of train.micro_batch_size "
             f"({tc.micro_batch_size}) x world size ({info.world_size})"
         )
-    accum = tc.global_batch_size // per_step
+    return tc.global_batch_size // per_step
 
-    # ---------------------------------------------------------------- run directory
+
+def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | None:
+    """The state to continue from (``resume``), after checking that ``out_dir`` fits the request."""
+    out_dir = Path(cfg.train.out_dir)
+    state_path = out_dir / STATE_FILENAME
     if resume and not state_path.is_file():
         raise ConfigError(f"nothing to resume: no training state at {state_path}")
-    if not resume and (state_path.exists() or final_dir.exists()) and not tc.overwrite:
+    if not resume and (state_path.exists() or (out_dir / FINAL_DIRNAME).exists()) and not cfg.train.overwrite:
         raise ConfigError(
             f"train.out_dir {str(out_dir)!r} already holds a run; pass --resume to continue it, "
             "train.overwrite=true to start afresh, or choose another train.out_dir"
         )
-    state = load_training_state(state_path) if resume else None
-    if state is not None:
-        _check_resumable(state["config"], cfg, state_path)
+    if not resume:
+        return None
+    state = load_training_state(state_path)
+    _check_resumable(state["config"], cfg, state_path)
+    return state
 
-    # ---------------------------------------------------------------- tokenizer and data (rank 0 first)
+
+def _remove_previous_run(out_dir: Path) -> None:
+    for stale in (out_dir / STATE_FILENAME, out_dir / "metrics.jsonl"):
+        stale.unlink(missing_ok=True)
+    for stale_dir in (out_dir / FINAL_DIRNAME, out_dir / BEST_DIRNAME, out_dir / TOKENIZER_DIRNAME):
+        shutil.rmtree(stale_dir, ignore_errors=True)
+
+
+def _prepare_data(
+    cfg: ExperimentConfig, info: DistInfo, resume: bool
+) -> tuple[TextTokenizer, PackedSplits, torch.Tensor | None]:
+    """Tokenizer, packed splits and (ADLM with an anchor loss) the anchor token mask; rank 0 first."""
+    out_dir = Path(cfg.train.out_dir)
     anchor_mask = None
     with main_process_first(info):
-        if info.is_main and not resume and tc.overwrite:
-            for stale in (state_path, out_dir / "metrics.jsonl"):
-                stale.unlink(missing_ok=True)
-            for stale_dir in (final_dir, best_dir, out_dir / TOKENIZER_DIRNAME):
-                shutil.rmtree(stale_dir, ignore_errors=True)
+        if info.is_main and not resume and cfg.train.overwrite:
+            _remove_previous_run(out_dir)
         try:
             tokenizer = prepare_tokenizer(cfg, out_dir)
-            splits: PackedSplits = build_packed_dataset(
+            splits = build_packed_dataset(
                 cfg.data.source,
                 tokenizer,
                 cfg.data.seq_len,
@@ -405,26 +471,33 @@ def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> TrainResult:
             counts = _token_counts(splits.train, tokenizer.vocab_size)
             exclude = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.mask_id}
             anchor_mask = rare_token_mask(counts, cfg.objective.anchor_common_mass, sorted(exclude))
-    train_data, val_data = splits.train, splits.val
-    try:
-        sampler = BlockSampler(len(train_data), tc.global_batch_size, seed=tc.seed, rank=info.rank,
-                               world_size=info.world_size)
-    except ValueError as err:
-        raise ConfigError(f"train.global_batch_size={tc.global_batch_size} does not fit the data: {err}") from None
+    return tokenizer, splits, anchor_mask
 
-    # ---------------------------------------------------------------- model, optimizer, EMA
-    _seed_everything(tc.seed)  # identical initial weights on every rank
-    raw_model = build_training_model(cfg, tokenizer).to(info.device)
-    anchor_head = getattr(raw_model, "anchor_head", None)
+
+def _initial_model(cfg: ExperimentConfig, tokenizer: TextTokenizer, info: DistInfo) -> nn.Module:
+    """The model with identical initial weights on every rank; afterwards the global RNGs follow the rank."""
+    _seed_everything(cfg.train.seed)
+    model = build_training_model(cfg, tokenizer).to(info.device)
+    anchor_head = getattr(model, "anchor_head", None)
     if cfg.model.arch == "tadm" and anchor_head is not None and cfg.objective.gamma == 0:
         # An anchor LM head kept on request (model.overrides.anchor_lm_head) gets no loss without
         # gamma; freezing it keeps it out of the optimizer and out of DDP's gradient reduction.
         anchor_head.requires_grad_(False)
-    _seed_everything(tc.seed + info.rank)
+    _seed_everything(cfg.train.seed + info.rank)
+    return model
+
+
+def _build_run(cfg: ExperimentConfig, resume: bool, info: DistInfo, accum: int) -> _Run:
+    """Data, sampler, model, objective, optimizer, learning-rate schedule and EMA of a fresh run."""
+    tc, oc = cfg.train, cfg.optim
+    tokenizer, splits, anchor_mask = _prepare_data(cfg, info, resume)
+    try:
+        sampler = BlockSampler(len(splits.train), tc.global_batch_size, seed=tc.seed, rank=info.rank,
+                               world_size=info.world_size)
+    except ValueError as err:
+        raise ConfigError(f"train.global_batch_size={tc.global_batch_size} does not fit the data: {err}") from None
+    raw_model = _initial_model(cfg, tokenizer, info)
     obj_cfg = objective_config(cfg, anchor_mask)
-    val_cfg = validation_config(obj_cfg)
-    objective = get_objective(cfg.model.arch)
-    oc = cfg.optim
     optimizer = torch.optim.AdamW(
         [p for p in raw_model.parameters() if p.requires_grad],
         lr=oc.lr,
@@ -436,174 +509,231 @@ def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> TrainResult:
         optimizer, warmup_steps=oc.warmup_steps, max_steps=tc.max_steps, schedule=oc.lr_schedule,
         min_lr_ratio=oc.min_lr_ratio,
     )
-    ema = EMA(raw_model, tc.ema) if tc.ema > 0 else None
-    eval_model = ema.model if ema is not None else raw_model
-
-    start_step, best_val, last_saved = 0, None, None
-    if state is not None:
-        raw_model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["lr_scheduler"])
-        if ema is not None:
-            ema.load_state_dict(state["ema"])
-        sampler.load_state_dict(state["sampler"])
-        start_step = last_saved = int(state["step"])
-        best_val = state["best_val_nelbo"]
-        rng_states = state["rng"]
-        if len(rng_states) == info.world_size:
-            restore_rng_state(rng_states[info.rank])
-        else:  # a different world size: exact continuation is impossible, fresh streams per rank
-            _seed_everything(tc.seed + info.rank + 7919 * start_step)
-            say(f"resuming on {info.world_size} ranks a run saved on {len(rng_states)}: dropout RNG streams reseeded")
-
-    model = wrap_model(raw_model, info)
-
-    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and info.device.type == "cuda")
-
-    def autocast() -> contextlib.AbstractContextManager[Any]:
-        return torch.autocast(info.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-
-    def run_eval() -> float:
-        return evaluate(eval_model, val_data, objective, val_cfg, batch_size=tc.micro_batch_size,
-                        num_batches=tc.eval_batches, seed=tc.seed, info=info, autocast=autocast)
-
-    def save_state(step: int) -> None:
-        rng = all_gather_objects(capture_rng_state(), info)  # every rank's streams, for exact resumption
-        if info.is_main:
-            save_training_state(
-                {
-                    "format": STATE_FORMAT,
-                    "step": step,
-                    "model": raw_model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "lr_scheduler": scheduler.state_dict(),
-                    "ema": ema.state_dict() if ema is not None else None,
-                    "rng": rng,
-                    "sampler": sampler.state_dict(),
-                    "best_val_nelbo": best_val,
-                    "world_size": info.world_size,
-                    "config": cfg.to_dict(),
-                },
-                state_path,
-            )
-        barrier(info)
-
-    # ---------------------------------------------------------------- report the setup
-    tokens_per_step = tc.global_batch_size * cfg.data.seq_len
-    n_params = sum(p.numel() for p in raw_model.parameters())
-    say(
-        f"tadm train: {cfg.model.arch}-{cfg.model.preset} ({n_params / 1e6:.2f}M parameters, vocab "
-        f"{tokenizer.vocab_size}) on {cfg.data.source!r}: {len(train_data):,} train / {len(val_data):,} val blocks "
-        f"of {cfg.data.seq_len} tokens; global batch {tc.global_batch_size} = {tc.micro_batch_size} x "
-        f"{info.world_size} rank(s) x {accum} accumulation; {info.device}, {'bf16 autocast' if bf16 else 'fp32'}; "
-        f"out_dir {out_dir}"
+    return _Run(
+        cfg=cfg, info=info, say=_Printer(info.is_main), accum=accum, tokenizer=tokenizer, splits=splits,
+        sampler=sampler, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
+        ema=EMA(raw_model, tc.ema) if tc.ema > 0 else None, objective=get_objective(cfg.model.arch),
+        obj_cfg=obj_cfg, val_cfg=validation_config(obj_cfg),
     )
-    if start_step:
-        say(f"resuming from step {start_step} ({state_path})")
 
-    metrics = MetricsLogger(out_dir, enabled=info.is_main, tensorboard=tc.tensorboard,
-                            resume_step=start_step if state is not None else None)
-    result = TrainResult(out_dir=out_dir, model_dir=final_dir, state_path=state_path, start_step=start_step,
-                         step=start_step, best_val_nelbo=best_val, num_parameters=n_params)
 
-    def record_val(step: int) -> None:
-        nonlocal best_val
-        nelbo = run_eval()
-        result.val_history.append((step, nelbo))
-        metrics.log(step, "val", {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700.0))})
-        say(f"step {step}: val NELBO {nelbo:.4f} nats/token, perplexity bound {math.exp(min(nelbo, 700.0)):.2f}")
-        if best_val is None or nelbo < best_val:
-            best_val = result.best_val_nelbo = nelbo
-            if tc.save_best and step > 0:
-                if info.is_main:
-                    save_model_dir(eval_model, best_dir, tokenizer=tokenizer, config=cfg)
-                barrier(info)
+def _restore(run: _Run, state: dict[str, Any]) -> None:
+    """Weights, optimizer, schedule, EMA, sampler, step and this rank's RNG streams from ``state``."""
+    run.raw_model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["lr_scheduler"])
+    if run.ema is not None:
+        run.ema.load_state_dict(state["ema"])
+    run.sampler.load_state_dict(state["sampler"])
+    run.start_step = run.last_saved = int(state["step"])
+    run.best_val = state["best_val_nelbo"]
+    rng_states, info = state["rng"], run.info
+    if len(rng_states) == info.world_size:
+        restore_rng_state(rng_states[info.rank])
+    else:  # a different world size: exact continuation is impossible, fresh streams per rank
+        _seed_everything(run.cfg.train.seed + info.rank + 7919 * run.start_step)
+        run.say(f"resuming on {info.world_size} ranks a run saved on {len(rng_states)}: dropout RNG streams reseeded")
 
-    bar = tqdm(total=tc.max_steps, initial=start_step, unit="step", desc="train", dynamic_ncols=True,
-               disable=None if info.is_main else True)
+
+def _report_setup(run: _Run, num_parameters: int) -> None:
+    cfg, tc, info = run.cfg, run.cfg.train, run.info
+    precision = "bf16 autocast" if uses_bf16(info.device, tc.precision) else "fp32"
+    run.say(
+        f"tadm train: {cfg.model.arch}-{cfg.model.preset} ({num_parameters / 1e6:.2f}M parameters, vocab "
+        f"{run.tokenizer.vocab_size}) on {cfg.data.source!r}: {len(run.splits.train):,} train / "
+        f"{len(run.splits.val):,} val blocks of {cfg.data.seq_len} tokens; global batch {tc.global_batch_size} = "
+        f"{tc.micro_batch_size} x {info.world_size} rank(s) x {run.accum} accumulation; {info.device}, "
+        f"{precision}; out_dir {run.out_dir}"
+    )
+    if run.start_step:
+        run.say(f"resuming from step {run.start_step} ({run.state_path})")
+
+
+def _record_val(run: _Run, step: int) -> None:
+    """Validation NELBO of the evaluated (EMA) model at ``step``; the best model is saved on request."""
+    tc, info = run.cfg.train, run.info
+    nelbo = evaluate(run.eval_model, run.splits.val, run.objective, run.val_cfg, batch_size=tc.micro_batch_size,
+                     num_batches=tc.eval_batches, seed=tc.seed, info=info, autocast=run.autocast)
+    run.result.val_history.append((step, nelbo))
+    run.metrics.log(step, "val", {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700.0))})
+    run.say(f"step {step}: val NELBO {nelbo:.4f} nats/token, perplexity bound {math.exp(min(nelbo, 700.0)):.2f}")
+    if run.best_val is None or nelbo < run.best_val:
+        run.best_val = run.result.best_val_nelbo = nelbo
+        if tc.save_best and step > 0:
+            if info.is_main:
+                save_model_dir(run.eval_model, run.out_dir / BEST_DIRNAME, tokenizer=run.tokenizer, config=run.cfg)
+            barrier(info)
+
+
+def _save_state(run: _Run, step: int) -> None:
+    """``training_state.pt`` at ``step`` (rank 0 writes, with every rank's RNG streams)."""
+    info = run.info
+    rng = all_gather_objects(capture_rng_state(), info)  # every rank's streams, for exact resumption
+    if info.is_main:
+        save_training_state(
+            {
+                "format": STATE_FORMAT,
+                "step": step,
+                "model": run.raw_model.state_dict(),
+                "optimizer": run.optimizer.state_dict(),
+                "lr_scheduler": run.scheduler.state_dict(),
+                "ema": run.ema.state_dict() if run.ema is not None else None,
+                "rng": rng,
+                "sampler": run.sampler.state_dict(),
+                "best_val_nelbo": run.best_val,
+                "world_size": info.world_size,
+                "config": run.cfg.to_dict(),
+            },
+            run.state_path,
+        )
+    barrier(info)
+    run.last_saved = step
+
+
+def _accumulate_gradients(run: _Run, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward and backward of this rank's micro-batches of ``step``; returns the summed loss and loss parts."""
+    tc, info, accum = run.cfg.train, run.info, run.accum
+    x_local = run.splits.train.get_batch(run.sampler.batch_indices(step)).to(info.device)  # (B_local, L)
+    loss_sum = torch.zeros((), device=info.device)
+    part_sums: dict[str, torch.Tensor] = {}
+    for j in range(accum):
+        x = x_local[j * tc.micro_batch_size : (j + 1) * tc.micro_batch_size]  # (micro, L)
+        generator = _noise_generator(tc.seed, step, info.rank * accum + j)
+        sync = contextlib.nullcontext() if (j == accum - 1 or not info.distributed) else run.model.no_sync()
+        with sync:
+            with run.autocast():
+                out = run.objective(run.model, x, generator, run.obj_cfg)
+            (out.loss / accum).backward()
+        loss_sum += out.loss.detach().float()
+        for k, v in out.parts.items():
+            part_sums[k] = part_sums.get(k, 0.0) + v.float()
+    return loss_sum, part_sums
+
+
+def _non_finite(run: _Run, what: str, done: int) -> NonFiniteLossError:
+    if run.last_saved is not None:
+        hint = (f"the last good training state is {run.state_path} (step {run.last_saved}); continue with "
+                "--resume after fixing the cause (e.g. a lower optim.lr)")
+    else:
+        hint = "no training state had been saved yet"
+    return NonFiniteLossError(f"{what} at step {done}; stopped before applying it; {hint}", done)
+
+
+def _train_step(run: _Run, step: int) -> _StepStats:
+    """Optimizer step ``step + 1``: gradients, rank-averaged loss, clipping, update, schedule and EMA."""
+    done, oc = step + 1, run.cfg.optim
+    loss_sum, part_sums = _accumulate_gradients(run, step)
+    stats = all_reduce_mean(torch.stack([loss_sum, *part_sums.values()]) / run.accum, run.info)
+    loss = stats[0].item()
+    if not math.isfinite(loss):
+        raise _non_finite(run, f"training loss is {loss}", done)
+    max_norm = oc.grad_clip if oc.grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), max_norm).item()
+    if not math.isfinite(grad_norm):
+        raise _non_finite(run, f"gradient norm is {grad_norm}", done)
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.ema is not None:
+        run.ema.update(run.raw_model)
+    run.sampler.step = done
+    run.result.step = done
+    run.result.losses.append(loss)
+    return _StepStats(loss=loss, lr=lr, grad_norm=grad_norm, part_names=list(part_sums), reduced=stats)
+
+
+class _Throughput:
+    """Tokens per second over the steps since the last log line."""
+
+    def __init__(self, tokens_per_step: int) -> None:
+        self.tokens_per_step = tokens_per_step
+        self.restart()
+
+    def restart(self) -> None:
+        self.start, self.steps = time.perf_counter(), 0
+
+    def step(self) -> float:
+        self.steps += 1
+        return self.steps * self.tokens_per_step / max(time.perf_counter() - self.start, 1e-9)
+
+
+def _log_step(run: _Run, done: int, stats: _StepStats, tokens_per_s: float, quiet_bar: bool, wall_start: float) -> None:
+    tc = run.cfg.train
+    parts = dict(zip(stats.part_names, stats.reduced[1:].tolist()))
+    run.metrics.log(done, "train", {"loss": stats.loss, **parts, "lr": stats.lr, "grad_norm": stats.grad_norm,
+                                    "tokens_per_s": tokens_per_s, "tokens_seen": done * run.tokens_per_step,
+                                    "elapsed_s": time.perf_counter() - wall_start})
+    if quiet_bar:
+        eta = (tc.max_steps - done) * run.tokens_per_step / max(tokens_per_s, 1e-9)
+        run.say(f"step {done}/{tc.max_steps} | loss {stats.loss:.4f} | lr {stats.lr:.2e} | {tokens_per_s:,.0f} tok/s | "
+                f"eta {_fmt_time(eta)}")
+
+
+def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
+    """The steps from ``run.start_step`` to ``train.max_steps`` with their logs, evaluations and saves, then the end."""
+    tc = run.cfg.train
+    bar = tqdm(total=tc.max_steps, initial=run.start_step, unit="step", desc="train", dynamic_ncols=True,
+               disable=None if run.info.is_main else True)
     try:
-        if state is None:
-            record_val(0)
-        model.train()
-        window_start, window_steps = time.perf_counter(), 0
-        last_eval = start_step if state is None else -1
-        for step in range(start_step, tc.max_steps):
+        if fresh:
+            _record_val(run, 0)
+        run.model.train()
+        window = _Throughput(run.tokens_per_step)
+        last_eval = run.start_step if fresh else -1
+        for step in range(run.start_step, tc.max_steps):
             done = step + 1
-            x_local = train_data.get_batch(sampler.batch_indices(step)).to(info.device)  # (B_local, L)
-            loss_sum = torch.zeros((), device=info.device)
-            part_sums: dict[str, torch.Tensor] = {}
-            for j in range(accum):
-                x = x_local[j * tc.micro_batch_size : (j + 1) * tc.micro_batch_size]  # (micro, L)
-                generator = _noise_generator(tc.seed, step, info.rank * accum + j)
-                sync = contextlib.nullcontext() if (j == accum - 1 or not info.distributed) else model.no_sync()
-                with sync:
-                    with autocast():
-                        out = objective(model, x, generator, obj_cfg)
-                    (out.loss / accum).backward()
-                loss_sum += out.loss.detach().float()
-                for k, v in out.parts.items():
-                    part_sums[k] = part_sums.get(k, 0.0) + v.float()
-            stats = all_reduce_mean(torch.stack([loss_sum, *part_sums.values()]) / accum, info)
-            loss = stats[0].item()
-            saved_hint = (f"the last good training state is {state_path} (step {last_saved}); continue with "
-                          "--resume after fixing the cause (e.g. a lower optim.lr)") if last_saved is not None \
-                else "no training state had been saved yet"
-            if not math.isfinite(loss):
-                raise NonFiniteLossError(f"training loss is {loss} at step {done}; stopped before applying it; "
-                                         f"{saved_hint}", done)
-            max_norm = oc.grad_clip if oc.grad_clip > 0 else math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm).item()
-            if not math.isfinite(grad_norm):
-                raise NonFiniteLossError(f"gradient norm is {grad_norm} at step {done}; stopped before applying "
-                                         f"it; {saved_hint}", done)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            if ema is not None:
-                ema.update(raw_model)
-            sampler.step = done
-            result.step = done
-            result.losses.append(loss)
-            window_steps += 1
-
-            now = time.perf_counter()
-            tokens_per_s = window_steps * tokens_per_step / max(now - window_start, 1e-9)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            stats = _train_step(run, step)
+            tokens_per_s = window.step()
+            bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
             bar.update(1)
             if done % tc.log_every == 0 or done == tc.max_steps:
-                parts = dict(zip(part_sums, stats[1:].tolist()))
-                metrics.log(done, "train", {"loss": loss, **parts, "lr": lr, "grad_norm": grad_norm,
-                                            "tokens_per_s": tokens_per_s, "tokens_seen": done * tokens_per_step,
-                                            "elapsed_s": time.perf_counter() - wall_start})
-                if bar.disable:
-                    eta = (tc.max_steps - done) * tokens_per_step / max(tokens_per_s, 1e-9)
-                    say(f"step {done}/{tc.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | "
-                        f"eta {_fmt_time(eta)}")
-                window_start, window_steps = time.perf_counter(), 0
+                _log_step(run, done, stats, tokens_per_s, bool(bar.disable), wall_start)
+                window.restart()
             if done % tc.eval_every == 0:
-                record_val(done)
+                _record_val(run, done)
                 last_eval = done
             if done % tc.save_every == 0:
-                save_state(done)
-                last_saved = done
+                _save_state(run, done)
         bar.close()
-
-        # ------------------------------------------------------------ wrap up
-        end = result.step
-        if last_eval != end:
-            record_val(end)
-        if last_saved != end:
-            save_state(end)
-        if info.is_main:
-            save_model_dir(eval_model, final_dir, tokenizer=tokenizer, config=cfg)
-        barrier(info)
+        _finish(run, last_eval)
     finally:
         bar.close()
-        metrics.close()
-    result.tokens_seen = end * tokens_per_step
+        run.metrics.close()
+
+
+def _finish(run: _Run, last_eval: int) -> None:
+    """Validation and training state at the last step unless just done, then ``final/`` (rank 0)."""
+    end = run.result.step
+    if last_eval != end:
+        _record_val(run, end)
+    if run.last_saved != end:
+        _save_state(run, end)
+    if run.info.is_main:
+        save_model_dir(run.eval_model, run.out_dir / FINAL_DIRNAME, tokenizer=run.tokenizer, config=run.cfg)
+    barrier(run.info)
+
+
+def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> TrainResult:
+    wall_start = time.perf_counter()
+    accum = _accumulation_steps(cfg, info)  # a batch-geometry error comes before anything touches out_dir
+    state = _previous_state(cfg, resume)
+    run = _build_run(cfg, resume, info, accum)
+    if state is not None:
+        _restore(run, state)
+    run.model = wrap_model(run.raw_model, info)
+    n_params = sum(p.numel() for p in run.raw_model.parameters())
+    _report_setup(run, n_params)
+    run.metrics = MetricsLogger(run.out_dir, enabled=info.is_main, tensorboard=cfg.train.tensorboard,
+                                resume_step=run.start_step if state is not None else None)
+    run.result = TrainResult(out_dir=run.out_dir, model_dir=run.out_dir / FINAL_DIRNAME, state_path=run.state_path,
+                             start_step=run.start_step, step=run.start_step, best_val_nelbo=run.best_val,
+                             num_parameters=n_params)
+    _run_steps(run, state is None, wall_start)
+    result = run.result
+    result.tokens_seen = result.step * run.tokens_per_step
     result.wall_time_s = time.perf_counter() - wall_start
-    _summary(say, result, start_step, tokens_per_step, ema is not None)
+    _summary(run.say, result, run.start_step, run.tokens_per_step, run.ema is not None)
     return result
 
 
