@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -134,6 +135,44 @@ class _CanvasContext(LoopContext):
 
 
 @torch.no_grad()
+@dataclass
+class _Blocks:
+    """Running state of block-wise generation: the sequences so far and what has been counted."""
+
+    sequences: Tensor  # (B, P + generated)
+    finished: Tensor  # (B,) rows that reached EOS or the budget
+    passes: Tensor  # (B,) decoder forward passes per row
+    counter: LayerCallCounter = field(default_factory=LayerCallCounter)
+    encoder_calls: int = 0
+    refreshes: list[list[int]] = field(default_factory=list)
+
+    def output(self, prompt_length: int, seconds: float) -> BlockGenerationOutput:
+        return BlockGenerationOutput(
+            sequences=self.sequences, prompt_length=prompt_length, layer_calls=self.counter,
+            encoder_layer_calls=self.encoder_calls, refresh_steps=self.refreshes,
+            decoder_forward_passes=self.passes, seconds=seconds,
+        )
+
+
+def _block_policy(policy: RefreshPolicy | str | None, refresh_interval: int) -> RefreshPolicy:
+    check_refresh_interval(refresh_interval)
+    if policy is None:
+        return FixedRefresh(refresh_interval)
+    if refresh_interval != 1:
+        raise ValueError("give either a refresh policy or refresh_interval, not both")
+    return get_refresh_policy(policy)
+
+
+def _check_block_inputs(model: AnchoredBackbone, max_new_tokens: int) -> Any:
+    """The model's backbone, after checking it can encode a prompt and that the budget is valid."""
+    backbone = model.backbone
+    if not (hasattr(backbone, "prefill") and hasattr(backbone, "append")):
+        raise TypeError(f"{type(backbone).__name__} has no prompt encoder (prefill/append); use tadm.sampling.generate")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    return backbone
+
+
 def generate_blocks(
     model: AnchoredBackbone,
     prompt_ids: Tensor,
@@ -171,57 +210,30 @@ def generate_blocks(
     Returns:
         BlockGenerationOutput.
     """
-    check_refresh_interval(refresh_interval)
-    if policy is None:
-        policy = FixedRefresh(refresh_interval)
-    elif refresh_interval != 1:
-        raise ValueError("give either a refresh policy or refresh_interval, not both")
-    policy = get_refresh_policy(policy)
-    backbone = model.backbone
-    if not (hasattr(backbone, "prefill") and hasattr(backbone, "append")):
-        raise TypeError(f"{type(backbone).__name__} has no prompt encoder (prefill/append); use tadm.sampling.generate")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    policy = _block_policy(policy, refresh_interval)
+    backbone = _check_block_inputs(model, max_new_tokens)
     L = int(canvas_length if canvas_length is not None else getattr(backbone, "canvas_length"))
-    T = sampler.num_steps
-    device = prompt_ids.device
     B, P = prompt_ids.shape
-    split = model.layer_split
+    device, encoder_layers = prompt_ids.device, model.layer_split.total
     embed_dtype = getattr(backbone, "dtype", torch.float32)
-
-    counter = LayerCallCounter()
-    encoder_calls = 0
-    refreshes: list[list[int]] = []
-    passes = torch.zeros(B, dtype=torch.int32, device=device)
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    eos = _eos_tensor(eos_token_id, device)
-    max_length = P + max_new_tokens
-    num_blocks = math.ceil(max_new_tokens / L)
-    sequences = prompt_ids.clone()
-
+    state = _Blocks(sequences=prompt_ids.clone(), finished=torch.zeros(B, dtype=torch.bool, device=device),
+                    passes=torch.zeros(B, dtype=torch.int32, device=device))
+    eos, max_length, num_blocks = _eos_tensor(eos_token_id, device), P + max_new_tokens, math.ceil(max_new_tokens / L)
     start = time.perf_counter()
     prompt = backbone.prefill(prompt_ids, attention_mask)
-    encoder_calls += split.total
+    state.encoder_calls += encoder_layers
     for block in range(num_blocks):
         z = sampler.initial_canvas(B, L, generator, device)  # (B, L)
         canvas = _CanvasContext(prompt, z, self_conditioning=self_conditioning, stopping=stopping,
-                                finished=finished, passes=passes, embed_dtype=embed_dtype)
-        run = denoise(model, sampler, z, range(T, 0, -1), policy=policy, context=canvas, generator=generator,
-                      counter=counter, progress=progress, desc=f"canvas {block + 1}/{num_blocks}")
-        greedy, cache = canvas.greedy, run.cache
-        refreshes.append(list(cache.history))
-        sequences = torch.cat([sequences, greedy], dim=-1)
-        sequences, finished = _finalize_canvas(sequences, finished, L, max_length, eos, pad_token_id)
-        if bool(finished.all()) or block == num_blocks - 1:
+                                finished=state.finished, passes=state.passes, embed_dtype=embed_dtype)
+        run = denoise(model, sampler, z, range(sampler.num_steps, 0, -1), policy=policy, context=canvas,
+                      generator=generator, counter=state.counter, progress=progress,
+                      desc=f"canvas {block + 1}/{num_blocks}")
+        state.refreshes.append(list(run.cache.history))
+        state.sequences, state.finished = _finalize_canvas(torch.cat([state.sequences, canvas.greedy], dim=-1),
+                                                           state.finished, L, max_length, eos, pad_token_id)
+        if bool(state.finished.all()) or block == num_blocks - 1:
             break
-        prompt = backbone.append(prompt, sequences[:, -L:])
-        encoder_calls += split.total
-    return BlockGenerationOutput(
-        sequences=sequences,
-        prompt_length=P,
-        layer_calls=counter,
-        encoder_layer_calls=encoder_calls,
-        refresh_steps=refreshes,
-        decoder_forward_passes=passes,
-        seconds=time.perf_counter() - start,
-    )
+        prompt = backbone.append(prompt, state.sequences[:, -L:])
+        state.encoder_calls += encoder_layers
+    return state.output(P, time.perf_counter() - start)

@@ -147,6 +147,58 @@ class _RolloutContext(LoopContext):
 
 
 @torch.no_grad()
+def _check_rollout(model: AnchoredBackbone, self_conditioning_prob: float) -> None:
+    if getattr(model.backbone, "prior", "uniform") != "uniform":
+        raise ValueError(
+            f"on-policy rollouts use the uniform-noise entropy-bound sampler; backbone "
+            f"{type(model.backbone).__name__} has prior {model.backbone.prior!r}"
+        )
+    if not 0.0 <= self_conditioning_prob <= 1.0:
+        raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")
+    if self_conditioning_prob > 0 and not getattr(model.backbone, "supports_self_conditioning", False):
+        raise ValueError(f"{type(model.backbone).__name__} has no self-conditioning; set self_conditioning_prob=0")
+
+
+def _self_conditioning(
+    model: AnchoredBackbone, sampler: EntropyBoundSampler, z: Tensor, prompt: PromptCache | None, k: Tensor,
+    i_a: Tensor, probability: float, generator: torch.Generator | None,
+) -> _RolloutContext:
+    """The rollout's per-pass context: which rows self-condition, bootstrapped from a fresh pass on z_t'.
+
+    A row with self-conditioning whose anchor step is not the first (i_a < T) gets the signal of
+    the step before it, approximated by the frozen model's fresh prediction on z_t'.
+    """
+    B, T = z.shape[0], sampler.num_steps
+    where = generator.device if generator is not None else z.device
+    sc_rows = (torch.rand(B, generator=generator, device=where) < probability).to(z.device)  # (B,)
+    has_signal = sc_rows & (i_a < T)  # (B,) a previous step exists
+    embed_dtype = getattr(model.backbone, "dtype", torch.float32)
+    sc_logits: Tensor | None = None
+    if bool(has_signal.any()):
+        first = model.prepare(z, StackContext(prompt=prompt))
+        boot = model.fresh_logits(model.encode(z, first), first)  # (B, L, V)
+        sc_logits = sampler.scale_logits(boot, torch.clamp(i_a + 1, max=T)).to(embed_dtype)  # (B, L, V)
+    return _RolloutContext(prompt, k, sc_rows, has_signal, sc_logits, embed_dtype)
+
+
+def _roll_out(
+    model: AnchoredBackbone, sampler: EntropyBoundSampler, z: Tensor, k: Tensor, i_a: Tensor,
+    rollout: _RolloutContext, generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor, Any, Tensor]:
+    """k reverse steps from z_t' on the anchor cached there: (z~_t, anchor h_t', prepared state, c_t)."""
+    T = sampler.num_steps
+    max_age = int(k.max()) if k.numel() else 0
+    if max_age == 0:
+        prepared = model.prepare(z, rollout.pass_context())
+        c = model.encode(z, prepared)  # (B, L, d)
+        return z, model.compute_anchor(c, prepared), prepared, c  # anchor (B, L, 2d)
+    # Reverse steps j = i_a - r for r < k per row; rows past their age idle at a valid index.
+    steps = [torch.where(r < k, i_a - r, torch.full_like(i_a, T)) for r in range(max_age)]
+    run = denoise(model, sampler, z, steps, policy=FixedRefresh(max_age), context=rollout, generator=generator)
+    prepared = model.prepare(run.z, rollout.pass_context())
+    return run.z, run.cache.hidden, prepared, model.encode(run.z, prepared)
+
+
 def on_policy_rollout(
     model: AnchoredBackbone,
     x0: Tensor,
@@ -180,15 +232,7 @@ def on_policy_rollout(
     Returns:
         RolloutState at the rollout's end point.
     """
-    if getattr(model.backbone, "prior", "uniform") != "uniform":
-        raise ValueError(
-            f"on-policy rollouts use the uniform-noise entropy-bound sampler; backbone "
-            f"{type(model.backbone).__name__} has prior {model.backbone.prior!r}"
-        )
-    if not 0.0 <= self_conditioning_prob <= 1.0:
-        raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")
-    if self_conditioning_prob > 0 and not getattr(model.backbone, "supports_self_conditioning", False):
-        raise ValueError(f"{type(model.backbone).__name__} has no self-conditioning; set self_conditioning_prob=0")
+    _check_rollout(model, self_conditioning_prob)
     B, L = x0.shape
     device = x0.device
     T = sampler.num_steps
@@ -197,33 +241,9 @@ def on_policy_rollout(
         t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
     t_anchor = t_anchor.to(device)
     i_a, i_s = rollout_indices(t_anchor, k, T)
-    z = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
-    z_anchor = z
-
-    where = generator.device if generator is not None else device
-    sc_rows = (torch.rand(B, generator=generator, device=where) < self_conditioning_prob).to(device)  # (B,)
-    has_signal = sc_rows & (i_a < T)  # (B,) a previous step exists
-    embed_dtype = getattr(model.backbone, "dtype", torch.float32)
-    sc_logits: Tensor | None = None
-    if bool(has_signal.any()):
-        first = model.prepare(z, StackContext(prompt=prompt))
-        boot = model.fresh_logits(model.encode(z, first), first)  # (B, L, V)
-        previous_step = torch.clamp(i_a + 1, max=T)
-        sc_logits = sampler.scale_logits(boot, previous_step).to(embed_dtype)  # (B, L, V)
-
-    rollout = _RolloutContext(prompt, k, sc_rows, has_signal, sc_logits, embed_dtype)
-    max_age = int(k.max()) if k.numel() else 0
-    if max_age > 0:
-        # Reverse steps j = i_a - r for r < k per row; rows past their age idle at a valid index.
-        steps = [torch.where(r < k, i_a - r, torch.full_like(i_a, T)) for r in range(max_age)]
-        run = denoise(model, sampler, z, steps, policy=FixedRefresh(max_age), context=rollout, generator=generator)
-        z, anchor = run.z, run.cache.hidden
-        prepared = model.prepare(z, rollout.pass_context())
-        c = model.encode(z, prepared)
-    else:
-        prepared = model.prepare(z, rollout.pass_context())
-        c = model.encode(z, prepared)  # (B, L, d)
-        anchor = model.compute_anchor(c, prepared)  # (B, L, 2d)
+    z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
+    rollout = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
+    z, anchor, prepared, c = _roll_out(model, sampler, z_anchor, k, i_a, rollout, generator)
     return RolloutState(
         x0=x0,
         z_anchor=z_anchor,
@@ -235,5 +255,5 @@ def on_policy_rollout(
         cache_age=k,
         i_a=i_a,
         i_s=i_s,
-        self_conditioning=sc_rows,
+        self_conditioning=rollout.sc_rows,
     )

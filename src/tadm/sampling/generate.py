@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from tadm.protocol import CacheableDenoiser
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import Sampler
-from tadm.sampling.loop import denoise, network_pass
-from tadm.protocol import CacheableDenoiser
+from tadm.sampling.loop import LoopResult, denoise, network_pass
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, get_refresh_policy
 
 
@@ -43,6 +43,40 @@ def _resolve_policy(policy: RefreshPolicy | str | None, refresh_interval: int, s
     if refresh_interval != 1 or skip_unchanged:
         raise ValueError("give either a refresh policy or refresh_interval/skip_unchanged, not both")
     return get_refresh_policy(policy)
+
+
+def _check_generation(
+    batch_size: int, seq_len: int, max_seq_len: int | None, policy: RefreshPolicy, time_conditioned: bool
+) -> None:
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"sequence length must be an integer >= 1, got {seq_len!r}")
+    if max_seq_len is not None and seq_len > max_seq_len:
+        raise ValueError(f"sequence length {seq_len} exceeds the model's maximum of {max_seq_len}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    if policy.skip_unchanged and time_conditioned:
+        raise ValueError("skip_unchanged is only exact for networks without time conditioning")
+
+
+def _fill_remaining_masks(
+    model: CacheableDenoiser, sampler: Sampler, run: LoopResult, policy: RefreshPolicy, num_steps: int,
+    time_conditioned: bool,
+) -> Tensor:
+    """The final canvas with any mask left after step 1 replaced by the argmax of a prediction.
+
+    Samplers with ``final_denoise`` (the released grid) make one more prediction on the final
+    canvas (step 0 of Algorithm 1, refreshing the anchor if the policy says so); otherwise masks
+    left by a schedule with alpha_0 slightly below 1 take the argmax of the last prediction.
+    """
+    z, last = run.z, run.output
+    mask_id = getattr(model, "mask_token_id", None)
+    if mask_id is None or last is None or not bool((z == mask_id).any()):
+        return z
+    if getattr(sampler, "final_denoise", False):
+        t = torch.full((z.shape[0],), sampler.time(0), device=z.device) if time_conditioned else None
+        last, _ = network_pass(model, z, refresh=policy.due(num_steps, 0, z, run.cache), cache=run.cache,
+                               counter=run.layer_calls, step_index=0, t=t)
+    return torch.where(z == mask_id, last.argmax(-1), z)
 
 
 @torch.no_grad()
@@ -86,31 +120,15 @@ def generate(
     """
     policy = _resolve_policy(policy, refresh_interval, skip_unchanged)
     sampler.set_timesteps(num_steps)
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"sequence length must be an integer >= 1, got {seq_len!r}")
-    if max_seq_len is not None and seq_len > max_seq_len:
-        raise ValueError(f"sequence length {seq_len} exceeds the model's maximum of {max_seq_len}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
-    if policy.skip_unchanged and time_conditioned:
-        raise ValueError("skip_unchanged is only exact for networks without time conditioning")
+    _check_generation(batch_size, seq_len, max_seq_len, policy, time_conditioned)
     device = torch.device(device) if device is not None else _model_device(model)
 
     z = sampler.initial_canvas(batch_size, seq_len, generator, device)  # (B, L)
     start = time.perf_counter()
     run = denoise(model, sampler, z, range(num_steps, 0, -1), policy=policy, generator=generator,
                   time_conditioned=time_conditioned, progress=progress)
-    z, counter, cache, last = run.z, run.layer_calls, run.cache, run.output
-    mask_id = getattr(model, "mask_token_id", None)
-    if mask_id is not None and last is not None and bool((z == mask_id).any()):
-        if getattr(sampler, "final_denoise", False):
-            # The released samplers' last call: one more prediction on the final canvas (step 0 of
-            # Algorithm 1, position T, refreshing the anchor if the policy says so), argmax at the masks.
-            t = torch.full((batch_size,), sampler.time(0), device=device) if time_conditioned else None
-            last, _ = network_pass(model, z, refresh=policy.due(num_steps, 0, z, cache), cache=cache,
-                                   counter=counter, step_index=0, t=t)
-        # Otherwise masks left by a schedule with alpha_0 slightly below 1 take the argmax of the last prediction.
-        z = torch.where(z == mask_id, last.argmax(-1), z)
+    z = _fill_remaining_masks(model, sampler, run, policy, num_steps, time_conditioned)
+    counter, cache = run.layer_calls, run.cache
     return GenerationOutput(
         tokens=z,
         layer_calls=counter,
