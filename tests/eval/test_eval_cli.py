@@ -55,7 +55,7 @@ def test_mauve_json_matches_the_api(tmp_path, capsys):
     expected = mauve_score(docs, docs, tiny_ar_evaluator(), max_tokens=48, num_buckets=2, min_samples=12)
     assert record["mauve"] == pytest.approx(expected.mauve) and record["num_buckets"] == 2
     assert main(argv[:-1] + ["--num-buckets", "many"]) == 2
-    assert "--num-buckets must be 'auto' or an integer" in capsys.readouterr().err
+    assert "argument --num-buckets: must be 'auto' or an integer >= 1, got 'many'" in capsys.readouterr().err
     default_minimum = argv[: argv.index("--min-samples")] + ["--json"]
     assert main(default_minimum) == 2  # 12 texts < the default minimum of 50
     assert "MAUVE needs at least 50 samples and 50 reference texts, got 12 samples" in capsys.readouterr().err

@@ -205,3 +205,18 @@ def test_generate_refuses_a_policy_together_with_an_interval():
     with pytest.raises(ValueError, match="either a refresh policy or refresh_interval"):
         generate(model, get_sampler("mdlm", model.mask_token_id), batch_size=1, seq_len=4, num_steps=4,
                  refresh_interval=2, policy="fixed")
+
+
+@pytest.mark.parametrize("policy", [FixedRefresh(4, skip_unchanged=True), ScheduleRefresh([16, 9, 3]),
+                                    AdaptiveRefresh(0.05, min_interval=2, max_interval=8)])
+def test_a_policy_round_trips_through_its_config_mapping(policy):
+    """config() is what results and YAML hold; refresh_policy_from_config rebuilds the same policy."""
+    from tadm.sampling import refresh_policy_from_config
+
+    rebuilt = refresh_policy_from_config(policy.config())
+    assert type(rebuilt) is type(policy) and rebuilt.config() == policy.config()
+    assert refresh_policy_from_config("fixed").config() == FixedRefresh(1).config()
+    with pytest.raises(ValueError, match="'policy' key"):
+        refresh_policy_from_config({"tau": 0.1})
+    with pytest.raises(ValueError, match="refresh policy 'adaptive'.*taus"):
+        refresh_policy_from_config({"policy": "adaptive", "taus": 0.1})

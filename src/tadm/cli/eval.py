@@ -18,18 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import (
-    CLIError,
-    device_arg,
-    dtype_arg,
-    fidelity_args,
-    nonnegative_int,
-    positive_int,
-    refresh_arg,
-    sampler_args,
-    sampler_from_args,
-    steps_arg,
-)
+from tadm.cli.common import (CLIError, device_arg, dtype_arg, fidelity_args, nonnegative_int,
+                             positive_int, refresh_arg, sampler_args, sampler_from_args, steps_arg)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -100,8 +90,7 @@ def _sample_tokenizer(args: argparse.Namespace, records: list[dict[str, Any]]) -
     return find_tokenizer(model, args.tokenizer)
 
 
-def _load_samples(args: argparse.Namespace) -> tuple[list[str], list[list[int]] | None]:
-    """Texts to score and, when known, their token ids in the generating model's vocabulary."""
+def _read_samples(args: argparse.Namespace) -> tuple[list[str], list[list[int]] | None]:
     if args.texts is not None:
         from tadm.training.data import load_texts
 
@@ -128,6 +117,14 @@ def _load_samples(args: argparse.Namespace) -> tuple[list[str], list[list[int]] 
     if not texts:
         raise ValueError(f"--samples {args.samples} holds no token_ids or texts: the sample set is empty")
     return texts, None
+
+
+def _load_samples(args: argparse.Namespace, need: str) -> tuple[list[str], list[list[int]] | None]:
+    """Texts to score and, when known, their token ids in the generating model's vocabulary (never empty)."""
+    texts, ids = _read_samples(args)
+    if not texts:
+        raise CLIError(f"the sample set is empty: {need}")
+    return texts, ids
 
 
 def _emit(args: argparse.Namespace, record: dict[str, Any], line: str) -> None:
@@ -157,11 +154,27 @@ def _run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------------ gen-ppl
-def _add_gen_ppl(esub: argparse._SubParsersAction) -> None:
-    p = esub.add_parser("gen-ppl", help="generative perplexity of samples under the evaluator (+ entropy)")
+def _scoring_parser(esub: argparse._SubParsersAction, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand that scores a sample set under an evaluator."""
+    p = esub.add_parser(name, help=help_text)
     _sample_args(p)
     _evaluator_args(p)
+    return p
+
+
+def _buckets(value: str) -> int | str:
+    """--num-buckets: 'auto' or an integer >= 1."""
+    if value == "auto":
+        return value
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {value!r}") from None
+
+
+# ------------------------------------------------------------------------------------------ gen-ppl
+def _add_gen_ppl(esub: argparse._SubParsersAction) -> None:
+    p = _scoring_parser(esub, "gen-ppl", "generative perplexity of samples under the evaluator (+ entropy)")
     p.add_argument("--context-size", type=positive_int, default=None, metavar="N", help="chunk length (<= 1024)")
     p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                    help="score only the first N evaluator tokens of each text")
@@ -173,9 +186,7 @@ def _run_gen_ppl(args: argparse.Namespace) -> int:
     from tadm.eval.evaluator import load_evaluator
     from tadm.eval.gen_ppl import gen_ppl
 
-    texts, ids = _load_samples(args)
-    if not texts:
-        raise ValueError("the sample set is empty: nothing to score")
+    texts, ids = _load_samples(args, need="Gen PPL needs texts to score")
     evaluator = load_evaluator(args.evaluator, device=args.device)
     result = gen_ppl(texts, evaluator, batch_size=args.eval_batch_size, context_size=args.context_size,
                      max_tokens=args.max_tokens, progress=args.progress)
@@ -191,14 +202,12 @@ def _run_gen_ppl(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------------- mauve
 def _add_mauve(esub: argparse._SubParsersAction) -> None:
-    p = esub.add_parser("mauve", help="MAUVE of samples against held-out reference text")
-    _sample_args(p)
-    _evaluator_args(p)
+    p = _scoring_parser(esub, "mauve", "MAUVE of samples against held-out reference text")
     p.add_argument("--reference", required=True, metavar="SOURCE", help="reference text source (documents)")
     p.add_argument("--max-reference", type=positive_int, default=None, metavar="N",
                    help="use the first N reference documents (default: as many as samples)")
     p.add_argument("--max-tokens", type=positive_int, default=1024, metavar="N", help="tokens per text (1024)")
-    p.add_argument("--num-buckets", default="auto", help="k-means clusters: 'auto' (n/10) or an integer")
+    p.add_argument("--num-buckets", type=_buckets, default="auto", help="k-means clusters: 'auto' (n/10) or an integer")
     p.add_argument("--seed", type=int, default=25, help="k-means seed (mauve-text's default 25)")
     p.add_argument("--min-samples", type=positive_int, default=None, metavar="N",
                    help="refuse fewer than N samples or reference texts (default 50: fewer make MAUVE meaningless)")
@@ -210,9 +219,7 @@ def _run_mauve(args: argparse.Namespace) -> int:
     from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_sample_problem, mauve_score
     from tadm.training.data import load_texts
 
-    texts, _ = _load_samples(args)
-    if not texts:
-        raise ValueError("the sample set is empty: MAUVE needs samples")
+    texts, _ = _load_samples(args, need="MAUVE needs samples")
     wanted = args.max_reference or len(texts)
     references = []
     for doc in load_texts(args.reference):
@@ -223,12 +230,7 @@ def _run_mauve(args: argparse.Namespace) -> int:
     problem = mauve_sample_problem(len(texts), len(references), minimum)
     if problem is not None:
         raise CLIError(f"{problem}; pass more, or --min-samples N to accept fewer knowingly")
-    buckets: int | str = args.num_buckets
-    if buckets != "auto":
-        try:
-            buckets = int(buckets)
-        except ValueError:
-            raise CLIError(f"--num-buckets must be 'auto' or an integer, got {args.num_buckets!r}") from None
+    buckets = args.num_buckets
     evaluator = load_evaluator(args.evaluator, device=args.device)
     result = mauve_score(texts, references, evaluator, max_tokens=args.max_tokens, batch_size=args.eval_batch_size,
                          progress=args.progress, num_buckets=buckets, seed=args.seed, min_samples=minimum)
@@ -490,7 +492,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", default="brown", metavar="SOURCE", help="held-out text for MAUVE ('none': skip)")
     p.add_argument("--reference-split", choices=("val", "all"), default="val")
     p.add_argument("--num-reference", type=positive_int, default=None, metavar="N")
-    p.add_argument("--num-buckets", default="auto", help="MAUVE k-means clusters: 'auto' or an integer")
+    p.add_argument("--num-buckets", type=_buckets, default="auto", help="MAUVE k-means clusters: 'auto' or an integer")
     p.add_argument("--mauve-min-samples", type=positive_int, default=50, metavar="N",
                    help="cells with fewer samples or reference texts get no MAUVE (default 50)")
     p.add_argument("--throughput-generations", type=nonnegative_int, default=20, metavar="N",
@@ -512,12 +514,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
 def _run_sweep(args: argparse.Namespace) -> int:
     from tadm.eval.sweep import SweepConfig, parse_model_specs, run_sweep
 
-    buckets: int | str = args.num_buckets
-    if buckets != "auto":
-        try:
-            buckets = int(buckets)
-        except ValueError:
-            raise CLIError(f"--num-buckets must be 'auto' or an integer, got {args.num_buckets!r}") from None
+    buckets = args.num_buckets
     config = SweepConfig(
         models=parse_model_specs(args.models), steps=args.steps, refresh=args.refresh, num_samples=args.samples,
         length=args.length, sampler=args.sampler, top_p=args.top_p, eta=args.eta, schedule=args.schedule,

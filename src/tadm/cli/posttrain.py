@@ -10,16 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
-from tadm.cli.common import (
-    CLIError,
-    device_arg,
-    dtype_arg,
-    policy_from_args,
-    positive_int,
-    refresh_arg,
-    refresh_policy_args,
-    steps_arg,
-)
+from tadm.cli.common import (CLIError, device_arg, dtype_arg, policy_from_args,
+                             positive_int, refresh_arg, refresh_policy_args, steps_arg)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -5,17 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from tadm.cli.common import (
-    CLIError,
-    device_arg,
-    policy_from_args,
-    positive_int,
-    refresh_arg,
-    refresh_policy_args,
-    sampler_args,
-    sampler_from_args,
-    steps_arg,
-)
+from tadm.cli.common import (CLIError, device_arg, policy_from_args, positive_int,
+                             refresh_arg, refresh_policy_args, sampler_args, sampler_from_args, steps_arg)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

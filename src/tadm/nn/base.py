@@ -17,12 +17,15 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from tadm.nn.dit import (
+    DiTStack,
+    FinalLayer,
     TimestepEmbedder,
     check_bool,
     check_dropout,
     check_heads,
     check_int,
     check_mask_token,
+    stack_kwargs,
     time_condition,
     token_embedding,
 )
@@ -98,6 +101,14 @@ class MaskedDiffusionNetwork(nn.Module):
         self.layer_split = layer_split
         self.embed = token_embedding(config.vocab_size, config.hidden_size)
         self.time_embed = TimestepEmbedder(config.cond_dim)
+
+    def _stack(self, num_layers: int) -> DiTStack:
+        """``num_layers`` DiT blocks of this network's width, heads, conditioning size, MLP ratio and dropout."""
+        return DiTStack(num_layers, **stack_kwargs(self.config))
+
+    def _output_layer(self) -> FinalLayer:
+        """A DiT output layer from the hidden size to the vocabulary."""
+        return FinalLayer(self.config.hidden_size, self.config.vocab_size, self.config.cond_dim)
 
     def _cond(self, t: Tensor | None, ref: Tensor) -> Tensor:
         """The conditioning vector (B, cond_dim): embedded time, or a fixed vector without time conditioning."""

@@ -28,7 +28,7 @@ match MDLM's DiT and the paper's Table (main-results):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import Tensor, nn
 
@@ -42,7 +42,7 @@ from tadm.nn.dit import (
     time_condition,
     token_embedding,
 )
-from tadm.nn.hub import TINY_SIZES, HubMixin, register_builder
+from tadm.nn.hub import TINY_SIZES, HubMixin, size_preset
 from tadm.nn.base import DiTSizes, MaskedDiffusionNetwork, MaskedDiffusionSizes, check_token_ids
 from tadm.protocol import LayerSplit
 
@@ -65,8 +65,8 @@ class MDLM(MaskedDiffusionNetwork, HubMixin, model_type="mdlm"):
     def __init__(self, config: MDLMConfig | None = None) -> None:
         config = MDLMConfig() if config is None else config
         super().__init__(config, LayerSplit(shared=0, anchor=0, denoiser=config.num_layers))
-        self.blocks = DiTStack(config.num_layers, **stack_kwargs(config))
-        self.head = FinalLayer(config.hidden_size, config.vocab_size, config.cond_dim)
+        self.blocks = self._stack(config.num_layers)
+        self.head = self._output_layer()
 
     def compute_anchor(self, c: Tensor, t: Tensor | None = None) -> Tensor:
         """No anchor network: returns ``c`` unchanged (zero layers)."""
@@ -107,13 +107,11 @@ class ADLM(MaskedDiffusionNetwork, HubMixin, model_type="adlm"):
     def __init__(self, config: ADLMConfig | None = None) -> None:
         config = ADLMConfig() if config is None else config
         super().__init__(config, LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers))
-        d = config.hidden_size
-        blocks = stack_kwargs(config)
-        self.anchor = DiTStack(config.anchor_layers, **blocks)
-        self.anchor_head = FinalLayer(d, config.vocab_size, config.cond_dim)
-        self.anchor_proj = nn.Linear(config.vocab_size, d)
-        self.denoiser = DiTStack(config.denoiser_layers, **blocks)
-        self.head = FinalLayer(d, config.vocab_size, config.cond_dim)
+        self.anchor = self._stack(config.anchor_layers)
+        self.anchor_head = self._output_layer()
+        self.anchor_proj = nn.Linear(config.vocab_size, config.hidden_size)
+        self.denoiser = self._stack(config.denoiser_layers)
+        self.head = self._output_layer()
 
     def anchor_log_probs(self, c: Tensor, t: Tensor | None = None) -> Tensor:
         """Anchor network on embeddings c (B, L, D) -> log y_theta_A (B, L, V), mask token at NEG_INF."""
@@ -178,37 +176,15 @@ class ARTransformer(nn.Module, HubMixin, model_type="ar"):
 
 
 # ---------------------------------------------------------------------------------------- builders
-@register_builder("mdlm-small")
-def mdlm_small(**overrides: Any) -> MDLM:
-    """MDLM small: d = 768, 12 heads, 12 layers (170M parameters)."""
-    return MDLM(MDLMConfig(**overrides))
-
-
-@register_builder("mdlm-tiny")
-def mdlm_tiny(**overrides: Any) -> MDLM:
-    """Test-sized MDLM: vocab 65, d = 32, 2 heads, 3 layers."""
-    return MDLM(MDLMConfig(**{**TINY_SIZES, "num_layers": 3, **overrides}))
-
-
-@register_builder("adlm-small")
-def adlm_small(**overrides: Any) -> ADLM:
-    """ADLM small: d = 768, 12 heads, 12 anchor + 6 denoiser layers (293M parameters)."""
-    return ADLM(ADLMConfig(**overrides))
-
-
-@register_builder("adlm-tiny")
-def adlm_tiny(**overrides: Any) -> ADLM:
-    """Test-sized ADLM: vocab 65, d = 32, 2 heads, 2 anchor + 1 denoiser layers."""
-    return ADLM(ADLMConfig(**{**TINY_SIZES, "anchor_layers": 2, "denoiser_layers": 1, **overrides}))
-
-
-@register_builder("ar-small")
-def ar_small(**overrides: Any) -> ARTransformer:
-    """AR small: d = 768, 12 heads, 12 causal layers, GPT-2 vocabulary (50257)."""
-    return ARTransformer(ARConfig(**overrides))
-
-
-@register_builder("ar-tiny")
-def ar_tiny(**overrides: Any) -> ARTransformer:
-    """Test-sized AR model: vocab 64 (no mask token), d = 32, 2 heads, 3 causal layers."""
-    return ARTransformer(ARConfig(**{**TINY_SIZES, "vocab_size": 64, "num_layers": 3, **overrides}))
+mdlm_small = size_preset("mdlm-small", MDLM, "MDLM small: d = 768, 12 heads, 12 layers (170M parameters).")
+mdlm_tiny = size_preset("mdlm-tiny", MDLM, "Test-sized MDLM: vocab 65, d = 32, 2 heads, 3 layers.",
+                        **TINY_SIZES, num_layers=3)
+adlm_small = size_preset("adlm-small", ADLM,
+                         "ADLM small: d = 768, 12 heads, 12 anchor + 6 denoiser layers (293M parameters).")
+adlm_tiny = size_preset("adlm-tiny", ADLM, "Test-sized ADLM: vocab 65, d = 32, 2 heads, 2 anchor + 1 denoiser layers.",
+                        **TINY_SIZES, anchor_layers=2, denoiser_layers=1)
+ar_small = size_preset("ar-small", ARTransformer,
+                       "AR small: d = 768, 12 heads, 12 causal layers, GPT-2 vocabulary (50257).")
+ar_tiny = size_preset("ar-tiny", ARTransformer,
+                      "Test-sized AR model: vocab 64 (no mask token), d = 32, 2 heads, 3 causal layers.",
+                      **{**TINY_SIZES, "vocab_size": 64}, num_layers=3)

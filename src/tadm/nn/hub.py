@@ -218,6 +218,17 @@ def register_builder(name: str) -> Callable[[F], F]:
     return decorate
 
 
+def size_preset(name: str, model_class: type, doc: str, **preset: Any) -> Callable[..., nn.Module]:
+    """File a builder ``f(**overrides) -> model_class(config_class(**preset, **overrides))`` under ``name``."""
+
+    def builder(**overrides: Any) -> nn.Module:
+        return model_class(model_class.config_class(**{**preset, **overrides}))
+
+    builder.__name__ = builder.__qualname__ = name.replace("-", "_")
+    builder.__doc__ = doc
+    return register_builder(name)(builder)
+
+
 def build_model(name: str, **overrides: Any) -> nn.Module:
     """Build the preset ``name`` (e.g. "tadm-small", "mdlm-tiny") with config ``overrides``."""
     _import_models()

@@ -14,21 +14,14 @@ anchor loss with gamma > 0 (Eq. (anchor-loss)); it is not part of the inference 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import Tensor, nn
 
-from tadm.nn.dit import (
-    DiTStack,
-    FinalLayer,
-    check_bool,
-    remove_mask_log_probs,
-    stack_kwargs,
-    subs_log_probs,
-)
-from tadm.nn.fusion import GatedResidualFusion
-from tadm.nn.hub import TINY_SIZES, HubMixin, register_builder
 from tadm.nn.base import MaskedDiffusionNetwork, MaskedDiffusionSizes
+from tadm.nn.dit import check_bool, remove_mask_log_probs, subs_log_probs
+from tadm.nn.fusion import GatedResidualFusion
+from tadm.nn.hub import TINY_SIZES, HubMixin, size_preset
 from tadm.protocol import LayerSplit
 
 
@@ -71,13 +64,11 @@ class TADM(MaskedDiffusionNetwork, HubMixin, model_type="tadm"):
     def __init__(self, config: TADMConfig | None = None) -> None:
         config = TADMConfig() if config is None else config
         super().__init__(config, LayerSplit(shared=0, anchor=config.anchor_layers, denoiser=config.denoiser_layers))
-        d = config.hidden_size
-        blocks = stack_kwargs(config)
-        self.anchor = DiTStack(config.anchor_layers, **blocks)
-        self.fusion = GatedResidualFusion(d)
-        self.denoiser = DiTStack(config.denoiser_layers, **blocks)
-        self.head = FinalLayer(d, config.vocab_size, config.cond_dim)
-        self.anchor_head = FinalLayer(d, config.vocab_size, config.cond_dim) if config.anchor_lm_head else None
+        self.anchor = self._stack(config.anchor_layers)
+        self.fusion = GatedResidualFusion(config.hidden_size)
+        self.denoiser = self._stack(config.denoiser_layers)
+        self.head = self._output_layer()
+        self.anchor_head = self._output_layer() if config.anchor_lm_head else None
 
     def compute_anchor(self, c: Tensor, t: Tensor | None = None) -> Tensor:
         """A: representation c_t' (B, L, D) -> cacheable anchor h_t' (B, L, D) (no final norm)."""
@@ -171,13 +162,8 @@ class NaiveReuse(nn.Module):
         return self.model.denoise(anchor, z_t, t)
 
 
-@register_builder("tadm-small")
-def tadm_small(**overrides: Any) -> TADM:
-    """The paper's TADM: d = 768, 12 heads, 12 anchor + 6 denoiser layers (224M inference parameters)."""
-    return TADM(TADMConfig(**overrides))
-
-
-@register_builder("tadm-tiny")
-def tadm_tiny(**overrides: Any) -> TADM:
-    """A test-sized TADM: vocab 65, d = 32, 2 heads, 2 anchor + 1 denoiser layers."""
-    return TADM(TADMConfig(**{**TINY_SIZES, "anchor_layers": 2, "denoiser_layers": 1, **overrides}))
+tadm_small = size_preset(
+    "tadm-small", TADM, "The paper's TADM: d = 768, 12 heads, 12 anchor + 6 denoiser layers (224M inference parameters)."
+)
+tadm_tiny = size_preset("tadm-tiny", TADM, "A test-sized TADM: vocab 65, d = 32, 2 heads, 2 anchor + 1 denoiser layers.",
+                        **TINY_SIZES, anchor_layers=2, denoiser_layers=1)

@@ -15,6 +15,7 @@ from tadm.sampling.refresh import (
     RefreshPolicy,
     ScheduleRefresh,
     get_refresh_policy,
+    refresh_policy_from_config,
 )
 from tadm.sampling.registry import SAMPLERS, build_sampler, get_sampler, sampler_config
 from tadm.sampling.remdm import REMDM_STRATEGIES, ReMDMSampler, ReMDMSamplerConfig
@@ -48,6 +49,7 @@ __all__ = [
     "generate",
     "get_refresh_policy",
     "get_sampler",
+    "refresh_policy_from_config",
     "is_refresh_step",
     "nucleus_filter",
     "sample_categorical",

@@ -66,6 +66,33 @@ class ConfiguredSampler:
         return cls(model_value, **dataclasses.asdict(config))
 
 
+class MaskedSampler(ConfiguredSampler):
+    """What the absorbing-state samplers (MDLM, ReMDM) share: the mask id, the time grid and the prior.
+
+    ``config`` has ``schedule``, ``top_p``, ``nucleus`` and ``time_grid`` fields.
+    """
+
+    def _set_masked(self, mask_id: int, config: Any) -> None:
+        from tadm.diffusion import get_schedule
+
+        self.config = config
+        self.mask_id = check_mask_id(mask_id)
+        self.schedule = get_schedule(config.schedule)
+        self.top_p, self.nucleus, self.time_grid = config.top_p, config.nucleus, config.time_grid
+        self.final_denoise = config.time_grid == "released"
+        self.num_steps = 0
+
+    def time(self, step_index: int) -> float:
+        """t(i) on the sampler's time grid (see :func:`grid_time`)."""
+        return grid_time(self.time_grid, step_index, self.num_steps)
+
+    def initial_canvas(
+        self, batch_size: int, seq_len: int, generator: torch.Generator | None, device: torch.device
+    ) -> Tensor:
+        """The absorbing prior: all mask tokens (B, L)."""
+        return mask_canvas(batch_size, seq_len, self.mask_id, device)
+
+
 def check_num_steps(num_steps: int) -> int:
     """Validate a number of reverse steps T (an integer >= 1)."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:

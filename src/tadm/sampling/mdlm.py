@@ -8,17 +8,7 @@ import torch
 from torch import Tensor
 
 from tadm.diffusion import get_schedule, remdm_move_probs
-from tadm.sampling.base import (
-    ConfiguredSampler,
-    SamplerOutput,
-    check_num_steps,
-    check_number,
-    check_step_index,
-    check_mask_id,
-    check_time_grid,
-    grid_time,
-    mask_canvas,
-)
+from tadm.sampling.base import MaskedSampler, SamplerOutput, check_num_steps, check_number, check_step_index, check_time_grid
 from tadm.sampling.categorical import check_nucleus
 from tadm.sampling.masked_transition import masked_transition
 
@@ -45,7 +35,7 @@ class MDLMSamplerConfig:
         get_schedule(self.schedule)
 
 
-class MDLMSampler(ConfiguredSampler):
+class MDLMSampler(MaskedSampler):
     """Ancestral sampling for absorbing-state diffusion (MDLM).
 
     At step i a masked position is unmasked to a draw from x_theta with probability
@@ -64,20 +54,10 @@ class MDLMSampler(ConfiguredSampler):
         nucleus: str = "released",
         time_grid: str = "paper",
     ) -> None:
-        self.config = MDLMSamplerConfig(schedule=schedule, top_p=top_p, nucleus=nucleus, time_grid=time_grid)
-        self.mask_id = check_mask_id(mask_id)
-        self.schedule = get_schedule(schedule)
-        self.top_p = top_p
-        self.nucleus = nucleus
-        self.time_grid = time_grid
-        self.final_denoise = time_grid == "released"
-        self.num_steps = 0
+        self._set_masked(mask_id, MDLMSamplerConfig(schedule, top_p, nucleus, time_grid))
 
     def set_timesteps(self, num_steps: int) -> None:
         self.num_steps = check_num_steps(num_steps)
-
-    def time(self, step_index: int) -> float:
-        return grid_time(self.time_grid, step_index, self.num_steps)
 
     def alphas(self, step_index: int) -> tuple[float, float]:
         """(alpha_t, alpha_s) at reverse step i on the sampler's time grid."""
@@ -86,9 +66,6 @@ class MDLMSampler(ConfiguredSampler):
             return 1.0 - t, 1.0 - s
         t_, s_ = torch.tensor([t], dtype=torch.float64), torch.tensor([s], dtype=torch.float64)
         return float(self.schedule.alpha(t_)), float(self.schedule.alpha(s_))
-
-    def initial_canvas(self, batch_size, seq_len, generator, device) -> Tensor:
-        return mask_canvas(batch_size, seq_len, self.mask_id, device)
 
     def step(self, log_probs: Tensor, step_index: int, z_t: Tensor, generator=None) -> SamplerOutput:
         check_step_index(step_index, self.num_steps)

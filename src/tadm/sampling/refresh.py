@@ -235,3 +235,18 @@ def get_refresh_policy(name: str | RefreshPolicy = "fixed", **params: Any) -> Re
         return cls(**params)
     except TypeError as error:
         raise ValueError(f"refresh policy {name!r}: {error}") from None
+
+
+def refresh_policy_from_config(config: RefreshPolicy | dict[str, Any] | str) -> RefreshPolicy:
+    """A policy from its config mapping, the form ``RefreshPolicy.config()`` writes and YAML holds.
+
+    ``{"policy": "adaptive", "tau": 0.05, "max_interval": 8}``; a bare name (``"fixed"``) or a
+    ready policy is accepted too. Unknown keys are an error naming them.
+    """
+    if isinstance(config, (RefreshPolicy, str)):
+        return get_refresh_policy(config)
+    if not isinstance(config, dict) or "policy" not in config:
+        raise ValueError(f"a refresh policy config is a mapping with a 'policy' key (e.g. {{policy: adaptive, "
+                         f"tau: 0.05}}), got {config!r}")
+    params = {key: value for key, value in config.items() if key != "policy"}
+    return get_refresh_policy(config["policy"], **params)

@@ -8,17 +8,7 @@ import torch
 from torch import Tensor
 
 from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_move_probs, remdm_sigma, remdm_sigma_max
-from tadm.sampling.base import (
-    ConfiguredSampler,
-    SamplerOutput,
-    check_mask_id,
-    check_num_steps,
-    check_number,
-    check_step_index,
-    check_time_grid,
-    grid_time,
-    mask_canvas,
-)
+from tadm.sampling.base import MaskedSampler, SamplerOutput, check_num_steps, check_number, check_step_index, check_time_grid
 from tadm.sampling.categorical import check_nucleus
 from tadm.sampling.masked_transition import masked_transition
 
@@ -61,7 +51,7 @@ class ReMDMSamplerConfig:
         get_schedule(self.schedule)
 
 
-class ReMDMSampler(ConfiguredSampler):
+class ReMDMSampler(MaskedSampler):
     """Masked-diffusion sampler that may remask decoded tokens with probability sigma_t.
 
     Strategies (ReMDM):
@@ -113,27 +103,16 @@ class ReMDMSampler(ConfiguredSampler):
         nucleus: str = "released",
         time_grid: str = "paper",
     ) -> None:
-        self.config = ReMDMSamplerConfig(strategy, eta, schedule, top_p, t_on, t_off, alpha_on, window, nucleus,
-                                         time_grid)
-        self.mask_id = check_mask_id(mask_id)
-        self.strategy = strategy
-        self.eta = eta
-        self.schedule = get_schedule(schedule)
-        self.top_p = top_p
+        self._set_masked(mask_id, ReMDMSamplerConfig(strategy, eta, schedule, top_p, t_on, t_off, alpha_on, window,
+                                                     nucleus, time_grid))
+        self.strategy, self.eta = strategy, eta
         self.t_on, self.t_off, self.alpha_on = t_on, t_off, alpha_on
         self.window = window or strategy == "loop"
-        self.nucleus = nucleus
-        self.time_grid = time_grid
-        self.final_denoise = time_grid == "released"
-        self.num_steps = 0
         self._confidence: Tensor | None = None  # (B, L) prob of each decoded token when decoded
 
     def set_timesteps(self, num_steps: int) -> None:
         self.num_steps = check_num_steps(num_steps)
         self._confidence = None
-
-    def time(self, step_index: int) -> float:
-        return grid_time(self.time_grid, step_index, self.num_steps)
 
     def _alpha(self, t: float) -> float:
         if self.strategy != "loop":
@@ -149,9 +128,6 @@ class ReMDMSampler(ConfiguredSampler):
     def alphas(self, step_index: int) -> tuple[float, float]:
         """(alpha_t, alpha_s) at reverse step i."""
         return self._alpha(self.time(step_index)), self._alpha(self.time(step_index - 1))
-
-    def initial_canvas(self, batch_size, seq_len, generator, device) -> Tensor:
-        return mask_canvas(batch_size, seq_len, self.mask_id, device)
 
     def _sigma(self, step_index: int, alpha_t: float, alpha_s: float, z_t: Tensor) -> Tensor | float:
         t = self.time(step_index)
