@@ -1,7 +1,6 @@
 """``tadm posttrain train`` and ``tadm posttrain sample`` on a tiny base model saved to disk."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -1,7 +1,6 @@
 """The cache objective, fusion-only gradients, the optimiser/schedule, configs, resume and DDP."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch

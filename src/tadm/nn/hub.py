@@ -40,14 +40,7 @@ MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {}
 
 _MODEL_MODULES = ("tadm.nn.tadm", "tadm.nn.baselines")
 
-TINY_SIZES: dict[str, Any] = dict(
-    vocab_size=65,
-    hidden_size=32,
-    num_heads=2,
-    cond_dim=16,
-    dropout=0.0,
-    max_seq_len=64,
-)
+TINY_SIZES: dict[str, Any] = dict(vocab_size=65, hidden_size=32, num_heads=2, cond_dim=16, dropout=0.0, max_seq_len=64)
 """Sizes shared by the "*-tiny" presets: 64 tokens + mask, d = 32, 2 heads, cond_dim 16, no dropout."""
 
 M = TypeVar("M", bound="HubMixin")
@@ -128,17 +121,12 @@ class HubMixin(PyTorchModelHubMixin):
         return model
 
 
-def resolve_file(
-    name_or_path: str | Path,
-    filename: str,
-    *,
-    revision: str | None = None,
-    cache_dir: str | Path | None = None,
-    token: str | bool | None = None,
-    local_files_only: bool = False,
-    force_download: bool = False,
-) -> Path:
-    """Path of ``filename`` inside a saved-model directory, downloading it if a Hub id is given."""
+def resolve_file(name_or_path: str | Path, filename: str, **hub: Any) -> Path:
+    """Path of ``filename`` inside a saved-model directory, downloading it if a Hub id is given.
+
+    ``hub``: ``huggingface_hub.hf_hub_download`` options (``revision``, ``cache_dir``, ``token``,
+    ``local_files_only``, ``force_download``).
+    """
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         found = path / filename
@@ -155,15 +143,7 @@ def resolve_file(
     if not _is_repo_id(name):
         raise FileNotFoundError(f"model directory {name!r} does not exist")
     try:
-        downloaded = hf_hub_download(
-            repo_id=name,
-            filename=filename,
-            revision=revision,
-            cache_dir=cache_dir,
-            token=token,
-            local_files_only=local_files_only,
-            force_download=force_download,
-        )
+        downloaded = hf_hub_download(repo_id=name, filename=filename, **hub)
     except Exception as err:  # the Hub raises many error types; all mean "not available"
         raise FileNotFoundError(
             f"{name!r} is not a local directory, and {filename} could not be fetched from the "
