@@ -41,7 +41,7 @@ from tadm.posttrain.rollout import RolloutState, on_policy_rollout
 from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
 from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
 from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
-from tadm.training.lr import WarmupSchedule, build_lr_scheduler
+from tadm.training.lr import build_lr_scheduler
 from tadm.training.precision import PRECISIONS, autocast_context
 
 __all__ = [
@@ -282,15 +282,6 @@ def posttrain_loss(
         tokens=int(mask.sum()),
         loss_by_age=by_age,
     )
-
-
-def cosine_lr_factor(step: int, max_steps: int, warmup_steps: int, min_ratio: float) -> float:
-    """Deprecated alias of ``WarmupSchedule(warmup_steps, max_steps, "cosine", min_ratio)(step)``.
-
-    The post-training schedule is :func:`~tadm.training.lr.build_lr_scheduler` with ``schedule="cosine"``;
-    this name stays only for the package's re-export.
-    """
-    return WarmupSchedule(warmup_steps, max_steps, "cosine", min_ratio)(step)
 
 
 # =========================================================================================== trainer
