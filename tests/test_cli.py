@@ -74,7 +74,7 @@ def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
         (["sample", "--batch-size", "0"], "argument --batch-size/-B: must be >= 1, got 0"),
         (["sample", "--tau", "0.1"], "--tau do(es) not apply to --refresh-policy fixed"),
         (["sample", "--refresh-policy", "adaptive"], "needs --tau"),
-        (["sample", "--refresh-policy", "adaptive", "--tau", "nan"], "tau must be a finite number >= 0, got nan"),
+        (["sample", "--refresh-policy", "adaptive", "--tau", "nan"], "tau (share of changed positions) must be a finite number in [0, inf), got nan"),
         (["sample", "--refresh-policy", "adaptive", "--tau", "0.1", "-K", "4"], "does not use it"),
         (["sample", "--refresh-policy", "schedule", "--refresh-steps", "8,x"], "expected comma-separated integers"),
         (["sample", "--refresh-policy", "schedule"], "needs --refresh-steps"),

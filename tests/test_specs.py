@@ -59,3 +59,16 @@ def test_tokenizer_is_found_in_or_beside_a_checkpoint(tmp_path):
     assert find_tokenizer(None, run / "tokenizer").vocab_size == tiny_tokenizer().vocab_size
     with pytest.raises(FileNotFoundError, match="no such directory"):
         find_tokenizer(run / "final", tmp_path / "missing")
+
+
+def test_training_devices_use_the_same_names():
+    """The recipes' device resolution is tadm.specs' plus the process's local rank under torchrun."""
+    from tadm.training.distributed import resolve_device as training_device
+
+    assert training_device("cpu", local_rank=3) == torch.device("cpu")
+    with pytest.raises(ValueError, match="unknown device 'tpu'; valid: auto, cpu, cuda, cuda:N"):
+        training_device("tpu")
+    if not torch.cuda.is_available():
+        assert training_device("auto", local_rank=1) == torch.device("cpu")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            training_device("cuda", local_rank=1)

@@ -22,6 +22,7 @@ import torch
 __all__ = [
     "DEVICE_NAMES",
     "DTYPE_NAMES",
+    "DTYPE_SPELLINGS",
     "find_tokenizer",
     "find_tokenizer_dir",
     "resolve_device",
@@ -36,6 +37,7 @@ _DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
     "fp16": torch.float16, "float16": torch.float16,
 }
+DTYPE_SPELLINGS = ("auto", *_DTYPES)  # every accepted spelling, for validating stored configs
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:

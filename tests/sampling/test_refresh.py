@@ -189,7 +189,7 @@ def test_a_context_is_refused_by_networks_without_prepare():
         ("fixed", {"K": 2}, "unexpected keyword argument 'K'"),
         ("schedule", {"steps": []}, "non-empty list"),
         ("schedule", {"steps": [3, -1]}, "step indices i >= 0"),
-        ("adaptive", {"tau": float("nan")}, "tau must be a finite number >= 0, got nan"),
+        ("adaptive", {"tau": float("nan")}, r"tau \(share of changed positions\) must be a finite number in \[0, inf\), got nan"),
         ("adaptive", {"tau": -0.1}, "got -0.1"),
         ("adaptive", {"tau": 0.1, "min_interval": 4, "max_interval": 2}, "max_interval 2 is below min_interval 4"),
         ("stale", {}, "unknown refresh policy 'stale'; valid: fixed, schedule, adaptive"),

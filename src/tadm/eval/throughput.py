@@ -29,13 +29,13 @@ from tqdm.auto import tqdm
 
 from tadm.eval.compute import layer_calls
 from tadm.sampling import GenerationOutput, Sampler, generate
-from tadm.specs import DTYPE_NAMES, resolve_dtype
+from tadm.specs import DTYPE_SPELLINGS, resolve_dtype
 
 __all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput", "measure_throughput", "resolve_dtype"]
 
 MIN_TIMED_GENERATIONS = 5  # fewer timed generations give no meaningful median
 
-DTYPES = ("float32", "bfloat16", "float16", *DTYPE_NAMES)  # autocast dtypes (tadm.specs vocabulary)
+DTYPES = DTYPE_SPELLINGS  # autocast dtypes, in tadm.specs' vocabulary
 
 
 def _sync(device: torch.device) -> None:

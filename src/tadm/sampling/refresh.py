@@ -22,7 +22,6 @@ A policy keeps per-run state; the loop calls ``reset()`` at the start of every r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -31,6 +30,7 @@ import torch
 from torch import Tensor
 
 from tadm.sampling.anchor_cache import AnchorCache, check_refresh_interval
+from tadm.sampling.base import check_number
 
 __all__ = [
     "REFRESH_POLICIES",
@@ -171,9 +171,7 @@ class AdaptiveRefresh(RefreshPolicy):
     def __init__(
         self, tau: float, min_interval: int = 1, max_interval: int | None = None, skip_unchanged: bool = False
     ) -> None:
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 0:
-            raise ValueError(f"adaptive refresh threshold tau must be a finite number >= 0, got {tau!r}")
-        self.tau = float(tau)
+        self.tau = check_number("adaptive refresh policy", "tau (share of changed positions)", tau, low=0.0)
         self.min_interval = check_refresh_interval(min_interval)
         if max_interval is not None:
             check_refresh_interval(max_interval)

@@ -62,16 +62,13 @@ def _env_int(name: str, default: int) -> int:
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """``"auto"`` -> ``cuda:LOCAL_RANK`` when CUDA is available, else CPU; ``"cuda"`` -> ``cuda:LOCAL_RANK``."""
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {spec!r} requested but CUDA is not available; use train.device=cpu")
-        return torch.device(f"cuda:{local_rank}") if spec == "cuda" else torch.device(spec)
-    if spec != "cpu":
-        raise ValueError(f"unknown device {spec!r}; valid: auto, cpu, cuda, cuda:N")
-    return torch.device("cpu")
+    """:func:`tadm.specs.resolve_device`, with ``auto`` and ``cuda`` meaning this process's GPU, ``cuda:LOCAL_RANK``."""
+    from tadm.specs import resolve_device as resolve_named_device
+
+    device = resolve_named_device(spec)
+    if device.type == "cuda" and str(spec).strip().lower() in ("auto", "cuda"):
+        return torch.device(f"cuda:{local_rank}")
+    return device
 
 
 def init_distributed(device: str = "auto") -> DistInfo:
