@@ -131,6 +131,33 @@ def test_changed_evaluation_settings_redo_only_those_units(finished, tmp_path):
                                       "sample mdlm seed 0 T=4 K=1"])
 
 
+def test_refresh_policy_entries_sample_time_and_report(finished, tmp_path):
+    """sampling.refresh may name policies: a schedule equal to K = 2 gives K = 2's tokens; adaptive is counted."""
+    import shutil
+
+    work = tmp_path / "out"
+    shutil.copytree(finished["dir"], work)
+    schedule = {"policy": "schedule", "steps": [4, 2]}  # T = 4: refreshes at i = 4, 2, as K = 2 does
+    adaptive = {"policy": "adaptive", "tau": 0.3, "max_interval": 2}
+    config = write_config(tmp_path / "s.yaml", work, **{"sampling.refresh": [1, 2, schedule, adaptive]})
+    out = run_study(load_study_config(config), progress=False, log=lambda m: None,
+                    stages=("sample", "score", "throughput", "report"))
+    assert "sample tadm seed 0 T=4 K=schedule-steps4_2" in out.ran
+    assert "sample mdlm seed 0 T=4 K=schedule-steps4_2" not in out.ran  # no anchor: K = 1 only
+    samples = work / "samples" / "tadm-s0"
+    same = [json.loads((samples / name).read_text())["token_ids"]
+            for name in ("T4-K2.json", "T4-Kschedule-steps4_2.json")]
+    assert same[0] == same[1]
+    rows = {r["refresh"]: r for r in json.loads((work / "results.json").read_text())["samples"]
+            if r["model"] == "tadm"}
+    assert rows["schedule-steps4_2"]["layer_calls"] == rows[2]["layer_calls"] == 4 + 2 * 2
+    calls = rows["adaptive-max_interval2-tau0.3"]["layer_calls"]
+    assert rows[2]["layer_calls"] <= calls <= rows[1]["layer_calls"]
+    assert rows["adaptive-max_interval2-tau0.3"]["tokens_per_second"] > 0
+    report = (work / "report.md").read_text()
+    assert "| tadm (adaptive-max_interval2-tau0.3) |" in report and "K=1→2" in report
+
+
 def test_changed_training_settings_are_refused(finished, tmp_path):
     config = write_config(tmp_path / "s.yaml", finished["dir"], **{"optim.lr": 1.0e-3})
     with pytest.raises(ConfigError, match="trained with other settings.*optim.lr: 0.003 there, 0.001 now"):
@@ -174,7 +201,12 @@ def test_derived_training_configs_share_size_data_and_budget(tmp_path):
     ({"models": [{"name": "t", "kind": "tadm"}]}, "names 'ar' \\(the in-domain AR\\) but no model has kind 'ar'"),
     ({"staleness.max_age": -1}, "staleness.max_age must be >= 0, got -1"),
     ({"staleness.steps": [0]}, "staleness.steps must be a non-empty list of integers >= 1"),
-    ({"sampling.refresh": [0, 2]}, "sampling.refresh must be a non-empty list of integers >= 1"),
+    ({"sampling.refresh": [1, 0]}, "sampling.refresh\\[1\\] must be an integer K >= 1 or a policy mapping"),
+    ({"sampling.refresh": [2, 4]}, "sampling.refresh must include K = 1"),
+    ({"sampling.refresh": [1, 2, 2]}, "lists the same entry twice"),
+    ({"sampling.refresh": [1, {"policy": "adaptive", "tau": -0.1}]}, "sampling.refresh\\[1\\]: .*tau"),
+    ({"sampling.refresh": [1, {"policy": "sometimes"}]}, "unknown refresh policy 'sometimes'"),
+    ({"sampling.refresh": [1, {"tau": 0.1}]}, "mapping with a 'policy' key"),
     ({"sampling.throughput_generations": 3}, "throughput_generations must be 0 \\(skip\\) or >= 5"),
     ({"sampling.nucleus": "top"}, "sampling.nucleus 'top' is unknown"),
     ({"size.num_heads": 3}, "size.hidden_size \\(16\\) must be a multiple of size.num_heads \\(3\\)"),

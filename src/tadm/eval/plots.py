@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tadm.eval.report import refresh_label, refresh_order, refresh_value
+
 __all__ = [
     "pareto_front",
     "plot_genppl_vs_refresh",
@@ -77,7 +79,7 @@ def plot_genppl_vs_throughput(rows: Sequence[dict[str, Any]], path: str | os.Pat
     for model in _models(usable):
         for T in steps:
             pts = sorted((r for r in usable if r["model"] == model and int(r["steps"]) == T),
-                         key=lambda r: int(r["refresh"]))
+                         key=lambda r: refresh_order(r["refresh"]))
             if not pts:
                 continue
             label = model if len(steps) == 1 else f"{model} T={T}"
@@ -85,7 +87,7 @@ def plot_genppl_vs_throughput(rows: Sequence[dict[str, Any]], path: str | os.Pat
             ys = [float(r["gen_ppl"]) for r in pts]
             ax.plot(xs, ys, marker="o", label=label)
             for r, x, y in zip(pts, xs, ys):
-                ax.annotate(f"K={r['refresh']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+                ax.annotate(refresh_label(r["refresh"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel("throughput (tokens/s)")
     ax.set_ylabel("Gen PPL")
     ax.set_title("Gen PPL vs throughput")
@@ -96,9 +98,12 @@ def plot_genppl_vs_throughput(rows: Sequence[dict[str, Any]], path: str | os.Pat
 
 
 def plot_genppl_vs_refresh(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
-    """Gen PPL vs refresh interval K (log2 axis), one panel per T, one curve per model; PNG at ``path``."""
+    """Gen PPL vs refresh interval K (log2 axis), one panel per T, one curve per model; PNG at ``path``.
+
+    Rows of refresh policies other than a fixed K have no place on the K axis and are left out.
+    """
     plt = _pyplot()
-    usable = _usable(rows, "gen_ppl")
+    usable = [r for r in _usable(rows, "gen_ppl") if isinstance(refresh_value(r["refresh"]), int)]
     steps = sorted({int(r["steps"]) for r in usable}) or [0]
     fig, axes = plt.subplots(1, len(steps), figsize=(4.2 * len(steps), 3.8), squeeze=False)
     for ax, T in zip(axes[0], steps):
@@ -197,7 +202,7 @@ def plot_pareto(
         ys = [float(r[metric]) for r in pts]
         ax.scatter(xs, ys, marker=markers[n % len(markers)], label=model, s=28)
         for r, x, y in zip(pts, xs, ys):
-            ax.annotate(f"K{r['refresh']} T{r['steps']}", (x, y), textcoords="offset points", xytext=(3, 3),
+            ax.annotate(f"{refresh_label(r['refresh']).replace('=', '')} T{r['steps']}", (x, y), textcoords="offset points", xytext=(3, 3),
                         fontsize=6.5)
     if usable:
         points = [(float(r["tokens_per_second"]), float(r[metric])) for r in usable]

@@ -76,10 +76,31 @@ RESULT_FIELDS = (
 )
 
 
-def cell_key(row: dict[str, Any]) -> tuple[str, int | None, int | None]:
-    """(model, T, K) of a result row; the data row has T = K = None."""
-    steps, refresh = row.get("steps"), row.get("refresh")
-    return (str(row["model"]), None if steps is None else int(steps), None if refresh is None else int(refresh))
+def refresh_value(value: Any) -> int | str | None:
+    """A row's ``refresh``: the interval K of a fixed policy (an int, also when read back from CSV as
+    ``"4"``), or the name of another refresh policy (``"adaptive-tau0.3"``); None for the data row."""
+    if value is None or value == "":
+        return None
+    text = str(value)
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def refresh_order(value: Any) -> tuple[int, int, str]:
+    """Sort key: fixed intervals by K first, then named policies by name."""
+    value = refresh_value(value)
+    return (0, value, "") if isinstance(value, int) else (1, 0, str(value))
+
+
+def refresh_label(value: Any) -> str:
+    """``K=4`` for a fixed interval, the policy's name otherwise."""
+    value = refresh_value(value)
+    return f"K={value}" if isinstance(value, int) else str(value)
+
+
+def cell_key(row: dict[str, Any]) -> tuple[str, int | None, int | str | None]:
+    """(model, T, K) of a result row; the data row has T = K = None; K names a non-fixed policy."""
+    steps = row.get("steps")
+    return (str(row["model"]), None if steps is None else int(steps), refresh_value(row.get("refresh")))
 
 
 def machine_info() -> dict[str, Any]:
@@ -202,17 +223,17 @@ def format_tps(row: dict[str, Any], digits: int = 2) -> str:
 def _row_label(row: dict[str, Any]) -> str:
     if row["model"] == DATA_MODEL:
         return "Data"
-    return f"{row['model']} (K={row['refresh']})"
+    return f"{row['model']} ({refresh_label(row['refresh'])})"
 
 
-def _ordered(rows: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, int]], list[int]]:
-    """Distinct (model, K) in first-seen model order then K, and the sorted T values."""
+def _ordered(rows: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, int | str]], list[int]]:
+    """Distinct (model, K) in first-seen model order then K (named policies last), and the sorted T values."""
     models: list[str] = []
     for r in rows:
         if r["model"] != DATA_MODEL and r["model"] not in models:
             models.append(r["model"])
-    pairs = sorted({(r["model"], int(r["refresh"])) for r in rows if r["model"] != DATA_MODEL},
-                   key=lambda p: (models.index(p[0]), p[1]))
+    pairs = sorted({(r["model"], refresh_value(r["refresh"])) for r in rows if r["model"] != DATA_MODEL},
+                   key=lambda p: (models.index(p[0]), refresh_order(p[1])))
     steps = sorted({int(r["steps"]) for r in rows if r["model"] != DATA_MODEL})
     return pairs, steps
 
@@ -277,7 +298,8 @@ def markdown_report(
         span = [_fmt(data.get("mauve"), 2), _fmt(data.get("gen_ppl"), 2), _fmt(data.get("entropy"), 3), "-", "-"]
         body.append(["Data"] + [span[i] for i in range(len(names)) for _ in steps])
     for model, K in pairs:
-        body.append([f"{model} (K={K})"] + [metric(index.get((model, T, K)), n, T) for n, _ in names for T in steps])
+        cells = [metric(index.get((model, T, K)), n, T) for n, _ in names for T in steps]
+        body.append([f"{model} ({refresh_label(K)})"] + cells)
     parts += ["## Quality, compute and throughput (Table 2 layout)", "", _table(header, body), ""]
     # Table 5 layout: per T, MAUVE / Gen PPL / entropy / tok/s for each (model, K)
     header = ["Method (K)"] + [f"{label} T={T}" for T in steps
@@ -289,7 +311,7 @@ def markdown_report(
             row = index.get((model, T, K))
             cells += [metric(row, "mauve", T), metric(row, "gen_ppl", T), metric(row, "entropy", T),
                       "-" if row is None else format_tps(row)]
-        body.append([f"{model} (K={K})"] + cells)
+        body.append([f"{model} ({refresh_label(K)})"] + cells)
     parts += ["## Refresh-interval sweep (Table 5 layout)", "", _table(header, body), ""]
     return "\n".join(parts)
 

@@ -27,8 +27,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from tadm.eval.compute import layer_calls
+from tadm.eval.compute import layer_calls, policy_layer_calls
 from tadm.sampling import GenerationOutput, Sampler, generate
+from tadm.sampling.anchor_cache import LayerCallCounter
+from tadm.sampling.refresh import RefreshPolicy
 from tadm.specs import DTYPE_SPELLINGS, resolve_dtype
 
 __all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput", "measure_throughput", "resolve_dtype"]
@@ -53,11 +55,12 @@ class ThroughputResult:
     batch_size: int
     seq_len: int
     num_steps: int
-    refresh_interval: int
+    refresh_interval: int | None  # K of a fixed policy, None for other refresh policies
     dtype: str
     device: str
     layer_calls: dict[str, int] = field(default_factory=dict)  # counter of one generation
-    analytic_layer_calls: int = 0  # Eq. (anchor-cache-compute)
+    analytic_layer_calls: int = 0  # Eq. (anchor-cache-compute); a canvas-dependent policy: the counted
+    policy: str = ""  # the refresh policy's label when it is not given as refresh_interval
 
     @property
     def median_seconds(self) -> float:
@@ -92,6 +95,7 @@ class ThroughputResult:
             "device": self.device,
             "layer_calls": self.layer_calls,
             "analytic_layer_calls": self.analytic_layer_calls,
+            **({"policy": self.policy} if self.policy else {}),
         }
 
 
@@ -177,6 +181,16 @@ class TimingCell:
     num_steps: int
     refresh_interval: int = 1
     time_conditioned: bool = False
+    policy: RefreshPolicy | None = None  # a refresh policy instead of refresh_interval
+
+    def refresh_kwargs(self) -> dict[str, Any]:
+        return {"refresh_interval": self.refresh_interval} if self.policy is None else {"policy": self.policy}
+
+    def layer_calls(self, counted: LayerCallCounter) -> int:
+        split = self.model.layer_split
+        if self.policy is None:
+            return layer_calls(split, self.num_steps, self.refresh_interval)
+        return policy_layer_calls(split, self.num_steps, self.policy, counted)
 
 
 def interleaved_throughput(
@@ -229,13 +243,13 @@ def interleaved_throughput(
             start = time.perf_counter()
             with torch.autocast(device.type, dtype=amp, enabled=amp != torch.float32):
                 out = generate_fn(cell.model, samplers[cell.key], batch_size=batch_size, seq_len=cell.seq_len,
-                                  num_steps=cell.num_steps, refresh_interval=cell.refresh_interval,
-                                  generator=generator, device=device, time_conditioned=cell.time_conditioned)
+                                  num_steps=cell.num_steps, generator=generator, device=device,
+                                  time_conditioned=cell.time_conditioned, **cell.refresh_kwargs())
             _sync(device)
             elapsed = time.perf_counter() - start
             if r >= warmup:
                 seconds[cell.key].append(elapsed)
-            counted[cell.key] = out.layer_calls.as_dict()
+            counted[cell.key] = out.layer_calls
             bar.update(1)
     bar.close()
     results = {}
@@ -248,10 +262,11 @@ def interleaved_throughput(
             batch_size=batch_size,
             seq_len=cell.seq_len,
             num_steps=cell.num_steps,
-            refresh_interval=cell.refresh_interval,
+            refresh_interval=cell.refresh_interval if cell.policy is None else getattr(cell.policy, "interval", None),
             dtype=dtype,
             device=str(device),
-            layer_calls=counted[cell.key],
-            analytic_layer_calls=layer_calls(cell.model.layer_split, cell.num_steps, cell.refresh_interval),
+            layer_calls=counted[cell.key].as_dict(),
+            analytic_layer_calls=cell.layer_calls(counted[cell.key]),
+            policy="" if cell.policy is None else cell.policy.label(),
         )
     return results

@@ -14,7 +14,9 @@ interval K grows. A study file is YAML with these sections (every key optional e
   (:mod:`tadm.config`), shared by every model (``train.out_dir`` and ``train.seed`` are set per unit);
 * ``staleness``: the stale-anchor likelihood curves (:func:`tadm.eval.likelihood.stale_anchor_nelbo`)
   and the cached-process bound (:func:`~tadm.eval.likelihood.cached_process_nelbo`);
-* ``sampling``: the K x T sampling sweep, its evaluators, MAUVE reference and throughput timing.
+* ``sampling``: the K x T sampling sweep, its evaluators, MAUVE reference and throughput timing;
+  ``sampling.refresh`` entries are a fixed interval K or a refresh-policy mapping
+  (``{policy: adaptive, tau: 0.3, max_interval: 16}``, :mod:`tadm.sampling.refresh`), and must include K = 1.
 
 Unknown keys, wrong types and unknown model kinds fail with a one-line message naming the value.
 """
@@ -51,9 +53,12 @@ __all__ = [
     "StudyConfig",
     "StudyModel",
     "StudySize",
+    "fixed_intervals",
     "list_study_presets",
     "load_study_config",
     "model_experiment_config",
+    "refresh_key",
+    "refresh_policy_of",
     "study_preset_path",
 ]
 
@@ -128,7 +133,9 @@ class SamplingSection:
     """The K x T sampling sweep of every diffusion model, scored by every evaluator."""
 
     steps: list[int] = field(default_factory=lambda: [32, 128])
-    refresh: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    # each entry: a fixed refresh interval K, or a refresh policy mapping such as
+    # {policy: adaptive, tau: 0.3, max_interval: 16} (see refresh_policy_of)
+    refresh: list[Any] = field(default_factory=lambda: [1, 2, 4, 8])
     model_seeds: list[int] | None = None  # training seeds whose models are sampled (None: the first seed)
     num_samples: int = 64
     batch_size: int = 32
@@ -189,6 +196,53 @@ def _positive_ints(name: str, values: Sequence[int], minimum: int = 1) -> None:
         raise ConfigError(f"{name} must be a non-empty list of integers >= {minimum}, got {list(values)}")
 
 
+def refresh_key(entry: Any) -> int | str:
+    """The name of a ``sampling.refresh`` entry in cells, file names and report rows.
+
+    A fixed interval is its K (``4``); a policy mapping is its name and parameters, sorted, e.g.
+    ``{policy: adaptive, tau: 0.3, max_interval: 16}`` -> ``"adaptive-max_interval16-tau0.3"``.
+    """
+    if not isinstance(entry, dict):
+        return int(entry)
+    parts = [str(entry["policy"])]
+    for key in sorted(k for k in entry if k != "policy"):
+        value = entry[key]
+        text = "_".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+        parts.append(f"{key}{text}")
+    return "-".join(parts)
+
+
+def refresh_policy_of(entry: Any) -> Any:
+    """The :class:`~tadm.sampling.refresh.RefreshPolicy` of a ``sampling.refresh`` entry (int K or mapping)."""
+    from tadm.sampling.refresh import FixedRefresh, refresh_policy_from_config
+
+    return refresh_policy_from_config(dict(entry)) if isinstance(entry, dict) else FixedRefresh(int(entry))
+
+
+def fixed_intervals(entries: Sequence[Any]) -> list[int]:
+    """The fixed K among ``sampling.refresh`` entries (policy mappings left out), in their order."""
+    return [int(e) for e in entries if not isinstance(e, dict)]
+
+
+def _check_refresh_entries(entries: Sequence[Any]) -> None:
+    if not entries:
+        raise ConfigError("sampling.refresh must be a non-empty list of refresh intervals K or policy mappings")
+    for n, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            try:
+                refresh_policy_of(entry)
+            except ValueError as error:
+                raise ConfigError(f"sampling.refresh[{n}]: {error}") from None
+        elif isinstance(entry, bool) or not isinstance(entry, int) or entry < 1:
+            raise ConfigError(f"sampling.refresh[{n}] must be an integer K >= 1 or a policy mapping such as "
+                              f"{{policy: adaptive, tau: 0.3}}, got {entry!r}")
+    keys = [refresh_key(e) for e in entries]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"sampling.refresh lists the same entry twice: {keys}")
+    if 1 not in keys:
+        raise ConfigError(f"sampling.refresh must include K = 1 (the reference of every comparison), got {keys}")
+
+
 def _validate_study(cfg: StudyConfig) -> None:
     from tadm.eval.throughput import DTYPES
     from tadm.sampling.base import TIME_GRIDS
@@ -235,7 +289,7 @@ def _validate_study(cfg: StudyConfig) -> None:
             raise ConfigError(f"staleness.{name} must be >= 1, got {getattr(st, name)}")
     sp = cfg.sampling
     _positive_ints("sampling.steps", sp.steps)
-    _positive_ints("sampling.refresh", sp.refresh)
+    _check_refresh_entries(sp.refresh)
     for name in ("num_samples", "batch_size", "eval_batch_size", "throughput_batch_size", "mauve_min_samples"):
         if getattr(sp, name) < 1:
             raise ConfigError(f"sampling.{name} must be >= 1, got {getattr(sp, name)}")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tadm.eval.report import _atomic_write, _fmt, _json_ready, markdown_report, write_csv
-from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
+from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, fixed_intervals, refresh_key
 
 __all__ = ["collect_results", "write_report"]
 
@@ -127,12 +127,14 @@ def collect_results(cfg: StudyConfig, layout: Any) -> dict[str, Any]:
             for seed in cfg.sampled_seeds(m):
                 for label in (m.name, f"{m.name}-naive"):
                     for T in cfg.sampling.steps:
-                        for K in cfg.sampling.refresh:
+                        for K in map(refresh_key, cfg.sampling.refresh):
                             score = _read(layout.score_file(ev, label, seed, T, K))
                             sample = _read(layout.sample_file(label, seed, T, K))
                             if score is None or sample is None:
                                 continue
-                            calls = layer_calls(_split(cfg, m.kind), T, K)
+                            counted = (sample.get("layer_calls_last_batch") or {}).get("total")
+                            # a canvas-dependent policy's compute is the counted one (its last batch)
+                            calls = layer_calls(_split(cfg, m.kind), T, K) if isinstance(K, int) else counted
                             t = tps.get((label, seed, T, K), {})
                             samples.append({
                                 "evaluator": ev, "model": label, "kind": m.kind, "seed": seed, "steps": T, "refresh": K,
@@ -144,8 +146,8 @@ def collect_results(cfg: StudyConfig, layout: Any) -> dict[str, Any]:
                                 "tokens_per_second_min": t.get("tokens_per_second_min"),
                                 "tokens_per_second_max": t.get("tokens_per_second_max"),
                                 "layer_calls": calls,
-                                "layer_calls_counted": (sample.get("layer_calls_last_batch") or {}).get("total"),
-                                "compute_relative": calls / (T * baseline_layers),
+                                "layer_calls_counted": counted,
+                                "compute_relative": None if calls is None else calls / (T * baseline_layers),
                                 "length": cfg.data.seq_len,
                             })
     return {"models": models, "likelihood": likelihood, "staleness": staleness, "cached": cached,
@@ -245,7 +247,7 @@ def _cached_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
 
 def _degradation_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
     """Per model: Gen PPL change K=1 -> K=max per evaluator and T, and the likelihood increase at the largest age."""
-    kmax = max(cfg.sampling.refresh)
+    kmax = max(fixed_intervals(cfg.sampling.refresh))
     age = cfg.staleness.max_age
     header = ["model"]
     for ev in cfg.sampling.evaluators:
@@ -426,7 +428,7 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
                   f"{cfg.sampling.throughput_batch_size}, all cells interleaved in shuffled rounds"
                   + (f"; (x) relative to {adlm} at K = 1." if adlm else "."), "", table.strip(), ""]
     lines += ["## Degradation from K = 1 to the largest K", "",
-              f"Relative change of Gen PPL from K = 1 to K = {max(cfg.sampling.refresh)} (same samples' settings), and "
+              f"Relative change of Gen PPL from K = 1 to K = {max(fixed_intervals(cfg.sampling.refresh))} (same samples' settings), and "
               f"of the likelihood bound from cache age 0 to {cfg.staleness.max_age}; ± is half the range over seeds "
               "where several were run.", "", _degradation_table(cfg, res), ""]
     lines += ["## Files", "", "`results.json` (everything above, with configs, seeds, machine and commit), "

@@ -36,7 +36,15 @@ from typing import Any
 import torch
 
 from tadm.config import ConfigError
-from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, StudyModel, model_experiment_config
+from tadm.study.config import (
+    IN_DOMAIN_EVALUATOR,
+    MODEL_KINDS,
+    StudyConfig,
+    StudyModel,
+    model_experiment_config,
+    refresh_key,
+    refresh_policy_of,
+)
 
 __all__ = ["StudyLayout", "StudyOutput", "git_commit", "run_study"]
 
@@ -66,10 +74,10 @@ class StudyLayout:
     def eval_file(self, name: str, seed: int, what: str) -> Path:
         return self.root / "evals" / f"{name}-s{seed}" / f"{what}.json"
 
-    def sample_file(self, name: str, seed: int, T: int, K: int) -> Path:
+    def sample_file(self, name: str, seed: int, T: int, K: int | str) -> Path:
         return self.root / "samples" / f"{name}-s{seed}" / f"T{T}-K{K}.json"
 
-    def score_file(self, evaluator: str, name: str, seed: int | None, T: int | None, K: int | None) -> Path:
+    def score_file(self, evaluator: str, name: str, seed: int | None, T: int | None, K: int | str | None) -> Path:
         base = self.root / "scores" / _slug(evaluator)
         return base / ("data.json" if seed is None else f"{name}-s{seed}-T{T}-K{K}.json")
 
@@ -326,14 +334,18 @@ class _Study:
                     self._ran(unit, end - start)
 
     # ---------------------------------------------------------------- 5. sampling
-    def sampling_cells(self) -> list[tuple[StudyModel, int, bool, int, int]]:
-        """(model, seed, naive, T, K) of every sampling cell; models without an anchor only at K = 1."""
+    def sampling_cells(self) -> list[tuple[StudyModel, int, bool, int, int | str]]:
+        """(model, seed, naive, T, K) of every sampling cell; models without an anchor only at K = 1.
+
+        K is the entry's :func:`~tadm.study.config.refresh_key`: the interval of a fixed policy, or
+        the name of a policy mapping (``"adaptive-tau0.3"``).
+        """
         sp = self.cfg.sampling
         cells = []
         for m in self.cfg.models:
             if not self.diffusion(m):
                 continue
-            refresh = sp.refresh if self.anchored(m) else [1]
+            refresh = [refresh_key(e) for e in sp.refresh] if self.anchored(m) else [1]
             for seed in self.cfg.sampled_seeds(m):
                 for naive in self.variants(m, sp.naive):
                     for T in sp.steps:
@@ -351,7 +363,14 @@ class _Study:
                     "nucleus": sp.nucleus, "time_grid": sp.time_grid}
         return name, get_sampler(name, model.mask_token_id, **sampler_options(name, settings))
 
-    def sample_spec(self, m: StudyModel, seed: int, naive: bool, T: int, K: int) -> dict[str, Any]:
+    def refresh_policy(self, K: int | str) -> Any:
+        """A fresh refresh policy of the ``sampling.refresh`` entry whose key is ``K``."""
+        for entry in self.cfg.sampling.refresh:
+            if refresh_key(entry) == K:
+                return refresh_policy_of(entry)
+        return refresh_policy_of(K)  # K = 1 of models without an anchor
+
+    def sample_spec(self, m: StudyModel, seed: int, naive: bool, T: int, K: int | str) -> dict[str, Any]:
         sp = self.cfg.sampling
         return {"model": str(self.layout.final_dir(m.name, seed)), "naive": naive, "steps": T, "refresh": K,
                 "length": self.length(), "num_samples": sp.num_samples, "batch_size": sp.batch_size,
@@ -381,7 +400,7 @@ class _Study:
                 size = min(sp.batch_size, sp.num_samples - lo)
                 with torch.autocast(self.device.type, dtype=amp, enabled=amp != torch.float32):
                     out = generate(model, sampler, batch_size=size, seq_len=self.length(), num_steps=T,
-                                   refresh_interval=K, generator=generator, device=self.device,
+                                   policy=self.refresh_policy(K), generator=generator, device=self.device,
                                    time_conditioned=bool(getattr(model.config, "time_conditioning", False)))
                 rows.extend(out.tokens.cpu().tolist())
                 calls = out.layer_calls.as_dict()
@@ -501,7 +520,9 @@ class _Study:
             model = self.model(m, seed, naive)
             timing.append(TimingCell(
                 key=(self.label(m, naive), seed, T, K), model=model, seq_len=self.length(), num_steps=T,
-                refresh_interval=K, time_conditioned=bool(getattr(model.config, "time_conditioning", False)),
+                refresh_interval=K if isinstance(K, int) else 1,
+                policy=None if isinstance(K, int) else self.refresh_policy(K),
+                time_conditioned=bool(getattr(model.config, "time_conditioning", False)),
                 make_sampler=lambda model=model, T=T: self.sampler(model, T)[1]))
         self.log(f"[study] timing {len(timing)} cells interleaved: {sp.throughput_warmup} warm-up + "
                  f"{sp.throughput_generations} timed generations of batch {sp.throughput_batch_size} each")
