@@ -25,7 +25,9 @@ from tadm.nn.dit import (
     check_heads,
     check_int,
     check_mask_token,
+    masked_log_probs,
     stack_kwargs,
+    subs_log_probs,
     time_condition,
     token_embedding,
 )
@@ -92,6 +94,8 @@ class MaskedDiffusionNetwork(nn.Module):
     """
 
     config: MaskedDiffusionSizes
+    head: FinalLayer  # built by the subclass
+    predicts_rows: ClassVar[bool] = True  # ``predict(..., rows=)`` computes x_theta on given positions only
 
     def __init__(self, config: MaskedDiffusionSizes, layer_split: LayerSplit) -> None:
         super().__init__()
@@ -109,6 +113,18 @@ class MaskedDiffusionNetwork(nn.Module):
     def _output_layer(self) -> FinalLayer:
         """A DiT output layer from the hidden size to the vocabulary."""
         return FinalLayer(self.config.hidden_size, self.config.vocab_size, self.config.cond_dim)
+
+    def output_log_probs(self, hidden: Tensor, cond: Tensor, z_t: Tensor, rows: Tensor | None = None) -> Tensor:
+        """The output layer and SUBS on the last hidden states (B, L, D) -> (B, L, V) log-probabilities.
+
+        With ``rows`` (n, 2), (batch, position) pairs of masked positions of ``z_t``, only those rows
+        are computed: (n, V), equal to the full output's rows. A sampler needs x_theta only where a
+        token is decoded this step (SUBS carries unmasked tokens over), usually about L / T rows.
+        """
+        mask_id = self.config.resolved_mask_token_id
+        if rows is None:
+            return subs_log_probs(self.head(hidden, cond), z_t, mask_id)
+        return masked_log_probs(self.head(hidden, cond, rows), mask_id)
 
     def _cond(self, t: Tensor | None, ref: Tensor) -> Tensor:
         """The conditioning vector (B, cond_dim): embedded time, or a fixed vector without time conditioning."""

@@ -68,6 +68,17 @@ def check_mask_token(owner: str, mask_token_id: object, vocab_size: int) -> None
 
 
 # ------------------------------------------------------------------------------- output parameter
+def masked_log_probs(logits: Tensor, mask_token_id: int) -> Tensor:
+    """x_theta at masked positions: log-softmax in float32 with the mask token at :data:`NEG_INF`.
+
+    ``logits`` (..., V), e.g. (n, V) for the n masked positions a sampler decodes this step; the
+    rows are what :func:`subs_log_probs` gives at masked positions, computed without the others.
+    """
+    logits = logits.float()
+    mask_column = torch.tensor([mask_token_id], device=logits.device)
+    return logits.index_fill(-1, mask_column, NEG_INF).log_softmax(dim=-1)
+
+
 def subs_log_probs(logits: Tensor, z_t: Tensor, mask_token_id: int) -> Tensor:
     """SUBS parameterisation of MDLM (zero masking probabilities + carry-over unmasking).
 
@@ -83,9 +94,7 @@ def subs_log_probs(logits: Tensor, z_t: Tensor, mask_token_id: int) -> Tensor:
     Returns:
         (B, L, V) float32 log-probabilities; rows sum to one in probability space.
     """
-    logits = logits.float()  # (B, L, V)
-    mask_column = torch.tensor([mask_token_id], device=logits.device)
-    log_probs = logits.index_fill(-1, mask_column, NEG_INF).log_softmax(dim=-1)  # (B, L, V)
+    log_probs = masked_log_probs(logits, mask_token_id)  # (B, L, V)
     unmasked = (z_t != mask_token_id).unsqueeze(-1)  # (B, L, 1)
     log_probs = log_probs.masked_fill(unmasked, NEG_INF)  # (B, L, V)
     index = z_t.unsqueeze(-1)  # (B, L, 1)
@@ -271,9 +280,13 @@ class FinalLayer(nn.Module):
         nn.init.zeros_(self.adaLN_modulation.weight)
         nn.init.zeros_(self.adaLN_modulation.bias)
 
-    def forward(self, x: Tensor, cond: Tensor) -> Tensor:
-        """x (B, L, D), cond (B, cond_dim) -> (B, L, out_dim)."""
+    def forward(self, x: Tensor, cond: Tensor, rows: Tensor | None = None) -> Tensor:
+        """x (B, L, D), cond (B, cond_dim) -> (B, L, out_dim); with ``rows`` (n, 2) of (batch, position)
+        pairs, only those positions: (n, out_dim), the same rows as the full output's."""
         shift, scale = self.adaLN_modulation(cond)[:, None, :].chunk(2, dim=-1)  # each (B, 1, D)
+        if rows is not None:
+            x = x[rows[:, 0], rows[:, 1]]  # (n, D)
+            shift, scale = shift[rows[:, 0], 0], scale[rows[:, 0], 0]  # each (n, D)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 

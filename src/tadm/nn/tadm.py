@@ -19,7 +19,7 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from tadm.nn.base import MaskedDiffusionNetwork, MaskedDiffusionSizes
-from tadm.nn.dit import check_bool, remove_mask_log_probs, subs_log_probs
+from tadm.nn.dit import check_bool, remove_mask_log_probs
 from tadm.nn.fusion import GatedResidualFusion
 from tadm.nn.hub import TINY_SIZES, HubMixin, size_preset
 from tadm.protocol import LayerSplit
@@ -78,15 +78,17 @@ class TADM(MaskedDiffusionNetwork, HubMixin, model_type="tadm"):
         """Phi: current c_t (B, L, D) and cached h_t' (B, L, D) -> fused h~_{t|t'} (B, L, D)."""
         return self.fusion(c, h)
 
-    def denoise(self, h_tilde: Tensor, z_t: Tensor, t: Tensor | None = None) -> Tensor:
-        """D: fused anchor (B, L, D) -> SUBS log-probabilities (B, L, V) of x_theta given z_t (B, L)."""
+    def denoise(self, h_tilde: Tensor, z_t: Tensor, t: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
+        """D: fused anchor (B, L, D) -> SUBS log-probabilities (B, L, V) of x_theta given z_t (B, L);
+        (n, V) at the masked positions ``rows`` (n, 2) only when given (see ``output_log_probs``)."""
         cond = self._cond(t, h_tilde)  # (B, cond_dim)
-        logits = self.head(self.denoiser(h_tilde, cond), cond)  # (B, L, V)
-        return subs_log_probs(logits, z_t, self.config.resolved_mask_token_id)
+        return self.output_log_probs(self.denoiser(h_tilde, cond), cond, z_t, rows)
 
-    def predict(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> Tensor:
-        """Fusion + denoiser: ``denoise(fuse(c_t, anchor), z_t, t)`` -> (B, L, V) log-probabilities."""
-        return self.denoise(self.fuse(c_t, anchor), z_t, t)
+    def predict(
+        self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, rows: Tensor | None = None
+    ) -> Tensor:
+        """Fusion + denoiser: ``denoise(fuse(c_t, anchor), z_t, t, rows)`` -> (B, L, V) (or (n, V)) log-probabilities."""
+        return self.denoise(self.fuse(c_t, anchor), z_t, t, rows)
 
     def anchor_log_probs(self, h: Tensor, t: Tensor | None = None) -> Tensor:
         """Training-only anchor LM head: h (B, L, D) -> (B, L, V) log-probabilities; the mask token gets NEG_INF."""
@@ -157,9 +159,13 @@ class NaiveReuse(nn.Module):
         """A then Phi on the refresh step's own state: the denoiser input Phi(c_t', A(c_t')) (B, L, D)."""
         return self.model.fuse(c, self.model.compute_anchor(c, t))
 
-    def predict(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> Tensor:
+    predicts_rows = True
+
+    def predict(
+        self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, rows: Tensor | None = None
+    ) -> Tensor:
         """D on the cached denoiser input (``c_t`` unused) -> (B, L, V) SUBS log-probabilities given z_t."""
-        return self.model.denoise(anchor, z_t, t)
+        return self.model.denoise(anchor, z_t, t, rows)
 
 
 tadm_small = size_preset(

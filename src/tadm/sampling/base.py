@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from tadm.sampling.masked_transition import Moves, apply_moves, draw_moves
+
 
 @dataclass
 class SamplerOutput:
@@ -91,6 +93,37 @@ class MaskedSampler(ConfiguredSampler):
     ) -> Tensor:
         """The absorbing prior: all mask tokens (B, L)."""
         return mask_canvas(batch_size, seq_len, self.mask_id, device)
+
+    # A step in two halves, so that the network computes x_theta only on the rows decoded this step:
+    # ``plan_moves`` before the network pass, ``step_moves`` with the (n, V) rows after it.
+    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(unmask, remask) probabilities (B, L) of reverse step i; remask None when nothing is remasked."""
+        raise NotImplementedError
+
+    def plan_moves(self, step_index: int, z_t: Tensor, generator: torch.Generator | None = None) -> Moves:
+        """Draw which positions move at step i: the decoded rows and the remasked positions."""
+        check_step_index(step_index, self.num_steps)
+        unmask_prob, remask_prob = self.move_probs(step_index, z_t)
+        return draw_moves(z_t, unmask_prob, remask_prob, self.mask_id, generator)
+
+    def step_moves(
+        self, row_log_probs: Tensor, moves: Moves, step_index: int, z_t: Tensor, generator: torch.Generator | None = None
+    ) -> SamplerOutput:
+        """Finish step i: draw the tokens of ``moves.rows`` from their log x_theta (n, V)."""
+        z_s, confidence = apply_moves(row_log_probs, moves, z_t, self.mask_id, self.top_p, generator, self.nucleus)
+        self.decoded(moves.rows, confidence, z_s)
+        return SamplerOutput(prev_sample=z_s)
+
+    def decoded(self, rows: Tensor, confidence: Tensor, z_s: Tensor) -> None:
+        """Hook after a step: the decoded ``rows`` (n, 2) and each new token's probability (n,)."""
+
+    def step(
+        self, log_probs: Tensor, step_index: int, z_t: Tensor, generator: torch.Generator | None = None
+    ) -> SamplerOutput:
+        """Draw z_s given the full log x_theta (B, L, V): ``plan_moves`` then ``step_moves`` on its rows."""
+        moves = self.plan_moves(step_index, z_t, generator)
+        rows = moves.rows
+        return self.step_moves(log_probs[rows[:, 0], rows[:, 1]], moves, step_index, z_t, generator)
 
 
 def check_num_steps(num_steps: int) -> int:

@@ -95,6 +95,7 @@ def generate(
     progress: bool = False,
     max_seq_len: int | None = None,
     policy: RefreshPolicy | str | None = None,
+    full_output: bool = False,
 ) -> GenerationOutput:
     """Sample ``batch_size`` sequences of ``seq_len`` tokens with anchor caching (Algorithm 1).
 
@@ -117,6 +118,9 @@ def generate(
         max_seq_len: if given, ``seq_len`` larger than this raises a clear error.
         policy: a refresh policy (:mod:`tadm.sampling.refresh`) instead of ``refresh_interval`` and
             ``skip_unchanged`` (which make ``FixedRefresh(K, skip_unchanged)``).
+        full_output: compute x_theta at every position of every step (the reference path); by
+            default only the rows a masked sampler decodes get the output head (same tokens,
+            see :func:`tadm.sampling.loop.denoise`).
     """
     policy = _resolve_policy(policy, refresh_interval, skip_unchanged)
     sampler.set_timesteps(num_steps)
@@ -126,7 +130,7 @@ def generate(
     z = sampler.initial_canvas(batch_size, seq_len, generator, device)  # (B, L)
     start = time.perf_counter()
     run = denoise(model, sampler, z, range(num_steps, 0, -1), policy=policy, generator=generator,
-                  time_conditioned=time_conditioned, progress=progress)
+                  time_conditioned=time_conditioned, progress=progress, full_output=full_output)
     z = _fill_remaining_masks(model, sampler, run, policy, num_steps, time_conditioned)
     counter, cache = run.layer_calls, run.cache
     return GenerationOutput(

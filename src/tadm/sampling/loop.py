@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from tadm.sampling.anchor_cache import AnchorCache, LayerCallCounter
 from tadm.sampling.refresh import RefreshPolicy
 
-__all__ = ["LoopContext", "LoopResult", "denoise", "network_pass", "pass_state"]
+__all__ = ["LoopContext", "LoopResult", "decodes_rows_only", "denoise", "network_pass", "pass_state"]
 
 
 class LoopContext:
@@ -58,7 +58,8 @@ class LoopResult:
     """The canvas after the last step, the last network output, and the cache and counts."""
 
     z: Tensor
-    output: Tensor | None  # network output (B, L, V) of the last evaluated step
+    output: Tensor | None  # network output (B, L, V) of the last evaluated step ((n, V) decoded rows if
+    # the run stopped early, before its last step, on the rows-only path)
     steps_run: int
     cache: AnchorCache
     layer_calls: LayerCallCounter
@@ -91,12 +92,15 @@ def network_pass(
     t: Tensor | None = None,
     context: Any = None,
     consumes: str = "log_probs",
+    rows: Tensor | None = None,
 ) -> tuple[Tensor, Any]:
     """One evaluation of the split network on canvas z (B, L); returns (output (B, L, V), pass state).
 
     Refreshes the cached anchor first when ``refresh`` (the cache records the step index; -1 when
     rows are at different steps); ``consumes`` picks ``model.predict``
     (log-probabilities) or ``model.predict_logits`` (raw logits, for the entropy-bound sampler).
+    With ``rows`` (n, 2) the output is x_theta at those masked positions only, (n, V), from
+    ``model.predict(..., rows=rows)`` (models with ``predicts_rows``).
     """
     split = model.layer_split
     state = pass_state(model, z, t, context)
@@ -109,12 +113,26 @@ def network_pass(
         raise ValueError("the refresh policy did not compute an anchor at the first step of the run")
     if consumes == "logits":
         output = model.predict_logits(z, c, cache.hidden, state)
+    elif rows is not None:
+        output = model.predict(z, c, cache.hidden, state, rows=rows)
     elif consumes == "log_probs":
         output = model.predict(z, c, cache.hidden, state)
     else:
         raise ValueError(f"a sampler consumes 'log_probs' or 'logits', got {consumes!r}")
     counter.add_predict(split)
     return output, state
+
+
+def decodes_rows_only(model: Any, sampler: Any, policy: RefreshPolicy) -> bool:
+    """Whether the loop can compute x_theta on the decoded rows only (the fast path, same tokens).
+
+    It needs a sampler that decides its moves before the network runs (``plan_moves``, the masked
+    samplers), a network whose ``predict`` takes ``rows`` (``predicts_rows``), and a policy that
+    never reuses a previous prediction (a reused output would hold the previous step's rows).
+    """
+    return (hasattr(sampler, "plan_moves") and getattr(model, "predicts_rows", False)
+            and getattr(sampler, "consumes", "log_probs") == "log_probs"
+            and not getattr(policy, "skip_unchanged", False))
 
 
 @torch.no_grad()
@@ -131,6 +149,7 @@ def denoise(
     counter: LayerCallCounter | None = None,
     progress: bool = False,
     desc: str = "sampling",
+    full_output: bool = False,
 ) -> LoopResult:
     """Run the reverse steps ``steps`` (e.g. ``range(T, 0, -1)``) from canvas z (B, L) with the anchor cache.
 
@@ -144,6 +163,10 @@ def denoise(
         context: per-pass state and hooks (default: none).
         time_conditioned: give t(i) = ``sampler.time(i)`` to the network.
         counter: add the layer calls to this counter (default: a new one).
+        full_output: compute x_theta at every position at every step (the reference path). By
+            default, where :func:`decodes_rows_only` allows, the sampler draws its moves first and
+            the output head and log-softmax run on the decoded rows only (same tokens; the last
+            step always has the full output, which ``LoopResult.output`` returns).
     """
     context = context if context is not None else LoopContext()
     counter = counter if counter is not None else LayerCallCounter()
@@ -155,9 +178,13 @@ def denoise(
     previous_canvas: Tensor | None = None
     refresh_positions: list[int] = []
     steps_run = 0
+    steps = list(steps)
+    rows_only = not full_output and decodes_rows_only(model, sampler, policy)
     for position, i in enumerate(tqdm(steps, desc=desc, disable=not progress, leave=False)):
         plan = policy.plan(position, i, z, cache, previous_canvas if output is not None else None)
         context.before_step(position, i, z)
+        # the network draws no random numbers, so drawing the moves first keeps the generator's order
+        moves = sampler.plan_moves(i, z, generator) if rows_only and position < len(steps) - 1 else None
         if plan.reuse:
             counter.skipped_steps += 1
         else:
@@ -165,11 +192,16 @@ def denoise(
             if time_conditioned:
                 t = torch.full((z.shape[0],), sampler.time(int(i)), device=z.device)
             output, state = network_pass(model, z, refresh=plan.refresh, cache=cache, counter=counter, step_index=i,
-                                         t=t, context=context.pass_context(), consumes=consumes)
+                                         t=t, context=context.pass_context(), consumes=consumes,
+                                         rows=None if moves is None else moves.rows)
             if plan.refresh:
                 refresh_positions.append(position)
         previous_canvas = z
-        z = context.after_step(position, i, z, sampler.step(output, i, z, generator))
+        if moves is None:
+            sampled = sampler.step(output, i, z, generator)
+        else:
+            sampled = sampler.step_moves(output, moves, i, z, generator)
+        z = context.after_step(position, i, z, sampled)
         steps_run += 1
         if context.finished():
             break

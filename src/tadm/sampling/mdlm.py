@@ -8,9 +8,8 @@ import torch
 from torch import Tensor
 
 from tadm.diffusion import get_schedule, remdm_move_probs
-from tadm.sampling.base import MaskedSampler, SamplerOutput, check_num_steps, check_number, check_step_index, check_time_grid
+from tadm.sampling.base import MaskedSampler, check_num_steps, check_number, check_time_grid
 from tadm.sampling.categorical import check_nucleus
-from tadm.sampling.masked_transition import masked_transition
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,8 @@ class MDLMSampler(MaskedSampler):
         t_, s_ = torch.tensor([t], dtype=torch.float64), torch.tensor([s], dtype=torch.float64)
         return float(self.schedule.alpha(t_)), float(self.schedule.alpha(s_))
 
-    def step(self, log_probs: Tensor, step_index: int, z_t: Tensor, generator=None) -> SamplerOutput:
-        check_step_index(step_index, self.num_steps)
+    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[Tensor, None]:
+        """Unmask probability (alpha_s - alpha_t) / (1 - alpha_t) at masked positions (B, L); no remasking."""
         alpha_t, alpha_s = self.alphas(step_index)
         unmask_prob, _ = remdm_move_probs(z_t, alpha_t, alpha_s, 0.0)  # (B, L)
-        z_s, _, _ = masked_transition(log_probs, z_t, unmask_prob, None, self.mask_id, self.top_p, generator,
-                                      self.nucleus)
-        return SamplerOutput(prev_sample=z_s)
+        return unmask_prob, None

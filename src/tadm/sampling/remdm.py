@@ -8,9 +8,8 @@ import torch
 from torch import Tensor
 
 from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_move_probs, remdm_sigma, remdm_sigma_max
-from tadm.sampling.base import MaskedSampler, SamplerOutput, check_num_steps, check_number, check_step_index, check_time_grid
+from tadm.sampling.base import MaskedSampler, check_num_steps, check_number, check_time_grid
 from tadm.sampling.categorical import check_nucleus
-from tadm.sampling.masked_transition import masked_transition
 
 
 @dataclass(frozen=True)
@@ -145,16 +144,15 @@ class ReMDMSampler(MaskedSampler):
         # sigma above sigma_max would give the masked branch a negative mask probability
         return torch.minimum(torch.as_tensor(sigma, dtype=torch.float64), remdm_sigma_max(alpha_t, alpha_s))
 
-    def step(self, log_probs: Tensor, step_index: int, z_t: Tensor, generator=None) -> SamplerOutput:
-        check_step_index(step_index, self.num_steps)
+    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[Tensor, Tensor]:
+        """(unmask, remask) probabilities (B, L) of Eq. (remdm-param) at reverse step i."""
         alpha_t, alpha_s = self.alphas(step_index)
         sigma = self._sigma(step_index, alpha_t, alpha_s, z_t)
-        unmask_prob, remask_prob = remdm_move_probs(z_t, alpha_t, alpha_s, sigma)  # (B, L) each
-        z_s, rows, confidence = masked_transition(
-            log_probs, z_t, unmask_prob, remask_prob, self.mask_id, self.top_p, generator, self.nucleus
-        )
+        return remdm_move_probs(z_t, alpha_t, alpha_s, sigma)
+
+    def decoded(self, rows: Tensor, confidence: Tensor, z_s: Tensor) -> None:
+        """``conf`` remembers each decoded token's probability (its remasking score)."""
         if self.strategy == "conf":
             assert self._confidence is not None
             self._confidence[rows[:, 0], rows[:, 1]] = confidence
             self._confidence = torch.where(z_s == self.mask_id, float("-inf"), self._confidence)
-        return SamplerOutput(prev_sample=z_s)
