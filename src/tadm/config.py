@@ -8,6 +8,7 @@ Unknown keys and values of the wrong type raise ``ConfigError`` naming the key.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -116,59 +117,106 @@ def _fail(err: OmegaConfBaseException, origin: str, error: type[ConfigError] = C
     return error(f"{origin}: {first}{where}")
 
 
-def _validate(cfg: ExperimentConfig) -> None:
-    def positive(name: str, value: float) -> None:
-        if value <= 0:
-            raise ConfigError(f"{name} must be > 0, got {value}")
+def _range_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    return f"{'<' if high_open else '<='} {high:g}"
 
+
+def check_range(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    note: str = "",
+    error: type[ConfigError] = ConfigError,
+) -> None:
+    """Raise ``error`` unless ``value`` is a finite number within the bounds (NaN and inf never are).
+
+    The message names the key, the valid range and the value, e.g. ``optim.lr must be a finite
+    number > 0, got nan``; ``note`` is appended (e.g. "(0 disables clipping)").
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        note = f" {note}" if note else ""
+        raise error(f"{name} must be a finite number {_range_text(low, high, low_open, high_open)}{note}, got {value}")
+
+
+def _positive_int(name: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value}")
+
+
+def _validate_data(data: DataSection) -> None:
+    for name in ("seq_len", "tokenizer_vocab_size"):
+        _positive_int(f"data.{name}", getattr(data, name))
+    check_range("data.val_fraction", data.val_fraction, 0, 1, low_open=True, high_open=True)
+
+
+def _validate_objective(objective: ObjectiveSection) -> None:
+    check_range("objective.gamma", objective.gamma, 0)
+    check_range("objective.eps", objective.eps, 0, 1, low_open=True, high_open=True)
+    check_range("objective.anchor_common_mass", objective.anchor_common_mass, 0, 1, low_open=True)
+    for name in ("refresh_intervals", "step_budgets"):
+        values = getattr(objective, name)
+        if not values or any(v < 1 for v in values):
+            raise ConfigError(f"objective.{name} must be a non-empty list of integers >= 1, got {list(values)}")
+
+
+def _validate_optim(optim: OptimSection) -> None:
+    check_range("optim.lr", optim.lr, 0, low_open=True)
+    if len(optim.betas) != 2:
+        raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(optim.betas)}")
+    for i, beta in enumerate(optim.betas):
+        check_range(f"optim.betas[{i}]", beta, 0, 1, high_open=True)
+    check_range("optim.eps", optim.eps, 0, low_open=True)
+    if optim.lr_schedule not in ("constant", "cosine"):
+        raise ConfigError(f"optim.lr_schedule {optim.lr_schedule!r} is unknown; valid: constant, cosine")
+    if optim.warmup_steps < 0:
+        raise ConfigError(f"optim.warmup_steps must be >= 0, got {optim.warmup_steps}")
+    check_range("optim.min_lr_ratio", optim.min_lr_ratio, 0, 1)
+    check_range("optim.grad_clip", optim.grad_clip, 0, note="(0 disables clipping)")
+    check_range("optim.weight_decay", optim.weight_decay, 0)
+
+
+def _validate_train(train: TrainSection) -> None:
+    for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every", "eval_every", "eval_batches",
+                 "save_every"):
+        _positive_int(f"train.{name}", getattr(train, name))
+    if train.global_batch_size % train.micro_batch_size:
+        raise ConfigError(
+            f"train.global_batch_size ({train.global_batch_size}) must be a multiple of "
+            f"train.micro_batch_size ({train.micro_batch_size})"
+        )
+    check_range("train.ema", train.ema, 0, 1, high_open=True, note="(0 disables EMA)")
+    if train.precision not in ("auto", "fp32", "bf16"):
+        raise ConfigError(f"train.precision {train.precision!r} is unknown; valid: auto, fp32, bf16")
+    device = train.device
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(f"train.device {device!r} is unknown; valid: auto, cpu, cuda, cuda:N")
+    if not train.out_dir.strip():
+        raise ConfigError("train.out_dir must not be empty")
+
+
+def _validate(cfg: ExperimentConfig) -> None:
+    """Every section's values: names, ranges (finite numbers only) and settings that must fit together."""
     if cfg.model.arch not in ARCHITECTURES:
         raise ConfigError(f"model.arch {cfg.model.arch!r} is unknown; valid: {', '.join(ARCHITECTURES)}")
     if cfg.model.preset not in MODEL_PRESETS:
         raise ConfigError(f"model.preset {cfg.model.preset!r} is unknown; valid: {', '.join(MODEL_PRESETS)}")
-    for name in ("seq_len", "tokenizer_vocab_size"):
-        positive(f"data.{name}", getattr(cfg.data, name))
-    if not 0.0 < cfg.data.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
-    if cfg.objective.gamma < 0:
-        raise ConfigError(f"objective.gamma must be >= 0, got {cfg.objective.gamma}")
-    if not 0.0 < cfg.objective.eps < 1.0:
-        raise ConfigError(f"objective.eps must be in (0, 1), got {cfg.objective.eps}")
-    if not 0.0 < cfg.objective.anchor_common_mass <= 1.0:
-        raise ConfigError(f"objective.anchor_common_mass must be in (0, 1], got {cfg.objective.anchor_common_mass}")
-    for name in ("refresh_intervals", "step_budgets"):
-        values = getattr(cfg.objective, name)
-        if not values or any(v < 1 for v in values):
-            raise ConfigError(f"objective.{name} must be a non-empty list of integers >= 1, got {list(values)}")
-    positive("optim.lr", cfg.optim.lr)
-    if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
-        raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(cfg.optim.betas)}")
-    if cfg.optim.lr_schedule not in ("constant", "cosine"):
-        raise ConfigError(f"optim.lr_schedule {cfg.optim.lr_schedule!r} is unknown; valid: constant, cosine")
-    if cfg.optim.warmup_steps < 0:
-        raise ConfigError(f"optim.warmup_steps must be >= 0, got {cfg.optim.warmup_steps}")
-    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
-        raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
-    if cfg.optim.grad_clip < 0:
-        raise ConfigError(f"optim.grad_clip must be >= 0 (0 disables clipping), got {cfg.optim.grad_clip}")
-    if cfg.optim.weight_decay < 0:
-        raise ConfigError(f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
-    for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every", "eval_every", "eval_batches",
-                 "save_every"):
-        positive(f"train.{name}", getattr(cfg.train, name))
-    if cfg.train.global_batch_size % cfg.train.micro_batch_size:
-        raise ConfigError(
-            f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "
-            f"train.micro_batch_size ({cfg.train.micro_batch_size})"
-        )
-    if not 0.0 <= cfg.train.ema < 1.0:
-        raise ConfigError(f"train.ema must be in [0, 1), got {cfg.train.ema}")
-    if cfg.train.precision not in ("auto", "fp32", "bf16"):
-        raise ConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: auto, fp32, bf16")
-    device = cfg.train.device
-    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise ConfigError(f"train.device {device!r} is unknown; valid: auto, cpu, cuda, cuda:N")
-    if not cfg.train.out_dir.strip():
-        raise ConfigError("train.out_dir must not be empty")
+    _validate_data(cfg.data)
+    _validate_objective(cfg.objective)
+    _validate_optim(cfg.optim)
+    _validate_train(cfg.train)
 
 
 PRESET_DIR = Path(__file__).resolve().parent / "configs"

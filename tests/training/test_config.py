@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -88,10 +89,22 @@ def test_overrides_and_round_trip(tmp_path: Path) -> None:
         ("model.arch=sedd", "valid: tadm, mdlm, adlm, ar"),
         ("objective.refresh_intervals=[0]", "objective.refresh_intervals"),
         ("train.overwrite=maybe", "train.overwrite"),
+        ("optim.lr=nan", "optim.lr must be a finite number > 0, got nan"),
+        ("optim.lr=inf", "optim.lr must be a finite number > 0, got inf"),
+        ("optim.eps=0", "optim.eps must be a finite number > 0, got 0.0"),
+        ("optim.betas=[nan,0.9]", "optim.betas[0] must be a finite number in [0, 1), got nan"),
+        ("optim.weight_decay=nan", "optim.weight_decay must be a finite number >= 0, got nan"),
+        ("optim.grad_clip=inf", "optim.grad_clip must be a finite number >= 0 (0 disables clipping), got inf"),
+        ("optim.min_lr_ratio=nan", "optim.min_lr_ratio must be a finite number in [0, 1], got nan"),
+        ("objective.gamma=inf", "objective.gamma must be a finite number >= 0, got inf"),
+        ("objective.eps=nan", "objective.eps must be a finite number in (0, 1), got nan"),
+        ("train.ema=nan", "train.ema must be a finite number in [0, 1) (0 disables EMA), got nan"),
+        ("data.val_fraction=inf", "data.val_fraction must be a finite number in (0, 1), got inf"),
+        ("data.seq_len=0", "data.seq_len must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_values_fail_loudly_naming_the_key(override: str, needle: str) -> None:
-    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(needle) if " " in needle else needle.replace(".", r"\.")):
         load_config(None, ["train.micro_batch_size=8", override])
 
 
