@@ -42,3 +42,22 @@ def test_ceiling_when_K_does_not_divide_T():
 def test_bad_compute_inputs(args, match):
     with pytest.raises(ValueError, match=match):
         layer_calls(*args)
+
+
+def test_generation_flops_by_hand():
+    """d = 32, r = 4, V = 65, L = 8, B = 2, T = 4, K = 2 on tadm-tiny (2 anchor + 1 denoiser blocks)."""
+    from tadm.eval.compute import generation_flops
+    from tadm.nn import mdlm_tiny, tadm_tiny
+
+    model = tadm_tiny()
+    d, V, L, B, T = 32, 65, 8, 2, 4
+    assert (model.config.hidden_size, model.config.mlp_ratio, model.config.vocab_size) == (d, 4, V)
+    flops = generation_flops(model, batch_size=B, seq_len=L, num_steps=T, refresh_interval=2)
+    per_block = 2 * B * L * (12 * d * d + 2 * L * d)
+    calls = T * 1 + 2 * 2  # denoiser every step, anchor at 2 of the 4 steps
+    assert flops.layers == per_block * calls
+    assert flops.fusion == 2 * B * L * 14 * d * d * T
+    assert flops.head == 2 * B * L * T * d * V
+    assert flops.total == flops.layers + flops.fusion + flops.head
+    assert generation_flops(model, batch_size=B, seq_len=L, num_steps=T, head_rows=5).head == 2 * 5 * d * V
+    assert generation_flops(mdlm_tiny(), batch_size=B, seq_len=L, num_steps=T).fusion == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import check_num_steps
@@ -95,4 +96,49 @@ def compute_row(
         refresh_interval=refresh_interval,
         layer_calls=layer_calls(split, num_steps, refresh_interval),
         baseline_layer_calls=num_steps * baseline,
+    )
+
+
+@dataclass(frozen=True)
+class GenerationFlops:
+    """Matmul FLOPs (2 x multiply-adds) of one generation, by part; see :func:`generation_flops`."""
+
+    layers: int  # Transformer blocks: projections, MLP and attention scores / values
+    fusion: int  # the gated fusion Phi, once per evaluated step (TADM only)
+    head: int  # the output layer on the rows it was computed for
+
+    @property
+    def total(self) -> int:
+        return self.layers + self.fusion + self.head
+
+
+def generation_flops(
+    model: Any,
+    *,
+    batch_size: int,
+    seq_len: int,
+    num_steps: int,
+    refresh_interval: int = 1,
+    head_rows: int | None = None,
+) -> GenerationFlops:
+    """Matmul FLOPs of one generation of a TADM or MDLM network with the anchor cache.
+
+    Per token, a DiT block costs (4 + 2 r) d^2 multiply-adds for its projections and MLP (r: MLP
+    ratio) and 2 L d for attention; the gated fusion 14 d^2 (Linear 2d->d, 2d->4d, 4d->d); the output
+    layer d V per row. Blocks run ``layer_calls`` times (Eq. (anchor-cache-compute)); the fusion at
+    every step of a model that has one; the output layer on ``head_rows`` rows in all (default:
+    every position of every step, B L T; with x_theta on decoded rows only, pass the rows computed).
+    Element-wise work (norms, softmax, sampling) is not counted, nor ADLM's anchor output layer
+    and projection.
+    """
+    config = model.config
+    d, r, vocab = config.hidden_size, config.mlp_ratio, config.vocab_size
+    tokens = batch_size * seq_len
+    block = tokens * ((4 + 2 * r) * d * d + 2 * seq_len * d)
+    fusion = tokens * 14 * d * d if hasattr(model, "fusion") else 0
+    rows = tokens * num_steps if head_rows is None else head_rows
+    return GenerationFlops(
+        layers=2 * block * layer_calls(model.layer_split, num_steps, refresh_interval),
+        fusion=2 * fusion * num_steps,
+        head=2 * rows * d * vocab,
     )

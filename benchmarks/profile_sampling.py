@@ -1,0 +1,150 @@
+"""Where a reverse step's time goes: torch.profiler breakdown of Algorithm 1's loop, before and after.
+
+    python benchmarks/profile_sampling.py                                   # CPU, mid-size TADM
+    python benchmarks/profile_sampling.py --size small --length 1024 --steps 1024 --profile-steps 8
+    python benchmarks/profile_sampling.py --device cuda --dtype bfloat16 --size small --length 1024 \\
+        --steps 1024 --profile-steps 64 --sampler remdm-loop
+
+Runs the first ``--profile-steps`` reverse steps of a ``--steps``-step generation (from the prior,
+random weights: speed does not depend on them) twice under ``torch.profiler``: with the output
+head and log-softmax on every position (``full_output=True``, the reference path) and on the
+decoded rows only (the default). Each part of the step is a ``record_function`` range: S (the
+embedding), A (anchor stack), Phi (fusion), D (denoiser stack, or MDLM's stack), the output head,
+the log-softmax / SUBS, the sampler; what is left of the wall time is Python, launches and
+synchronisations. Prints milliseconds per step for each part (CPU time on CPU, device time on CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import tadm.nn.base as nn_base
+from tadm.nn import mdlm_small, tadm_small, tadm_tiny
+from tadm.sampling import FixedRefresh, get_sampler
+from tadm.sampling.loop import LoopContext, denoise
+
+SIZES: dict[str, Callable[[], Any]] = {
+    "tiny": lambda: tadm_tiny(),
+    # a CPU-sized model with the paper's vocabulary: d = 256, 8 + 4 blocks
+    "mid": lambda: tadm_small(hidden_size=256, num_heads=4, anchor_layers=8, denoiser_layers=4, cond_dim=64,
+                              dropout=0.0, max_seq_len=1024),
+    "small": lambda: tadm_small(dropout=0.0),  # the paper's 224M TADM: d = 768, 12 + 6 blocks, GPT-2 vocabulary
+    "mdlm-small": lambda: mdlm_small(dropout=0.0),  # the paper's MDLM: 12 blocks
+}
+PARTS = ("S (embedding)", "A (anchor stack)", "Phi (fusion)", "D (denoiser stack)", "output head",
+         "log-softmax / SUBS", "sampler")
+
+
+def _ranged(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def instrument(model: Any, sampler: Any) -> None:
+    """Wrap each part of a step in a ``record_function`` range named as in :data:`PARTS`."""
+    model.encode = _ranged(PARTS[0], model.encode)
+    if model.layer_split.anchor:
+        model.anchor.forward = _ranged(PARTS[1], model.anchor.forward)
+    if hasattr(model, "fusion"):
+        model.fusion.forward = _ranged(PARTS[2], model.fusion.forward)
+    stack = model.denoiser if hasattr(model, "denoiser") else model.blocks
+    stack.forward = _ranged(PARTS[3], stack.forward)
+    model.head.forward = _ranged(PARTS[4], model.head.forward)
+    for name in ("subs_log_probs", "masked_log_probs"):
+        setattr(nn_base, name, _ranged(PARTS[5], getattr(nn_base, name)))
+    for name in ("step", "plan_moves", "step_moves"):
+        setattr(sampler, name, _ranged(PARTS[6], getattr(sampler, name)))
+
+
+class StopAfter(LoopContext):
+    """Ends the loop after ``n`` steps."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.done = n, 0
+
+    def after_step(self, position: int, step_index: int | torch.Tensor, z: torch.Tensor, output: Any) -> torch.Tensor:
+        self.done += 1
+        return output.prev_sample
+
+    def finished(self) -> bool:
+        return self.done >= self.n
+
+
+def run_steps(model: Any, args: argparse.Namespace, device: torch.device, full_output: bool) -> None:
+    sampler = get_sampler(args.sampler, model.mask_token_id)
+    instrument(model, sampler)
+    sampler.set_timesteps(args.steps)
+    g = torch.Generator(device=device).manual_seed(0)
+    z = sampler.initial_canvas(args.batch_size, args.length, g, device)
+    amp = getattr(torch, args.dtype)
+    # stop after the first profile_steps steps of the T-step run (its final full-output step is not among them)
+    with torch.autocast(device.type, dtype=amp) if amp != torch.float32 else nullcontext():
+        denoise(model, sampler, z, range(args.steps, 0, -1), policy=FixedRefresh(args.refresh), generator=g,
+                full_output=full_output, context=StopAfter(args.profile_steps))
+
+
+def breakdown(model: Any, args: argparse.Namespace, device: torch.device, full_output: bool) -> dict[str, float]:
+    """Milliseconds per step of each part, and of the whole step (``total``), for one path."""
+    run_steps(model, args, device, full_output)  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        run_steps(model, args, device, full_output)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    per_step = 1.0 / args.profile_steps
+    times = {name: 0.0 for name in PARTS}
+    for event in prof.key_averages():
+        if event.key in times:
+            micros = event.device_time_total if device.type == "cuda" else event.cpu_time_total
+            times[event.key] += micros / 1e3 * per_step
+    times["Python, launches, syncs (rest of wall)"] = max(wall * 1e3 * per_step - sum(times.values()), 0.0)
+    times["total (wall)"] = wall * 1e3 * per_step
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="mid", choices=sorted(SIZES))
+    p.add_argument("--sampler", default="remdm-loop")
+    p.add_argument("--refresh", "-K", type=int, default=1)
+    p.add_argument("--steps", "-T", type=int, default=256, help="T of the generation whose first steps are run")
+    p.add_argument("--profile-steps", type=int, default=16)
+    p.add_argument("--length", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    args = p.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    rows = {}
+    for label, full in (("full output (before)", True), ("decoded rows (after)", False)):
+        model = SIZES[args.size]().to(device).eval()
+        rows[label] = breakdown(model, args, device, full)
+    print(f"# {args.size}: L={args.length} B={args.batch_size} T={args.steps} K={args.refresh} {args.sampler} "
+          f"{args.dtype} on {device} ({torch.get_num_threads()} threads), first {args.profile_steps} steps, "
+          f"ms per step ({'device' if device.type == 'cuda' else 'CPU'} time)")
+    labels = list(rows)
+    print(f"| part | {' | '.join(labels)} |")
+    print("|---|" + "---:|" * len(labels))
+    for part in next(iter(rows.values())):
+        print(f"| {part} | " + " | ".join(f"{rows[label][part]:.2f}" for label in labels) + " |")
+    before, after = (rows[label]["total (wall)"] for label in labels)
+    print(f"\nspeedup per step: {before / after:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
