@@ -288,6 +288,34 @@ def test_val_split_keeps_one_document_each_side(tmp_path: Path) -> None:
     assert (len(big.train), len(big.val)) == (2, 5)
 
 
+def test_a_single_document_is_split_by_tokens(tmp_path: Path) -> None:
+    corpus = tmp_path / "book.txt"
+    corpus.write_text("abcdefghij" * 10)  # one document: 100 characters + EOS = 101 tokens
+    splits = build_packed_dataset(corpus, CharTokenizer(), 6, tmp_path / "cache", val_fraction=0.2)
+    # round(101 * 0.2) = 20 tail tokens are held out, the first 81 train
+    assert (splits.train.meta["num_tokens"], splits.val.meta["num_tokens"]) == (81, 20)
+    assert splits.val.meta["val_tail_tokens"] == 20 and splits.train.meta["num_corpus_documents"] == 1
+    stream = [ord(c) for c in "abcdefghij" * 10] + [256]
+    for split, part in ((splits.train, stream[:81]), (splits.val, stream[81:])):
+        inner = split.array[:, 1:-1].reshape(-1).tolist()
+        assert inner == part[: len(inner)] and len(split) == len(part) // 4
+
+
+def test_non_utf8_files_name_the_file_and_line(tmp_path: Path) -> None:
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"c\.jsonl:2: not valid UTF-8 \(byte 0xe9\)"):
+        list(load_texts(jsonl))
+    packed = tmp_path / "c.jsonl.gz"
+    packed.write_bytes(gzip.compress(jsonl.read_bytes()))
+    with pytest.raises(ValueError, match=r"c\.jsonl\.gz:2: not valid UTF-8"):
+        list(load_texts(packed))
+    txt = tmp_path / "c.txt"
+    txt.write_bytes(b"one\ntwo\nthr\xffee\n")
+    with pytest.raises(ValueError, match=r"c\.txt:3: not valid UTF-8 \(byte 0xff\)"):
+        list(load_texts(txt))
+
+
 def test_cache_is_reused_without_tokenizing(tmp_path: Path) -> None:
     corpus = write_lines(tmp_path / "c.jsonl", ["hello world " * 20, "second document " * 10, "third document " * 5])
     t = CharTokenizer()
@@ -335,7 +363,9 @@ def test_corpus_shorter_than_one_block(tmp_path: Path, tok: TextTokenizer) -> No
     corpus = write_lines(tmp_path / "three.jsonl", ["a long document " * 50] * 3)
     with pytest.raises(ValueError, match=r"val split .* has 801 tokens .* needs 1022 \(raise val_fraction\)"):
         build_packed_dataset(corpus, CharTokenizer(), 1024, tmp_path / "cache", val_fraction=0.34)
-    with pytest.raises(ValueError, match="at least 2 documents"):
+    # one document is split by tokens: its 10% tail (1 token) cannot fill a block of 4
+    with pytest.raises(ValueError, match=r"val split .* has 1 tokens \(a span of the corpus's one document, EOS "
+                                         r"included\), but one block of seq_len=4 needs 2 \(raise val_fraction\)"):
         build_packed_dataset(small, tok, 4, tmp_path / "cache", val_fraction=0.1)
     with pytest.raises(ValueError, match="seq_len=2"):
         build_packed_dataset(small, tok, 2, tmp_path / "cache")

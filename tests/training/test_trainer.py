@@ -173,6 +173,16 @@ def test_setup_errors_are_clear(tmp_path: Path, tokenizer_dir: Path, cache_dir: 
         train(tiny(tmp_path, tokenizer_dir, cache_dir, f"data.source={tmp_path / 'nope.jsonl'}"))
 
 
+def test_a_single_text_file_is_a_corpus(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    book = tmp_path / "book.txt"
+    book.write_text("\n\n".join(json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()[:6]))
+    cfg = tiny(tmp_path / "run", tokenizer_dir, cache_dir, f"data.source={book}", "train.max_steps=1")
+    result = train(cfg)
+    assert result.step == 1 and result.val_nelbo is not None and math.isfinite(result.val_nelbo)
+    assert "val blocks" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def test_cli_user_errors_print_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty.jsonl"

@@ -67,24 +67,31 @@ def _looks_like_path(spec: str) -> bool:
     return os.sep in spec and Path(head).is_dir()
 
 
-def _open_text(path: Path) -> Any:
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _open_bytes(path: Path) -> Any:
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def _decode(data: bytes, path: Path, lineno: int = 1) -> str:
+    """``data`` as UTF-8, else a ValueError naming the file and line (``lineno`` is the line ``data`` starts on)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = lineno + data.count(b"\n", 0, err.start)
+        raise ValueError(
+            f"{path}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x}); save the file as UTF-8"
+        ) from None
 
 
 def _read_txt(path: Path, doc_sep: str | None) -> Iterator[str]:
-    try:
-        with _open_text(path) as f:
-            text = f.read()
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not valid UTF-8: {err}") from err
+    with _open_bytes(path) as f:
+        text = _decode(f.read(), path)
     yield from ([text] if doc_sep is None else text.split(doc_sep))
 
 
 def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with _open_bytes(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            line = _decode(raw, path, lineno)
             if not line.strip():
                 continue
             try:
@@ -413,17 +420,45 @@ def _pack_split(
 
 
 def _hold_out(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
-    """Sorted ids of the validation documents: a seeded random ``val_fraction`` of them."""
+    """Sorted ids of the validation documents: a seeded random ``val_fraction`` of ``n_docs >= 2`` (none for 0)."""
     if val_fraction == 0:
         return np.zeros(0, dtype=np.int64)
-    if n_docs < 2:
-        raise ValueError(
-            f"a validation split needs at least 2 documents, the corpus has {n_docs}; pass val_fraction=0"
-        )
     n_val = min(n_docs - 1, max(1, round(n_docs * val_fraction)))
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(n_docs, generator=gen)
     return np.sort(perm[:n_val].numpy()).astype(np.int64)
+
+
+def _split_units(lengths: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Token offsets (n_units + 1,) of the units the splits are made of, and each split's unit ids.
+
+    The units are the documents, held out by :func:`_hold_out`. A corpus of ONE document (e.g. a
+    single ``.txt`` file) is cut into two spans instead: its last ``val_fraction`` of tokens (at
+    least one, EOS included) is the validation split, the rest the training split.
+    """
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    if lengths.size == 1 and val_fraction > 0:
+        total = int(offsets[-1])
+        n_val = min(total - 1, max(1, round(total * val_fraction)))
+        return np.array([0, total - n_val, total], dtype=np.int64), {"train": np.array([0]), "val": np.array([1])}
+    val_ids = _hold_out(lengths.size, val_fraction, seed)
+    is_val = np.zeros(lengths.size, dtype=bool)
+    is_val[val_ids] = True
+    return offsets, {"train": np.flatnonzero(~is_val), "val": val_ids}
+
+
+def _check_split_sizes(
+    name: str, n_tokens: dict[str, int], split_ids: dict[str, np.ndarray], seq_len: int, by_tokens: bool
+) -> None:
+    """Raise a ValueError naming the split unless every non-empty split fills at least one block."""
+    for s, ids in split_ids.items():
+        if (ids.size or s == "train") and n_tokens[s] < seq_len - 2:
+            what = "a span of the corpus's one document" if by_tokens else f"{ids.size} documents"
+            hint = " (raise val_fraction)" if s == "val" else ""
+            raise ValueError(
+                f"the {s} split of {name!r} has {n_tokens[s]} tokens ({what}, EOS included), but one block "
+                f"of seq_len={seq_len} needs {seq_len - 2}{hint}"
+            )
 
 
 def build_packed_dataset(
@@ -443,7 +478,8 @@ def build_packed_dataset(
 
     ``val_fraction`` of the documents (rounded, at least one, at most all but one; none when it
     is 0) are chosen by a permutation seeded with ``seed`` and form the validation split; both
-    splits keep corpus order. Each split is packed as described in the module docstring into
+    splits keep corpus order. A corpus of a single document (a lone ``.txt`` file) is split by
+    tokens instead: the last ``val_fraction`` of them are the validation split. Each split is packed as described in the module docstring into
     ``<cache_dir>/<name>-<key>/{train,val}.bin`` with ``{train,val}.json`` sidecars. The key
     hashes the source, ``text_field``/``split``/``doc_sep``, the tokenizer fingerprint,
     ``seq_len``, ``val_fraction`` and ``seed``; a later call with the same arguments reuses the
@@ -495,19 +531,9 @@ def build_packed_dataset(
     all_path = out_dir / f"documents.bin{tmp}"
     try:
         lengths = _tokenize_to_file(docs, tokenizer, all_path, dtype, progress, _slug(name))
-        offsets = np.concatenate([[0], np.cumsum(lengths)])  # (n_docs + 1,)
-        val_ids = _hold_out(lengths.size, val_fraction, seed)
-        is_val = np.zeros(lengths.size, dtype=bool)
-        is_val[val_ids] = True
-        split_ids = {"train": np.flatnonzero(~is_val), "val": val_ids}
-        n_tokens = {s: int(lengths[ids].sum()) for s, ids in split_ids.items()}
-        for s in ("train", "val") if val_fraction > 0 else ("train",):
-            if n_tokens[s] < seq_len - 2:
-                hint = " (raise val_fraction)" if s == "val" else ""
-                raise ValueError(
-                    f"the {s} split of {name!r} has {n_tokens[s]} tokens ({len(split_ids[s])} documents, "
-                    f"EOS included), but one block of seq_len={seq_len} needs {seq_len - 2}{hint}"
-                )
+        offsets, split_ids = _split_units(lengths, val_fraction, seed)
+        n_tokens = {s: int((offsets[ids + 1] - offsets[ids]).sum()) for s, ids in split_ids.items()}
+        _check_split_sizes(name, n_tokens, split_ids, seq_len, by_tokens=offsets.size != lengths.size + 1)
         stream = np.memmap(all_path, dtype=dtype, mode="r") if offsets[-1] else np.zeros(0, dtype)
         for s, ids in split_ids.items():
             bin_tmp = out_dir / f"{s}.bin{tmp}"
@@ -522,7 +548,9 @@ def build_packed_dataset(
                 "num_documents": int(ids.size),
                 "num_corpus_documents": int(lengths.size),
             }
-            if s == "val":
+            if offsets.size != lengths.size + 1:  # one document, split by tokens
+                meta["val_tail_tokens"] = int(offsets[-1] - offsets[1])
+            elif s == "val":
                 meta["val_document_ids"] = ids.tolist()
             side_tmp = out_dir / f"{s}.json{tmp}"
             side_tmp.write_text(json.dumps(meta, indent=1) + "\n")
