@@ -11,7 +11,9 @@ not depend on them. For every (model, batch, T, K) it prints the median tokens/s
 generations (all B x L tokens counted, as in the paper), the layer calls of Eq.
 (anchor-cache-compute), the measured speedup over K = 1 of the same model and T, the analytic
 ratio of matmul FLOPs (layers + fusion + output head, :func:`tadm.eval.compute.generation_flops`)
-and the achieved TFLOP/s next to the device's bf16 peak. ``--compare-full`` also times the
+and the achieved TFLOP/s next to the device's bf16 peak. ``--weights bfloat16`` runs bf16 weights
+instead of autocast, ``--compile reduce-overhead`` compiles the DiT stacks and fusion with CUDA
+graphs (:meth:`~tadm.nn.MaskedDiffusionNetwork.compile_stacks`). ``--compare-full`` also times the
 reference path that computes x_theta at every position (``full_output=True``), for the gain of
 computing it on decoded rows only. Cells are timed in interleaved rounds so that a drift of the
 machine hits every cell alike.
@@ -83,7 +85,8 @@ def time_cells(cells: list[dict[str, Any]], args: argparse.Namespace, device: to
             counter.rows = 0
             _sync(device)
             start = time.perf_counter()
-            with torch.autocast(device.type, dtype=amp) if amp != torch.float32 else nullcontext():
+            autocast = amp != torch.float32 and args.weights == "float32"
+            with torch.autocast(device.type, dtype=amp) if autocast else nullcontext():
                 generate(cell["model"], sampler, batch_size=cell["batch"], seq_len=args.length,
                          num_steps=cell["T"], refresh_interval=cell["K"], generator=g, device=device,
                          full_output=cell["full"])
@@ -97,6 +100,10 @@ def build_cells(args: argparse.Namespace, models: dict[str, Callable[[], Any]], 
     cells = []
     for name, make in models.items():
         model = make().to(device).eval()
+        if args.weights != "float32":
+            model = model.to(getattr(torch, args.weights))  # inference weights instead of autocast
+        if args.compile != "none":
+            model.compile_stacks(mode=args.compile)
         head = HeadRows(model)
         for batch in args.batch_sizes:
             for T in args.steps:
@@ -148,6 +155,10 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--weights", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="cast the weights for inference (then no autocast); default: float32 weights + autocast")
+    p.add_argument("--compile", choices=["none", "default", "reduce-overhead", "max-autotune"], default="none",
+                   help="torch.compile the DiT stacks and fusion (reduce-overhead: CUDA graphs); the head stays eager")
     p.add_argument("--compare-full", action="store_true", help="also time x_theta on every position (reference)")
     p.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not known")
     args = p.parse_args()
@@ -162,7 +173,8 @@ def main() -> None:
     models = {name: preset["models"][name] for name in args.models}
     cells = build_cells(args, models, device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"# {where}; L={args.length}, {args.sampler}, {args.dtype}, median of {args.repeats} "
+    print(f"# {where}; L={args.length}, {args.sampler}, autocast {args.dtype}, weights {args.weights}, "
+          f"compile {args.compile}, median of {args.repeats} "
           f"(+{args.warmup} warm-up) per cell, {len(cells)} cells interleaved")
     start = time.perf_counter()
     time_cells(cells, args, device)

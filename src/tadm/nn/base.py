@@ -12,7 +12,7 @@ attributes the sampling loop reads (``vocab_size``, ``mask_token_id``, ``layer_s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -105,6 +105,22 @@ class MaskedDiffusionNetwork(nn.Module):
         self.layer_split = layer_split
         self.embed = token_embedding(config.vocab_size, config.hidden_size)
         self.time_embed = TimestepEmbedder(config.cond_dim)
+
+    def compile_stacks(self, **options: Any) -> MaskedDiffusionNetwork:
+        """Compile the fixed-shape parts of a reverse step with ``torch.compile``, in place.
+
+        The DiT stacks (anchor, denoiser, or MDLM's one stack) and the fusion see (B, L, D) at every
+        step, so they compile once per batch shape; the output head, which runs on a varying number
+        of decoded rows, stays eager. Weights and state-dict keys are unchanged. ``options`` go to
+        :meth:`torch.nn.Module.compile`, e.g. ``mode="reduce-overhead"`` (CUDA graphs on a GPU) or
+        ``backend=...``; ``dynamic=False`` unless given. Returns the model.
+        """
+        options.setdefault("dynamic", False)
+        for name in ("anchor", "fusion", "denoiser", "blocks"):
+            module = getattr(self, name, None)
+            if isinstance(module, nn.Module):
+                module.compile(**options)
+        return self
 
     def _stack(self, num_layers: int) -> DiTStack:
         """``num_layers`` DiT blocks of this network's width, heads, conditioning size, MLP ratio and dropout."""

@@ -14,7 +14,7 @@ anchor loss with gamma > 0 (Eq. (anchor-loss)); it is not part of the inference 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -160,6 +160,11 @@ class NaiveReuse(nn.Module):
         return self.model.fuse(c, self.model.compute_anchor(c, t))
 
     predicts_rows = True
+
+    def compile_stacks(self, **options: Any) -> NaiveReuse:
+        """Compile the wrapped model's stacks and fusion (see ``MaskedDiffusionNetwork.compile_stacks``)."""
+        self.model.compile_stacks(**options)
+        return self
 
     def predict(
         self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, rows: Tensor | None = None
