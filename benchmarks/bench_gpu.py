@@ -96,6 +96,23 @@ def time_cells(cells: list[dict[str, Any]], args: argparse.Namespace, device: to
                 cell["head_rows"] = counter.rows
 
 
+def count_syncs(model: Any, args: argparse.Namespace, device: torch.device, T: int, K: int) -> int:
+    """Synchronising CUDA calls of one generation (``torch.cuda.set_sync_debug_mode("warn")`` warnings)."""
+    import warnings
+
+    sampler = get_sampler(args.sampler, model.mask_token_id)
+    g = torch.Generator(device=device).manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            generate(model, sampler, batch_size=1, seq_len=args.length, num_steps=T, refresh_interval=K,
+                     generator=g, device=device)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def build_cells(args: argparse.Namespace, models: dict[str, Callable[[], Any]], device: torch.device) -> list[dict]:
     cells = []
     for name, make in models.items():
@@ -179,6 +196,11 @@ def main() -> None:
     start = time.perf_counter()
     time_cells(cells, args, device)
     report(cells, args, peak_tflops(device, args.peak_tflops))
+    if device.type == "cuda":
+        for c in cells[:1]:
+            syncs = count_syncs(c["model"], args, device, c["T"], c["K"])
+            print(f"\nsynchronising CUDA calls in one {c['name']} generation of T = {c['T']}: {syncs} "
+                  f"({syncs / c['T']:.2f} per step)")
     print(f"\nwall time {time.perf_counter() - start:.0f} s")
 
 

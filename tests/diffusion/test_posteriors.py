@@ -255,3 +255,19 @@ def test_float32_inputs_keep_dtype():
     ):
         assert out.dtype == torch.float32
         torch.testing.assert_close(out.sum(-1), torch.ones(1, 3))
+
+
+def test_scalar_move_probs_equal_the_tensor_version_bit_for_bit():
+    """remdm_move_probs_scalar (host floats, no device tensor) = remdm_move_probs (float64 tensors)."""
+    from tadm.diffusion import remdm_move_probs, remdm_move_probs_scalar, remdm_sigma_max
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.zeros(1, 1, dtype=torch.long)
+    pairs = [(1.0, 1.0), (0.0, 0.0), (0.0, 1e-3), (0.5, 0.5), (1.0 - 1e-12, 1.0)]
+    pairs += [tuple(sorted(torch.rand(2, generator=g, dtype=torch.float64).tolist())) for _ in range(200)]
+    for alpha_t, alpha_s in pairs:
+        sigma_max = float(remdm_sigma_max(alpha_t, alpha_s))
+        for sigma in (0.0, 0.02, sigma_max, min(1.0, 1.5 * sigma_max)):
+            unmask, remask = remdm_move_probs(z, alpha_t, alpha_s, sigma)
+            scalar = remdm_move_probs_scalar(alpha_t, alpha_s, sigma)
+            assert scalar == (unmask.item(), remask.item()), (alpha_t, alpha_s, sigma)

@@ -21,6 +21,7 @@ from tadm.diffusion.posteriors import (
     REMDM_STRATEGIES,
     masked_posterior,
     remdm_move_probs,
+    remdm_move_probs_scalar,
     remdm_posterior,
     remdm_sigma,
     remdm_sigma_max,
@@ -58,6 +59,7 @@ __all__ = [
     "remdm_sigma_max",
     "remdm_sigma",
     "remdm_move_probs",
+    "remdm_move_probs_scalar",
     "remdm_posterior",
     "usdm_posterior",
     # losses

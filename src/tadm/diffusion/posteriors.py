@@ -13,6 +13,8 @@ given through alpha_t and alpha_s (s < t, so alpha_s >= alpha_t); each may be a 
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -26,6 +28,7 @@ __all__ = [
     "remdm_sigma",
     "remdm_posterior",
     "remdm_move_probs",
+    "remdm_move_probs_scalar",
     "usdm_posterior",
     "REMDM_STRATEGIES",
 ]
@@ -194,6 +197,20 @@ def remdm_move_probs(
     coef_x = ((a_s - (1.0 - sig) * a_t) / one_minus_at).clamp_min(0.0)
     coef_m = ((1.0 - a_s - sig * a_t) / one_minus_at).clamp_min(0.0)
     return coef_x / _safe_den(coef_x + coef_m), sig
+
+
+def remdm_move_probs_scalar(alpha_t: float, alpha_s: float, sigma: float = 0.0) -> tuple[float, float]:
+    """:func:`remdm_move_probs` for scalar alpha_t, alpha_s and sigma, in Python floats (IEEE doubles).
+
+    The same operations in the same order, so the values equal the float64 tensor version's bit for
+    bit; a sampler compares its uniforms with them without creating a device tensor from a host
+    number (which would synchronise a GPU).
+    """
+    tiny = sys.float_info.min  # == torch.finfo(torch.float64).tiny
+    one_minus_at = max(1.0 - alpha_t, tiny)
+    coef_x = max((alpha_s - (1.0 - sigma) * alpha_t) / one_minus_at, 0.0)
+    coef_m = max((1.0 - alpha_s - sigma * alpha_t) / one_minus_at, 0.0)
+    return coef_x / max(coef_x + coef_m, tiny), sigma
 
 
 def remdm_posterior(

@@ -96,8 +96,9 @@ class MaskedSampler(ConfiguredSampler):
 
     # A step in two halves, so that the network computes x_theta only on the rows decoded this step:
     # ``plan_moves`` before the network pass, ``step_moves`` with the (n, V) rows after it.
-    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[Tensor, Tensor | None]:
-        """(unmask, remask) probabilities (B, L) of reverse step i; remask None when nothing is remasked."""
+    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[Tensor | float, Tensor | float | None]:
+        """(unmask, remask) probabilities of reverse step i, (B, L) or one number for every position;
+        remask None when nothing is remasked."""
         raise NotImplementedError
 
     def plan_moves(self, step_index: int, z_t: Tensor, generator: torch.Generator | None = None) -> Moves:

@@ -34,11 +34,16 @@ class Moves:
 
 
 def draw_moves(
-    z_t: Tensor, unmask_prob: Tensor, remask_prob: Tensor | None, mask_id: int, generator: torch.Generator | None
+    z_t: Tensor,
+    unmask_prob: Tensor | float,
+    remask_prob: Tensor | float | None,
+    mask_id: int,
+    generator: torch.Generator | None,
 ) -> Moves:
     """Which positions move at this step of Eq. (remdm-param) (Eq. (mdlm-posterior-unk) without remasking).
 
-    ``unmask_prob``, ``remask_prob``: (B, L) move probabilities from ``remdm_move_probs``. Reading
+    ``unmask_prob``, ``remask_prob``: (B, L) move probabilities from ``remdm_move_probs``, or one
+    number for every position (``remdm_move_probs_scalar``). Reading
     ``rows`` is the step's one host-device synchronisation on a GPU (the number of decoded rows).
     """
     masked = z_t == mask_id  # (B, L)

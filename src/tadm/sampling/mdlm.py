@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tadm.diffusion import get_schedule, remdm_move_probs
+from tadm.diffusion import get_schedule, remdm_move_probs_scalar
 from tadm.sampling.base import MaskedSampler, check_num_steps, check_number, check_time_grid
 from tadm.sampling.categorical import check_nucleus
 
@@ -66,8 +66,7 @@ class MDLMSampler(MaskedSampler):
         t_, s_ = torch.tensor([t], dtype=torch.float64), torch.tensor([s], dtype=torch.float64)
         return float(self.schedule.alpha(t_)), float(self.schedule.alpha(s_))
 
-    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[Tensor, None]:
-        """Unmask probability (alpha_s - alpha_t) / (1 - alpha_t) at masked positions (B, L); no remasking."""
+    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[float, None]:
+        """Unmask probability (alpha_s - alpha_t) / (1 - alpha_t) of every masked position; no remasking."""
         alpha_t, alpha_s = self.alphas(step_index)
-        unmask_prob, _ = remdm_move_probs(z_t, alpha_t, alpha_s, 0.0)  # (B, L)
-        return unmask_prob, None
+        return remdm_move_probs_scalar(alpha_t, alpha_s)[0], None

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tadm.diffusion import REMDM_STRATEGIES, get_schedule, remdm_move_probs, remdm_sigma, remdm_sigma_max
+from tadm.diffusion import (
+    REMDM_STRATEGIES,
+    get_schedule,
+    remdm_move_probs,
+    remdm_move_probs_scalar,
+    remdm_sigma,
+    remdm_sigma_max,
+)
 from tadm.sampling.base import MaskedSampler, check_num_steps, check_number, check_time_grid
 from tadm.sampling.categorical import check_nucleus
 
@@ -144,10 +151,13 @@ class ReMDMSampler(MaskedSampler):
         # sigma above sigma_max would give the masked branch a negative mask probability
         return torch.minimum(torch.as_tensor(sigma, dtype=torch.float64), remdm_sigma_max(alpha_t, alpha_s))
 
-    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[Tensor, Tensor]:
-        """(unmask, remask) probabilities (B, L) of Eq. (remdm-param) at reverse step i."""
+    def move_probs(self, step_index: int, z_t: Tensor) -> tuple[Tensor | float, Tensor | float]:
+        """(unmask, remask) probabilities of Eq. (remdm-param) at reverse step i: Python floats when
+        sigma is one number for every position (no device tensor made from host numbers), else (B, L)."""
         alpha_t, alpha_s = self.alphas(step_index)
         sigma = self._sigma(step_index, alpha_t, alpha_s, z_t)
+        if not isinstance(sigma, Tensor) or sigma.dim() == 0:
+            return remdm_move_probs_scalar(alpha_t, alpha_s, float(sigma))  # a CPU number: no synchronisation
         return remdm_move_probs(z_t, alpha_t, alpha_s, sigma)
 
     def decoded(self, rows: Tensor, confidence: Tensor, z_s: Tensor) -> None:
