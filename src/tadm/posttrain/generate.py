@@ -134,7 +134,6 @@ class _CanvasContext(LoopContext):
         return self.stopping is not None and bool(self.done.all())
 
 
-@torch.no_grad()
 @dataclass
 class _Blocks:
     """Running state of block-wise generation: the sequences so far and what has been counted."""
