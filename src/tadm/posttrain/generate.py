@@ -172,6 +172,7 @@ def _check_block_inputs(model: AnchoredBackbone, max_new_tokens: int) -> Any:
     return backbone
 
 
+@torch.no_grad()
 def generate_blocks(
     model: AnchoredBackbone,
     prompt_ids: Tensor,
