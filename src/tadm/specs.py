@@ -8,12 +8,16 @@
   ``tokenizer/``);
 * a **device** is ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``;
 * a **dtype** is ``auto`` (bf16 on CUDA, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16`` (the long
-  names ``float32``, ``bfloat16``, ``float16`` are accepted as aliases).
+  names ``float32``, ``bfloat16``, ``float16`` are accepted as aliases);
+* a **Hugging Face directory or id** is loaded through :func:`load_hf` (or
+  :func:`load_hf_tokenizer`), never running custom code from it (``trust_remote_code=False``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +27,12 @@ __all__ = [
     "DEVICE_NAMES",
     "DTYPE_NAMES",
     "DTYPE_SPELLINGS",
+    "check_hf_source",
     "find_tokenizer",
     "find_tokenizer_dir",
+    "load_hf",
+    "load_hf_tokenizer",
+    "refuse_custom_code",
     "resolve_device",
     "resolve_dtype",
     "resolve_model",
@@ -128,3 +136,87 @@ def find_tokenizer(model: str | os.PathLike[str] | None, tokenizer: str | os.Pat
         raise FileNotFoundError(f"no tokenizer found for model {os.fspath(model) if model else None!r}: pass its "
                                 "tokenizer directory (--tokenizer DIR)")
     return load_tokenizer(found)
+
+
+# ------------------------------------------------------------------------- Hugging Face directories
+NO_CUSTOM_CODE = "tadm never runs code shipped with a model (trust_remote_code=False)"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def refuse_custom_code(path: str | os.PathLike[str], what: str = "model") -> None:
+    """Raise a one-line ValueError when the local Hugging Face directory ``path`` needs custom code to load.
+
+    It does when its ``config.json`` maps classes to its own code (``auto_map``) for a model type
+    that ``transformers`` does not know. An unreadable ``config.json`` is a ValueError too.
+    """
+    config_file = Path(path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{what} {os.fspath(path)!r}: {config_file} is not valid JSON ({_first_line(err)})") from None
+    if not isinstance(raw, dict) or not raw.get("auto_map"):
+        return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if raw.get("model_type") not in CONFIG_MAPPING:
+        raise ValueError(f"{what} {os.fspath(path)!r} needs custom code (auto_map for model_type "
+                         f"{raw.get('model_type')!r} in {config_file}); {NO_CUSTOM_CODE}")
+
+
+def load_hf(loader: Callable[..., Any], source: str | os.PathLike[str], what: str = "model", **kwargs: Any) -> Any:
+    """``loader(source, trust_remote_code=False, **kwargs)``: a Hugging Face ``from_pretrained`` that runs no custom code.
+
+    A directory or Hub repository that needs custom code, or whose files ``transformers`` rejects,
+    is a one-line ValueError naming ``what`` and ``source``; OSError (missing files, no network)
+    passes through for the caller to word.
+    """
+    text = os.fspath(source)
+    local = Path(text).expanduser()
+    if local.is_dir():
+        refuse_custom_code(local, what)
+    try:
+        return loader(str(local) if local.is_dir() else text, trust_remote_code=False, **kwargs)
+    except ValueError as err:
+        if "trust_remote_code" in str(err) or "custom code" in str(err):
+            raise ValueError(f"{what} {text!r} needs custom code to load; {NO_CUSTOM_CODE}") from None
+        raise ValueError(f"could not load {what} {text!r}: {_first_line(err)}") from None
+
+
+def load_hf_tokenizer(source: str | os.PathLike[str], what: str = "tokenizer", **kwargs: Any) -> Any:
+    """``transformers.AutoTokenizer`` from a directory or Hub id without custom code; errors are one line.
+
+    Raises FileNotFoundError naming ``source`` when it cannot be found or read, ValueError when it
+    needs custom code (see :func:`load_hf`).
+    """
+    from transformers import AutoTokenizer
+
+    text = os.fspath(source)
+    check_hf_source(text, what, files=("tokenizer_config.json", "tokenizer.json", "config.json"))
+    try:
+        return load_hf(AutoTokenizer.from_pretrained, text, what, **kwargs)
+    except OSError as err:
+        raise FileNotFoundError(f"could not load {what} {text!r}: {_first_line(err)}") from None
+
+
+def check_hf_source(
+    source: str | os.PathLike[str], what: str = "model", files: tuple[str, ...] = ("config.json",)
+) -> None:
+    """Raise a one-line FileNotFoundError naming ``source`` unless it is a directory holding one of
+    ``files``, or could be a Hub id (``name`` or ``owner/name``, not path-like)."""
+    from tadm.nn.hub import _is_repo_id
+
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in files):
+            raise FileNotFoundError(f"{what} {text!r} is not a saved Hugging Face directory (no {' or '.join(files)})")
+    elif path.exists():
+        raise FileNotFoundError(f"{what} {text!r} is a file, not a model directory")
+    elif not _is_repo_id(text):
+        raise FileNotFoundError(f"{what} {text!r} does not exist")

@@ -27,6 +27,7 @@ implementing the same five methods; nothing else in :mod:`tadm.posttrain` looks 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tadm.specs import resolve_dtype
+from tadm.specs import _first_line, check_hf_source, load_hf, refuse_custom_code, resolve_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     from tadm.nn.baselines import MDLM
@@ -125,6 +126,21 @@ class LayerStackBackbone(Protocol):
         ...
 
 
+def _check_base(path: str | Path, *, model_type: str) -> None:
+    """Refuse a base-model ``path`` that does not exist or is not a ``model_type`` checkpoint directory (one line)."""
+    check_hf_source(path, "base model")
+    config_file = Path(path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return  # a hub id: the loader fetches and checks it
+    refuse_custom_code(config_file.parent, "base model")
+    try:
+        found = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        raise ValueError(f"base model {str(path)!r}: {config_file} is not a valid JSON object") from None
+    if found != model_type:
+        raise ValueError(f"base model {str(path)!r} is a {found!r} checkpoint; this backbone loads {model_type!r}")
+
+
 def _check_tokens(z: Tensor, vocab_size: int) -> None:
     if z.dim() != 2 or z.dtype != torch.long:
         raise ValueError(f"canvas must be a LongTensor of token ids (B, L); got {z.dtype} of shape {tuple(z.shape)}")
@@ -174,12 +190,22 @@ class DiffusionGemmaBackbone(nn.Module):
     def from_pretrained(
         cls, path: str | Path, *, dtype: str | torch.dtype | None = "auto", device: str | torch.device = "cpu"
     ) -> DiffusionGemmaBackbone:
-        """Load a checkpoint directory or hub id with ``DiffusionGemmaForBlockDiffusion.from_pretrained``."""
+        """Load a checkpoint directory or hub id with ``DiffusionGemmaForBlockDiffusion.from_pretrained``.
+
+        Never runs code shipped with the checkpoint (``trust_remote_code=False``). A missing path, a
+        directory that is no DiffusionGemma checkpoint or an unreachable hub id is a one-line
+        FileNotFoundError or ValueError naming ``path``.
+        """
         from transformers import DiffusionGemmaForBlockDiffusion
 
+        _check_base(path, model_type="diffusion_gemma")
         device = torch.device(device)
         placement = {} if device.type == "cpu" else {"device_map": str(device)}  # load straight onto the GPU
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path), dtype=resolve_dtype(dtype, device), **placement)
+        try:
+            model = load_hf(DiffusionGemmaForBlockDiffusion.from_pretrained, path, "base model",
+                            dtype=resolve_dtype(dtype, device), **placement)
+        except OSError as err:
+            raise FileNotFoundError(f"could not load base model {str(path)!r}: {_first_line(err)}") from None
         return cls(model.to(device))
 
     @property
@@ -420,8 +446,10 @@ class MDLMBackbone(nn.Module):
     def from_pretrained(
         cls, path: str | Path, *, dtype: str | torch.dtype | None = "fp32", device: str | torch.device = "cpu"
     ) -> MDLMBackbone:
+        """Load a tadm MDLM checkpoint directory (or hub id); a missing path is a one-line FileNotFoundError."""
         from tadm.nn import load_model
 
+        _check_base(path, model_type="mdlm")
         return cls(load_model(path).to(device=device, dtype=resolve_dtype(dtype, device)))
 
     def train(self, mode: bool = True) -> MDLMBackbone:
