@@ -105,44 +105,17 @@ def run_sample(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from tadm.posttrain.adapter_io import attach_adapter, load_adapter_config
-    from tadm.posttrain.backbone import load_backbone
+    from tadm.posttrain.adapter_io import load_anchored
     from tadm.posttrain.generate import generate_blocks
-    from tadm.posttrain.model import AnchoredBackbone
+    from tadm.posttrain.prompting import encode_prompts, end_of_sequence_id
     from tadm.sampling import get_sampler
     from tadm.sampling.entropy_bound import StableConfidentStopping
 
     prompts = _prompts(args)
-    mode = "naive" if args.naive else "paired"
-    backbone = load_backbone(args.backbone, args.base, dtype=args.dtype, device=args.device)
-    note = None
-    if args.adapter is not None:
-        config = load_adapter_config(args.adapter)
-        if Path(config.base_model).name != Path(str(args.base)).name:
-            note = f"adapter was trained on {config.base_model!r}, sampling on {args.base!r}"
-        model = attach_adapter(backbone, args.adapter, fusion_mode=mode)
-    else:
-        model = AnchoredBackbone(backbone, _parse_split(args.split), fusion_mode=mode).to(args.device)
-    model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.base)
-    rows = []
-    for text in prompts:
-        if args.raw:
-            rows.append(tokenizer(text, add_special_tokens=True)["input_ids"])
-        else:
-            encoded = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, enable_thinking=False
-            )
-            rows.append(list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for n, row in enumerate(rows):
-        ids[n, width - len(row) :] = torch.tensor(row)
-        mask[n, width - len(row) :] = True
-    generation_config = getattr(getattr(backbone, "model", None), "generation_config", None)
-    eos_id = getattr(generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
+                                split=_parse_split(args.split), naive=args.naive, dtype=args.dtype, device=args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.base, trust_remote_code=False)
+    ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw)
     options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,
                "temperature_min": args.temperature_min}
     try:
@@ -161,7 +134,7 @@ def run_sample(args: argparse.Namespace) -> int:
         attention_mask=mask.to(args.device),
         self_conditioning=not args.no_self_conditioning,
         stopping=StableConfidentStopping() if args.adaptive_stopping else None,
-        eos_token_id=eos_id,
+        eos_token_id=end_of_sequence_id(model.backbone, tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         generator=generator,
         progress=args.progress,
@@ -173,7 +146,7 @@ def run_sample(args: argparse.Namespace) -> int:
         print(json.dumps({
             "base": str(args.base),
             "adapter": args.adapter,
-            "fusion_mode": mode,
+            "fusion_mode": "naive" if args.naive else "paired",
             "refresh": args.refresh if args.refresh_policy == "fixed" else None,
             "refresh_policy": args.refresh_policy,
             "steps": args.steps,

@@ -163,3 +163,35 @@ def attach_adapter(
             )
     model.fusion.load_state_dict(state, strict=True)
     return model
+
+
+def load_anchored(
+    base: str | os.PathLike[str],
+    *,
+    backbone: str = "diffusion-gemma",
+    adapter: str | os.PathLike[str] | None = None,
+    split: SplitSpec | None = None,
+    naive: bool = False,
+    dtype: str = "auto",
+    device: str | torch.device = "cpu",
+) -> tuple[AnchoredBackbone, str | None]:
+    """A base model (Hub id or directory) split into stages, with the fusion of ``adapter`` if given.
+
+    Without an adapter the base is split by ``split`` with an untrained fusion (useful with
+    ``naive=True``: naive reuse of the cached anchor, no fusion). Returns the model in eval mode and
+    a note when the adapter was trained on a base of another name (None otherwise).
+    """
+    from tadm.posttrain.backbone import load_backbone
+
+    loaded = load_backbone(backbone, base, dtype=dtype, device=device)
+    mode = "naive" if naive else "paired"
+    note = None
+    if adapter is not None:
+        config = load_adapter_config(adapter)
+        if Path(config.base_model).name != Path(str(base)).name:
+            note = f"adapter was trained on {config.base_model!r}, sampling on {str(base)!r}"
+        model = attach_adapter(loaded, adapter, fusion_mode=mode)
+    else:
+        model = AnchoredBackbone(loaded, split if split is not None else SplitSpec(), fusion_mode=mode).to(device)
+    return model.eval(), note
+

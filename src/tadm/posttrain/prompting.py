@@ -1,0 +1,48 @@
+"""What block-wise generation needs from a base model's tokenizer: prompts as a left-padded batch, the stop id.
+
+Used by ``tadm posttrain sample`` and by task evaluation: chat prompts go through the tokenizer's chat
+template (thinking off, as in the paper's no-think evaluation), raw prompts through the plain encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["encode_prompts", "end_of_sequence_id"]
+
+
+def _chat_ids(tokenizer: Any, text: str) -> list[int]:
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, enable_thinking=False
+    )
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = True) -> tuple[Tensor, Tensor]:
+    """Token ids (B, P) of ``prompts``, left-padded with the pad id (0 without one), and their mask (B, P).
+
+    ``chat``: wrap each prompt as one user turn of the tokenizer's chat template with the generation
+    prompt added; otherwise encode the text as is (with the tokenizer's special tokens).
+    """
+    if not prompts:
+        raise ValueError("no prompts to encode")
+    rows = [_chat_ids(tokenizer, text) if chat else tokenizer(text, add_special_tokens=True)["input_ids"]
+            for text in prompts]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for n, row in enumerate(rows):
+        ids[n, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[n, width - len(row):] = True
+    return ids, mask
+
+
+def end_of_sequence_id(backbone: Any, tokenizer: Any) -> int | list[int] | None:
+    """The id(s) that end a response: the base model's generation config, else the tokenizer's EOS."""
+    generation_config = getattr(getattr(backbone, "model", None), "generation_config", None)
+    return getattr(generation_config, "eos_token_id", None) or tokenizer.eos_token_id
