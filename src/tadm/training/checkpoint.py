@@ -11,6 +11,10 @@ Two kinds of files are written into a run's ``out_dir``:
   EMA weights, every rank's RNG states, the data sampler and the step. It holds only tensors and
   plain Python values, is loaded with ``torch.load(weights_only=True)``, and is written atomically
   (temporary file, fsync, ``os.replace``).
+
+Temporaries are named after the writing process (``.training_state.pt.tmp-<pid>``,
+``.final.tmp-<pid>``); after every successful save those of dead processes are removed
+(:func:`tadm.training.rundir.remove_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pickle
 import random
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +33,13 @@ import torch
 from torch import nn
 
 from tadm.config import ExperimentConfig, save_config
+from tadm.training.rundir import remove_stale_temporaries, temporary_path
 
 __all__ = [
     "CONFIG_FILENAME",
     "STATE_FILENAME",
     "STATE_FORMAT",
+    "CorruptStateError",
     "UnsafeStateError",
     "capture_rng_state",
     "load_training_state",
@@ -48,6 +55,10 @@ STATE_FORMAT = 1
 
 class UnsafeStateError(ValueError, pickle.UnpicklingError):
     """A training state that holds objects other than tensors and plain values; nothing of it was run."""
+
+
+class CorruptStateError(ValueError):
+    """A training state file that is truncated or otherwise unreadable."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -67,7 +78,7 @@ def save_training_state(state: dict[str, Any], path: str | os.PathLike[str]) -> 
     """``torch.save(state)`` to ``path`` atomically: a temporary file beside it, fsync, ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
@@ -77,6 +88,7 @@ def save_training_state(state: dict[str, Any], path: str | os.PathLike[str]) -> 
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
+    remove_stale_temporaries(path.parent)
     return path
 
 
@@ -87,13 +99,22 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
         FileNotFoundError: no file at ``path``.
         UnsafeStateError: the file holds other objects (a pickle that would import or call
             something); it is refused before any of it runs.
+        CorruptStateError: the file is truncated or corrupt (not a complete ``torch.save`` archive).
         ValueError: not a training state of format :data:`STATE_FORMAT`.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no training state at {path}")
     try:
+        if not zipfile.is_zipfile(path):
+            raise RuntimeError(f"not a complete torch.save archive, {path.stat().st_size} bytes")
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError) as err:
+        why = str(err).split(". ")[0].splitlines()[0] if str(err) else type(err).__name__
+        raise CorruptStateError(
+            f"training state {path} is truncated or corrupt ({why}); restore a good copy, or start afresh "
+            "(train.overwrite=true)"
+        ) from None
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL ([\w.]+)", str(err))
         what = f"it would import or call {found.group(1)!r}" if found else "it holds objects other than tensors"
@@ -162,8 +183,7 @@ def save_model_dir(
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+    tmp, old = temporary_path(directory), temporary_path(directory, "old")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
@@ -182,4 +202,5 @@ def save_model_dir(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+    remove_stale_temporaries(directory.parent)
     return directory
