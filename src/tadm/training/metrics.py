@@ -3,6 +3,8 @@
 Each record has ``"step"`` (optimizer steps done), ``"split"`` (``"train"`` or ``"val"``) and
 numbers, e.g. ``{"step": 100, "split": "train", "loss": 5.31, "lr": 3e-4, "tokens_per_s": 812.5}``.
 Floats are written with ``repr`` precision, so a value read back equals the logged one exactly.
+On resume the file is rewritten atomically (temporary file, fsync, ``os.replace``) without the
+records after the checkpoint; a last line cut off by a killed run is dropped with a notice.
 """
 
 from __future__ import annotations
@@ -12,22 +14,42 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from tadm.training.rundir import temporary_path
 
 __all__ = ["METRICS_FILENAME", "MetricsLogger", "read_metrics"]
 
 METRICS_FILENAME = "metrics.jsonl"
 
 
-def read_metrics(path: str | os.PathLike[str], split: str | None = None) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` (only those of ``split`` when given), in file order."""
+def _parse(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The records of a metrics file, and its last line when a kill cut it off (not newline-terminated, not JSON).
+
+    Raises:
+        ValueError: another line is not a JSON record (file and line named).
+    """
+    lines = path.read_text().split("\n")
     records = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            if split is None or record.get("split") == split:
-                records.append(record)
-    return records
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if lineno == len(lines):
+                return records, line
+            raise ValueError(f"{path}:{lineno}: not a JSON record ({err.msg})") from None
+    return records, None
+
+
+def read_metrics(path: str | os.PathLike[str], split: str | None = None) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (only those of ``split`` when given), in file order.
+
+    A last line cut off by a killed run is skipped.
+    """
+    records, _ = _parse(Path(path))
+    return [r for r in records if split is None or r.get("split") == split]
 
 
 def _jsonable(value: Any) -> Any:
@@ -36,6 +58,10 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # JSON has no NaN/inf
     return value
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
 
 
 class MetricsLogger:
@@ -48,11 +74,12 @@ class MetricsLogger:
             ``tensorboard`` package is missing.
         resume_step: when resuming, records of later steps (written after the checkpoint the run
             resumes from) are dropped first, so the file holds one history.
+        notice: prints a one-line notice (a dropped cut-off line); default: a warning.
     """
 
     def __init__(
         self, out_dir: str | os.PathLike[str], enabled: bool = True, tensorboard: bool = False,
-        resume_step: int | None = None,
+        resume_step: int | None = None, notice: Callable[[str], None] | None = None,
     ) -> None:
         self.enabled = enabled
         self.path = Path(out_dir) / METRICS_FILENAME
@@ -61,10 +88,13 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
-            self.path.write_text("")
+            self._rewrite([])
         elif self.path.is_file():
-            kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            records, partial = _parse(self.path)
+            if partial is not None:
+                (notice or _warn)(f"{self.path}: dropped its last line, cut off by a killed run "
+                                  f"({len(partial)} characters: {partial[:40]!r}...)")
+            self._rewrite([r for r in records if int(r.get("step", 0)) <= resume_step])
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -76,6 +106,18 @@ class MetricsLogger:
                 )
             else:
                 self._writer = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=resume_step)
+
+    def _rewrite(self, records: list[dict[str, Any]]) -> None:
+        """Replace the file by ``records`` atomically: a kill leaves the old file or the new one."""
+        tmp = temporary_path(self.path)
+        try:
+            with open(tmp, "w") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in records))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def log(self, step: int, split: str, values: dict[str, Any]) -> None:
         """Write one record; non-finite floats are stored as strings ("nan", "inf")."""
