@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from tadm.cli.common import positive_int
+from tadm.cli.common import CLIError, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="train a byte-level BPE tokenizer on a corpus",
         description=(
             "Train a byte-level BPE (<|endoftext|> = id 0 as BOS/EOS, <|mask|> = the last id) and save "
-            "tokenizer.json + tadm_tokenizer.json into --out; use it with data.tokenizer=DIR."
+            "tokenizer.json + tadm_tokenizer.json + tokenizer_provenance.json (what it was trained on) into "
+            "--out; use it with data.tokenizer=DIR. An existing tokenizer in --out is replaced only with --overwrite."
         ),
     )
     t.add_argument("--source", default="brown", help="corpus: 'brown' (bundled), a .txt/.jsonl file or directory")
@@ -23,15 +25,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer into")
     t.add_argument("--text-field", default="text", help="JSON field holding the text (.jsonl sources)")
     t.add_argument("--min-frequency", type=positive_int, default=2, metavar="N", help="minimum count of a merge")
+    t.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --out")
     t.set_defaults(func=run_train)
 
 
-def run_train(args: argparse.Namespace) -> int:
-    from tadm.training.data import load_texts
-    from tadm.training.tokenization import train_bpe_tokenizer
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse a file as --out, and a directory holding a tokenizer unless --overwrite."""
+    from tadm.training.provenance import read_provenance
+    from tadm.training.tokenization import META_FILENAME, TOKENIZER_FILENAME
 
-    texts = load_texts(args.source, text_field=args.text_field)
-    tok = train_bpe_tokenizer(texts, args.vocab_size, save_dir=args.out, min_frequency=args.min_frequency)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {str(out)!r} is an existing file, not a directory")
+    if overwrite or not any((out / name).exists() for name in (TOKENIZER_FILENAME, META_FILENAME)):
+        return
+    record = read_provenance(out)
+    what = f" (trained on {record.get('source')!r}, vocab size {record.get('vocab_size')})" if record else ""
+    raise CLIError(f"--out {str(out)!r} already holds a tokenizer{what}; pass --overwrite to replace it, "
+                   "or choose another --out")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from tadm.training.provenance import train_recorded_tokenizer
+
+    _check_out(Path(args.out), args.overwrite)
+    tok = train_recorded_tokenizer(args.source, args.vocab_size, args.out, text_field=args.text_field,
+                                   min_frequency=args.min_frequency)
     print(
         f"saved {tok.name} tokenizer to {args.out}: vocab_size {tok.vocab_size} (mask included), "
         f"bos/eos id {tok.bos_id}, mask id {tok.mask_id}"

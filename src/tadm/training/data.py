@@ -42,6 +42,7 @@ __all__ = [
     "PackedTokens",
     "build_packed_dataset",
     "load_texts",
+    "source_identity",
     "token_dtype",
 ]
 
@@ -312,7 +313,7 @@ class PackedSplits:
     val: PackedTokens
 
 
-def _source_identity(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
+def source_identity(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
     """A canonical name for ``source`` and a stamp that changes when local files change."""
     spec = os.fspath(source)
     if spec in BUNDLED_CORPORA:
@@ -499,7 +500,7 @@ def build_packed_dataset(
         raise ValueError(f"seq_len={seq_len} is too short: a block is BOS + at least one token + EOS")
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction} must be in [0, 1)")
-    name, stamp = _source_identity(source)
+    name, stamp = source_identity(source)
     dtype = token_dtype(tokenizer.vocab_size)
     settings = {
         "format": _PACK_FORMAT,
