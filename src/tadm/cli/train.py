@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +17,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "train.max_steps=200 model.overrides.hidden_size=128. Writes metrics.jsonl, training_state.pt "
             "and final/ (EMA model + tokenizer + config) into train.out_dir. Under torchrun "
             "(torchrun --nproc_per_node=N -m tadm train CONFIG) the run is data-parallel. "
-            "Exit status: 0 done, 2 bad config or data, 3 the loss became NaN/inf."
+            "Only one run at a time may use an out_dir (a lock file names the holder). Ctrl-C stops after the "
+            "current step, saves the training state and prints the command that resumes. "
+            "Exit status: 0 done, 2 bad config or data (or out_dir in use), 3 the loss became NaN/inf, "
+            "130 interrupted."
         ),
     )
     p.add_argument("config", help="YAML preset, a YAML file or a shipped preset name, e.g. tadm-tiny")
@@ -24,9 +29,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def resume_command(args: argparse.Namespace) -> str:
+    """The ``tadm train`` command line that continues the run of ``args``."""
+    return shlex.join(["tadm", "train", args.config, *args.overrides, "--resume"])
+
+
+def _interrupted(args: argparse.Namespace, out_dir: str) -> str:
+    """The line printed when Ctrl-C ended the run before it saved its state at a step boundary."""
+    from tadm.training.checkpoint import STATE_FILENAME
+
+    state = Path(out_dir) / STATE_FILENAME
+    if state.is_file():
+        return f"interrupted; the last training state is {state}; resume with: {resume_command(args)}"
+    return "interrupted before a training state was saved; nothing to resume"
+
+
 def run(args: argparse.Namespace) -> int:
     from tadm.config import load_config
-    from tadm.training.trainer import NonFiniteLossError, train
+    from tadm.training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
     cfg = load_config(args.config, args.overrides)
     try:
@@ -34,4 +54,10 @@ def run(args: argparse.Namespace) -> int:
     except NonFiniteLossError as err:
         print(f"tadm train: {err}", file=sys.stderr)
         return 3
+    except TrainingInterrupted as err:
+        print(f"tadm train: {err}; resume with: {resume_command(args)}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"tadm train: {_interrupted(args, cfg.train.out_dir)}", file=sys.stderr)
+        return 130
     return 0

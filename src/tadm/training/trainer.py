@@ -16,6 +16,13 @@ One call runs a whole experiment described by an :class:`~tadm.config.Experiment
    steps and at the end; ``train(cfg, resume=True)`` continues from it), ``final/`` (EMA model,
    tokenizer, config) and optionally ``best/``.
 
+The run directory is locked for the whole call (:class:`~tadm.training.rundir.RunDirLock`): a
+second run on the same ``out_dir`` is refused, naming the holder. Leftovers of saves killed
+midway are removed at start-up. A tokenizer found in ``out_dir/tokenizer`` is reused only if its
+provenance record fits ``data`` (:mod:`tadm.training.provenance`). Ctrl-C (SIGINT) on a single
+process stops the run after the current step, saves the training state and raises
+:class:`TrainingInterrupted`; a second Ctrl-C interrupts at once.
+
 Randomness. The model is initialised from ``train.seed`` on every rank; afterwards the global
 RNGs (dropout) are reseeded with ``seed + rank``. The diffusion noise of micro-batch ``j`` of a step
 is drawn from its own generator seeded by ``(seed, step, global micro-batch index)``, so it does not
@@ -33,11 +40,14 @@ import hashlib
 import math
 import random
 import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 import torch
@@ -56,7 +66,7 @@ from tadm.training.checkpoint import (
     save_model_dir,
     save_training_state,
 )
-from tadm.training.data import BlockSampler, PackedSplits, PackedTokens, build_packed_dataset, load_texts
+from tadm.training.data import BlockSampler, PackedSplits, PackedTokens, build_packed_dataset
 from tadm.training.distributed import (
     DistInfo,
     all_gather_objects,
@@ -79,18 +89,15 @@ from tadm.training.objectives import (
     validation_config,
 )
 from tadm.training.precision import autocast_context, uses_bf16
-from tadm.training.tokenization import (
-    META_FILENAME,
-    TextTokenizer,
-    check_vocab_compatible,
-    load_tokenizer,
-    train_bpe_tokenizer,
-)
+from tadm.training.provenance import check_provenance, train_recorded_tokenizer
+from tadm.training.rundir import RunDirLock, prepare_run_dir, remove_stale_temporaries
+from tadm.training.tokenization import META_FILENAME, TextTokenizer, check_vocab_compatible, load_tokenizer
 
 __all__ = [
     "DataPreparationError",
     "NonFiniteLossError",
     "TrainResult",
+    "TrainingInterrupted",
     "build_training_model",
     "evaluate",
     "objective_config",
@@ -114,6 +121,15 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, message: str, step: int) -> None:
         super().__init__(message)
         self.step = step
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run after a finished step, whose training state was saved (``--resume`` continues)."""
+
+    def __init__(self, message: str, step: int, state_path: Path) -> None:
+        super().__init__(message)
+        self.step = step
+        self.state_path = state_path
 
 
 class DataPreparationError(ValueError):
@@ -166,16 +182,24 @@ def _noise_generator(seed: int, step: int, chunk: int, split: str = "train") -> 
     return torch.Generator().manual_seed(_noise_seed(seed, step, chunk, split))
 
 
-def prepare_tokenizer(cfg: ExperimentConfig, out_dir: Path) -> TextTokenizer:
-    """The run's tokenizer (see the module docstring); a BPE tokenizer is trained once and reused."""
+def prepare_tokenizer(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False) -> TextTokenizer:
+    """The run's tokenizer (see the module docstring); a BPE tokenizer is trained once and reused.
+
+    Raises:
+        TokenizerMismatchError: ``out_dir/tokenizer`` was trained on another corpus or vocabulary
+            size (or, in a fresh run, has no provenance record).
+    """
     data = cfg.data
-    if data.tokenizer == "bpe":
-        tok_dir = out_dir / TOKENIZER_DIRNAME
-        if (tok_dir / META_FILENAME).is_file():
-            return TextTokenizer.load(tok_dir)
-        texts = load_texts(data.source, text_field=data.text_field)
-        return train_bpe_tokenizer(texts, data.tokenizer_vocab_size, save_dir=tok_dir)
-    return load_tokenizer(data.tokenizer)
+    if data.tokenizer != "bpe":
+        return load_tokenizer(data.tokenizer)
+    tok_dir = out_dir / TOKENIZER_DIRNAME
+    if not (tok_dir / META_FILENAME).is_file():
+        return train_recorded_tokenizer(data.source, data.tokenizer_vocab_size, tok_dir, text_field=data.text_field)
+    advice = (f"delete {tok_dir} to train a new one, start afresh with train.overwrite=true, or set "
+              f"data.tokenizer={tok_dir} to use it as it is")
+    check_provenance(tok_dir, data.source, data.tokenizer_vocab_size, text_field=data.text_field, advice=advice,
+                     missing_ok=resume)  # a run saved before provenance records existed
+    return TextTokenizer.load(tok_dir)
 
 
 def _token_counts(packed: PackedTokens, vocab_size: int) -> torch.Tensor:
@@ -338,17 +362,59 @@ def train(cfg: ExperimentConfig, *, resume: bool = False) -> TrainResult:
 
     Raises:
         ConfigError: settings that do not fit together (batch sizes vs world size, vocabulary,
-            an ``out_dir`` that already holds a run without ``resume``/``train.overwrite``, a
-            resumed run whose fixed settings changed).
+            an ``out_dir`` that already holds a run without ``resume``/``train.overwrite``, that is
+            a file or read-only, a resumed run whose fixed settings changed). Subclasses:
+            ``RunDirLockedError`` (another run holds ``out_dir``), ``TokenizerMismatchError``.
+        CorruptStateError: the training state to resume from is truncated or corrupt.
         DataPreparationError: the corpus or tokenizer could not be loaded.
         NonFiniteLossError: the loss or gradient norm became NaN/inf; nothing of that step was
             applied or saved, and ``training_state.pt`` still holds the last good state.
+        TrainingInterrupted: Ctrl-C; the state of the last finished step was saved.
     """
     info = init_distributed(cfg.train.device)
     try:
-        return _train(cfg, resume, info)
+        accum = _accumulation_steps(cfg, info)  # a batch-geometry error comes before anything touches out_dir
+        with _claim_out_dir(cfg, resume, info):
+            return _train(cfg, resume, info, accum)
     finally:
         cleanup(info)
+
+
+def _nothing_to_resume(state_path: Path) -> ConfigError:
+    return ConfigError(f"nothing to resume: no training state at {state_path}")
+
+
+def _lock_out_dir(cfg: ExperimentConfig, resume: bool) -> RunDirLock:
+    """``train.out_dir`` checked (a directory, writable) and locked; leftovers of killed saves removed."""
+    out_dir = Path(cfg.train.out_dir)
+    if resume and not out_dir.is_dir():
+        raise _nothing_to_resume(out_dir / STATE_FILENAME)
+    lock = RunDirLock(prepare_run_dir(out_dir)).acquire()
+    cleaned = remove_stale_temporaries(out_dir)
+    if cleaned:
+        _Printer(True)(f"removed {len(cleaned)} leftover(s) of interrupted saves: {', '.join(p.name for p in cleaned)}")
+    return lock
+
+
+@contextlib.contextmanager
+def _claim_out_dir(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> Iterator[None]:
+    """Rank 0 holds ``train.out_dir``'s lock for the body; if it cannot, every rank raises its error."""
+    lock, problem = None, None
+    if info.is_main:
+        try:
+            lock = _lock_out_dir(cfg, resume)
+        except ConfigError as err:
+            problem = err
+    problems = all_gather_objects(None if problem is None else str(problem), info)
+    if problem is not None:
+        raise problem
+    if problems[0] is not None:
+        raise ConfigError(problems[0])
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 @dataclass
@@ -424,7 +490,7 @@ def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | Non
     out_dir = Path(cfg.train.out_dir)
     state_path = out_dir / STATE_FILENAME
     if resume and not state_path.is_file():
-        raise ConfigError(f"nothing to resume: no training state at {state_path}")
+        raise _nothing_to_resume(state_path)
     if not resume and (state_path.exists() or (out_dir / FINAL_DIRNAME).exists()) and not cfg.train.overwrite:
         raise ConfigError(
             f"train.out_dir {str(out_dir)!r} already holds a run; pass --resume to continue it, "
@@ -454,7 +520,7 @@ def _prepare_data(
         if info.is_main and not resume and cfg.train.overwrite:
             _remove_previous_run(out_dir)
         try:
-            tokenizer = prepare_tokenizer(cfg, out_dir)
+            tokenizer = prepare_tokenizer(cfg, out_dir, resume=resume)
             splits = build_packed_dataset(
                 cfg.data.source,
                 tokenizer,
@@ -670,6 +736,58 @@ def _log_step(run: _Run, done: int, stats: _StepStats, tokens_per_s: float, quie
                 f"eta {_fmt_time(eta)}")
 
 
+class _StopRequest:
+    """While active, the first Ctrl-C (SIGINT) asks the loop to stop after the current step; a second one
+    interrupts at once. Inactive (Ctrl-C interrupts at once) off the main thread and when ``enabled`` is
+    False (a distributed run, whose ranks would not agree on the step to stop at)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        tqdm.write("Ctrl-C: stopping after this step and saving the training state (Ctrl-C again to abort now)",
+                   file=sys.stderr)
+
+    def __enter__(self) -> _StopRequest:
+        if self.enabled:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous is None else self._previous)
+
+
+def _stop(run: _Run, done: int) -> NoReturn:
+    """The state at step ``done`` saved (unless it already is), then :class:`TrainingInterrupted`."""
+    if run.last_saved != done:
+        _save_state(run, done)
+    raise TrainingInterrupted(f"interrupted at step {done}/{run.cfg.train.max_steps}; training state saved to "
+                              f"{run.state_path}", done, run.state_path)
+
+
+def _step_and_record(run: _Run, step: int, bar: Any, window: _Throughput, wall_start: float) -> bool:
+    """Optimizer step ``step + 1`` with its log line, evaluation and save when due; True if it evaluated."""
+    tc, done = run.cfg.train, step + 1
+    stats = _train_step(run, step)
+    tokens_per_s = window.step()
+    bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+    bar.update(1)
+    if done % tc.log_every == 0 or done == tc.max_steps:
+        _log_step(run, done, stats, tokens_per_s, bool(bar.disable), wall_start)
+        window.restart()
+    if done % tc.eval_every == 0:
+        _record_val(run, done)
+    if done % tc.save_every == 0:
+        _save_state(run, done)
+    return done % tc.eval_every == 0
+
+
 def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
     """The steps from ``run.start_step`` to ``train.max_steps`` with their logs, evaluations and saves, then the end."""
     tc = run.cfg.train
@@ -681,20 +799,12 @@ def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
         run.model.train()
         window = _Throughput(run.tokens_per_step)
         last_eval = run.start_step if fresh else -1
-        for step in range(run.start_step, tc.max_steps):
-            done = step + 1
-            stats = _train_step(run, step)
-            tokens_per_s = window.step()
-            bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-            bar.update(1)
-            if done % tc.log_every == 0 or done == tc.max_steps:
-                _log_step(run, done, stats, tokens_per_s, bool(bar.disable), wall_start)
-                window.restart()
-            if done % tc.eval_every == 0:
-                _record_val(run, done)
-                last_eval = done
-            if done % tc.save_every == 0:
-                _save_state(run, done)
+        with _StopRequest(enabled=not run.info.distributed) as stop:
+            for step in range(run.start_step, tc.max_steps):
+                if _step_and_record(run, step, bar, window, wall_start):
+                    last_eval = step + 1
+                if stop.requested and step + 1 < tc.max_steps:
+                    _stop(run, step + 1)
         bar.close()
         _finish(run, last_eval)
     finally:
@@ -714,9 +824,8 @@ def _finish(run: _Run, last_eval: int) -> None:
     barrier(run.info)
 
 
-def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> TrainResult:
+def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo, accum: int) -> TrainResult:
     wall_start = time.perf_counter()
-    accum = _accumulation_steps(cfg, info)  # a batch-geometry error comes before anything touches out_dir
     state = _previous_state(cfg, resume)
     run = _build_run(cfg, resume, info, accum)
     if state is not None:
@@ -725,7 +834,7 @@ def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> TrainResult:
     n_params = sum(p.numel() for p in run.raw_model.parameters())
     _report_setup(run, n_params)
     run.metrics = MetricsLogger(run.out_dir, enabled=info.is_main, tensorboard=cfg.train.tensorboard,
-                                resume_step=run.start_step if state is not None else None)
+                                resume_step=run.start_step if state is not None else None, notice=run.say)
     run.result = TrainResult(out_dir=run.out_dir, model_dir=run.out_dir / FINAL_DIRNAME, state_path=run.state_path,
                              start_step=run.start_step, step=run.start_step, best_val_nelbo=run.best_val,
                              num_parameters=n_params)
