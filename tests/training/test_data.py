@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import os
 import pickle
 import sys
 import types
@@ -286,6 +287,21 @@ def test_val_split_keeps_one_document_each_side(tmp_path: Path) -> None:
     assert (small.train.meta["num_documents"], small.val.meta["num_documents"]) == (2, 1)
     # 5 tokens per document (EOS included) -> 2 blocks of 2 tokens per document, 1 token dropped
     assert (len(big.train), len(big.val)) == (2, 5)
+
+
+def test_a_rebuild_removes_leftovers_of_killed_builds(tmp_path: Path) -> None:
+    import subprocess
+
+    corpus = write_lines(tmp_path / "c.jsonl", ["hello world " * 20, "second document " * 10])
+    first = build_packed_dataset(corpus, CharTokenizer(), 16, tmp_path / "cache", val_fraction=0.3)
+    pack_dir = first.train.path.parent
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    (pack_dir / f"documents.bin.tmp-{dead}").write_bytes(b"tokens of a killed build")
+    (pack_dir / f"documents.bin.tmp-{os.getpid()}x").write_bytes(b"not a temporary name")
+    first.train.sidecar.unlink()  # forces a rebuild
+    build_packed_dataset(corpus, CharTokenizer(), 16, tmp_path / "cache", val_fraction=0.3)
+    assert sorted(f.name for f in pack_dir.iterdir()) == [
+        f"documents.bin.tmp-{os.getpid()}x", "train.bin", "train.json", "val.bin", "val.json"]
 
 
 def test_a_single_document_is_split_by_tokens(tmp_path: Path) -> None:

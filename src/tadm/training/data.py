@@ -33,6 +33,7 @@ from torch.utils.data import Dataset, Sampler
 from tqdm.auto import tqdm
 
 from tadm.corpora import BUNDLED_CORPORA, bundled_corpus_path
+from tadm.training.rundir import remove_stale_temporaries
 from tadm.training.tokenization import PackingTokenizer
 
 __all__ = [
@@ -526,6 +527,7 @@ def build_packed_dataset(
 
     docs = load_texts(source, text_field=text_field, split=split, doc_sep=doc_sep)
     out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out_dir)  # of builds killed midway
     for sidecar in sidecars.values():  # invalidate first: a crash below leaves no stale sidecar
         sidecar.unlink(missing_ok=True)
     tmp = f".tmp-{os.getpid()}"
