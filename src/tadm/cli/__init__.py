@@ -1,9 +1,16 @@
-"""The ``tadm`` command: one module per subcommand, each exposing ``add_parser(sub)`` and ``run(args)``."""
+"""The ``tadm`` command: one module per subcommand, each exposing ``add_parser(sub)`` and ``run(args)``.
+
+Foreseeable failures (bad values, missing or unreadable files, a busy run directory) end in one
+line on stderr and exit status 2; Ctrl-C in 130. ``--debug`` (anywhere on the command line) or
+the environment variable ``TADM_DEBUG=1`` prints the full traceback instead, for developers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from typing import NoReturn, Sequence
 
 from tadm.cli import compute, quickstart, sample, study, tokenizer, train
@@ -12,6 +19,9 @@ from tadm.cli import posttrain
 from tadm.cli.common import CLIError
 
 SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, eval_cmd, study, posttrain)
+DEBUG_ENV = "TADM_DEBUG"
+# Foreseeable failures, printed in one line (OSError covers missing, unreadable and unwritable paths).
+USER_ERRORS = (CLIError, ValueError, OSError)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -21,12 +31,29 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+def _add_debug_flag(parser: argparse.ArgumentParser, default: object) -> None:
+    """--debug on ``parser`` and on every (nested) subcommand parser, so that it may stand anywhere."""
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help=f"show the full traceback of an error (also: {DEBUG_ENV}=1)")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _add_debug_flag(child, argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="tadm", description="Time-anchored diffusion language models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(sub)
+    _add_debug_flag(parser, False)
     return parser
+
+
+def debug_requested(args: argparse.Namespace | None = None) -> bool:
+    """--debug was given, or the environment sets TADM_DEBUG to something other than '', '0' or 'false'."""
+    env = os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    return env or bool(getattr(args, "debug", False))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,6 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(done.code or 0) if not isinstance(done.code, str) else 2
     try:
         return int(args.func(args) or 0)
-    except (CLIError, ValueError, FileNotFoundError) as err:
-        print(f"tadm {args.command}: error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:
+        if debug_requested(args):
+            traceback.print_exc()
+        else:
+            print(f"tadm {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if debug_requested(args):
+            traceback.print_exc()
+        print(f"tadm {args.command}: interrupted", file=sys.stderr)
+        return 130
