@@ -64,6 +64,7 @@ def test_mauve_json_matches_the_api(tmp_path, capsys):
 def test_prepare_evaluator_reports_an_existing_copy(tmp_path, capsys):
     (tmp_path / "ready").mkdir()
     (tmp_path / "ready" / "config.json").write_text("{}")
+    (tmp_path / "ready" / "tadm_evaluator.json").write_text('{"preset": "smollm2-135m"}')  # the marker tadm writes
     assert main(["eval", "prepare-evaluator", "--dest", str(tmp_path / "ready")]) == 0
     assert "already prepared" in capsys.readouterr().out
 

@@ -161,6 +161,7 @@ def test_prepare_is_a_no_op_when_already_prepared_and_checks_local_files(tmp_pat
     dest = tmp_path / "prepared"
     dest.mkdir()
     (dest / "config.json").write_text("{}")
+    (dest / "tadm_evaluator.json").write_text('{"preset": "smollm2-135m"}')  # the marker tadm writes
     messages: list[str] = []
     assert prepare_default_evaluator(dest=dest, log=messages.append) == dest
     assert "already prepared" in messages[0]

@@ -103,18 +103,18 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 def run_sample(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoTokenizer
 
     from tadm.posttrain.adapter_io import load_anchored
     from tadm.posttrain.generate import generate_blocks
     from tadm.posttrain.prompting import encode_prompts, end_of_sequence_id
     from tadm.sampling import get_sampler
     from tadm.sampling.entropy_bound import StableConfidentStopping
+    from tadm.specs import load_hf_tokenizer
 
     prompts = _prompts(args)
     model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
                                 split=_parse_split(args.split), naive=args.naive, dtype=args.dtype, device=args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.base, trust_remote_code=False)
+    tokenizer = load_hf_tokenizer(args.tokenizer or args.base)
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw)
     options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,
                "temperature_min": args.temperature_min}

@@ -482,12 +482,11 @@ def _previous_state(config: PosttrainConfig) -> dict[str, Any] | None:
 
 def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasDataset, int]:
     """The chat JSONL cut into canvases, and the pad id."""
-    from transformers import AutoTokenizer
-
     from tadm.posttrain.data import read_chat_jsonl
+    from tadm.specs import load_hf_tokenizer
 
     d = config.data
-    tokenizer = AutoTokenizer.from_pretrained(d.tokenizer or config.base.path)
+    tokenizer = load_hf_tokenizer(d.tokenizer or config.base.path)
     pad_id = d.pad_id if d.pad_id is not None else tokenizer.pad_token_id
     if pad_id is None:
         raise PosttrainConfigError("the tokenizer has no pad token; set data.pad_id")
