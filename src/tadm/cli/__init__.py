@@ -20,8 +20,19 @@ from tadm.cli.common import CLIError
 
 SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, eval_cmd, study, posttrain)
 DEBUG_ENV = "TADM_DEBUG"
-# Foreseeable failures, printed in one line (OSError covers missing, unreadable and unwritable paths).
-USER_ERRORS = (CLIError, ValueError, OSError)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Foreseeable failures, printed in one line: OSError covers missing, unreadable and unwritable paths,
+    SafetensorError a truncated or corrupt weights file."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return CLIError, ValueError, OSError
+    return CLIError, ValueError, OSError, SafetensorError
+
+
+USER_ERRORS = _user_errors()
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -56,6 +67,13 @@ def debug_requested(args: argparse.Namespace | None = None) -> bool:
     return env or bool(getattr(args, "debug", False))
 
 
+def _error_line(command: str, err: BaseException) -> str:
+    """The one line printed for a foreseeable failure (a message of several lines is joined with '; ')."""
+    what = "" if isinstance(err, (CLIError, ValueError, OSError)) else "a weights file is truncated or corrupt: "
+    text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return f"tadm {command}: error: {what}{text or type(err).__name__}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -68,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug_requested(args):
             traceback.print_exc()
         else:
-            print(f"tadm {args.command}: error: {err}", file=sys.stderr)
+            print(_error_line(args.command, err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if debug_requested(args):

@@ -1,0 +1,300 @@
+"""A table of bad inputs: each ends in one line naming the bad value and exit status 2 (or a specific exception).
+
+Every command-line case runs ``tadm.cli.main`` in-process and checks that stderr holds exactly one
+line, with no traceback, containing the needle (the bad value, a path or a key). ``{d}`` in an
+argument or needle stands for a directory of prepared bad files (see :func:`bad`). Python API
+cases check the exception type and message. Cases whose fix belongs to another module are marked
+``xfail(strict=True)`` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from tadm.cli import main
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "brown_slice.jsonl"
+
+
+class Payload:
+    """Pickles as a call of os.system: loading it would create the file ``{d}/pwned``."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return os.system, (self.command,)
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of bad (and a few good) inputs."""
+    from tadm.nn import tadm_tiny
+    from tadm.training.checkpoint import STATE_FORMAT
+    from tadm.training.tokenization import train_bpe_tokenizer
+
+    d = tmp_path_factory.mktemp("bad")
+    (d / "broken.yaml").write_text("train:\n  max_steps: [1, 2\n")
+    (d / "latin1.yaml").write_bytes(b"train:\n  out_dir: caf\xe9\n")
+    (d / "bad.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    (d / "blank.jsonl").write_text('{"text": "   "}\n')
+    (d / "bad.json").write_text("{not json")
+    (d / "data.csv").write_text("a,b\n1,2\n")
+    (d / "afile").write_text("user data")
+    docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
+    train_bpe_tokenizer(docs, vocab_size=300, save_dir=d / "tok")
+    (d / "tiny.yaml").write_text(
+        f"model: {{preset: tiny}}\ndata: {{source: {FIXTURE}, tokenizer: {d / 'tok'}, seq_len: 32, "
+        f"val_fraction: 0.1, cache_dir: {d / 'cache'}}}\n"
+        f"train: {{max_steps: 1, global_batch_size: 4, micro_batch_size: 4, device: cpu, out_dir: {d / 'run'}}}\n")
+    tadm_tiny().save_pretrained(d / "ckpt")
+    shutil.copytree(d / "ckpt", d / "trunc")
+    weights = (d / "trunc" / "model.safetensors").read_bytes()
+    (d / "trunc" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    shutil.copytree(d / "ckpt", d / "badcfg")
+    (d / "badcfg" / "config.json").write_text("{oops")
+    (d / "r-trunc").mkdir()
+    (d / "r-trunc" / "training_state.pt").write_bytes(b"PK\x03\x04" + b"\0" * 60)  # a zip cut off after its header
+    torch.save({"format": STATE_FORMAT, "step": Payload(f"touch {d / 'pwned'}")}, d / "payload.pt")
+    return d
+
+
+def _xfail(reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+TRAIN = ("train", "{d}/tiny.yaml")
+NN_NAMES_NO_FILE = "tadm.nn's checkpoint loader does not name the file (fix belongs in src/tadm/nn)"
+
+CLI_CASES = [
+    # ------------------------------------------------------------------------------ tadm train
+    pytest.param(["train", "{d}/missing.yaml"], "config '{d}/missing.yaml' is neither a file", id="train-missing-config"),
+    pytest.param(["train", "{d}/broken.yaml"], "{d}/broken.yaml: not valid YAML", id="train-yaml-syntax"),
+    pytest.param(["train", "{d}/latin1.yaml"], "{d}/latin1.yaml: not a UTF-8 text file", id="train-yaml-latin1"),
+    pytest.param([*TRAIN, "train.max_stepz=3"], "train.max_stepz", id="train-unknown-key"),
+    pytest.param([*TRAIN, "train.max_steps=many"], "Value 'many'", id="train-wrong-type"),
+    pytest.param([*TRAIN, "nokeyvalue"], "got 'nokeyvalue'", id="train-override-without-equals"),
+    pytest.param([*TRAIN, "optim.lr=nan"], "optim.lr must be a finite number > 0, got nan", id="train-lr-nan"),
+    pytest.param([*TRAIN, "optim.lr=inf"], "optim.lr must be a finite number > 0, got inf", id="train-lr-inf"),
+    pytest.param([*TRAIN, "optim.eps=0"], "optim.eps must be a finite number > 0, got 0.0", id="train-adam-eps-0"),
+    pytest.param([*TRAIN, "optim.betas=[0.9]"], "got [0.9]", id="train-one-beta"),
+    pytest.param([*TRAIN, "train.ema=1.5"], "train.ema must be a finite number in [0, 1)", id="train-ema-1.5"),
+    pytest.param([*TRAIN, "data.val_fraction=0"], "data.val_fraction must be a finite number in (0, 1), got 0.0",
+                 id="train-val-fraction-0"),
+    pytest.param([*TRAIN, "model.arch=sedd"], "model.arch 'sedd' is unknown", id="train-unknown-arch"),
+    pytest.param([*TRAIN, "train.device=tpu"], "train.device 'tpu' is unknown", id="train-unknown-device"),
+    pytest.param([*TRAIN, "train.precision=fp8"], "train.precision 'fp8' is unknown", id="train-unknown-precision"),
+    pytest.param([*TRAIN, "train.micro_batch_size=3"], "train.micro_batch_size (3)", id="train-batch-not-multiple"),
+    pytest.param([*TRAIN, "train.out_dir={d}/afile"], "train.out_dir '{d}/afile' is an existing file",
+                 id="train-out-dir-is-a-file"),
+    pytest.param([*TRAIN, "train.out_dir={d}/afile/run"], "train.out_dir '{d}/afile/run' cannot be created",
+                 id="train-out-dir-under-a-file"),
+    pytest.param([*TRAIN, "train.out_dir={d}/r-none", "--resume"],
+                 "nothing to resume: no training state at {d}/r-none/training_state.pt", id="train-nothing-to-resume"),
+    pytest.param([*TRAIN, "train.out_dir={d}/r-trunc", "--resume"],
+                 "training state {d}/r-trunc/training_state.pt is truncated or corrupt", id="train-truncated-state"),
+    pytest.param([*TRAIN, "data.source={d}/missing.jsonl", "train.out_dir={d}/r1"], "'{d}/missing.jsonl' does not exist",
+                 id="train-missing-corpus"),
+    pytest.param([*TRAIN, "data.source={d}/bad.jsonl", "train.out_dir={d}/r2"], "{d}/bad.jsonl:2: not valid UTF-8",
+                 id="train-corpus-not-utf8"),
+    pytest.param([*TRAIN, "data.source={d}/blank.jsonl", "train.out_dir={d}/r3"],
+                 "corpus '{d}/blank.jsonl' holds no non-blank text", id="train-blank-corpus"),
+    pytest.param([*TRAIN, "data.source={d}/data.csv", "train.out_dir={d}/r4"], "{d}/data.csv: unsupported file type",
+                 id="train-csv-corpus"),
+    pytest.param([*TRAIN, "data.tokenizer={d}/notok", "train.out_dir={d}/r5"], "'{d}/notok' does not exist",
+                 id="train-missing-tokenizer"),
+    pytest.param([*TRAIN, "data.tokenizer=bpe", "data.tokenizer_vocab_size=100", "train.out_dir={d}/r6"],
+                 "vocab_size=100 is too small", id="train-bpe-vocab-too-small"),
+    pytest.param([*TRAIN, "data.seq_len=2", "train.out_dir={d}/r7"], "seq_len=2 is too short", id="train-seq-len-2"),
+    pytest.param([*TRAIN, "train.global_batch_size=100000", "train.micro_batch_size=100000", "train.out_dir={d}/r8"],
+                 "train.global_batch_size=100000 does not fit the data", id="train-batch-larger-than-data"),
+    pytest.param([*TRAIN, "model.overrides.hidden_sise=8", "train.out_dir={d}/r9"], "'hidden_sise'",
+                 id="train-unknown-model-override"),
+    pytest.param([*TRAIN, "objective.schedule=quadratic", "train.out_dir={d}/r10"], "'quadratic'",
+                 id="train-unknown-schedule"),
+    # ----------------------------------------------------------------------------- tadm sample
+    pytest.param(["sample", "--model", "{d}/no/such/dir"], "{d}/no/such/dir", id="sample-missing-model"),
+    pytest.param(["sample", "--steps", "0"], "must be >= 1, got 0", id="sample-zero-steps"),
+    pytest.param(["sample", "--top-p", "1.5"], "top_p must be a finite number in (0, 1], got 1.5", id="sample-top-p"),
+    pytest.param(["sample", "--sampler", "remdm-cap", "--eta", "nan"], "got nan", id="sample-eta-nan"),
+    pytest.param(["sample", "--sampler", "ddim"], "unknown sampler 'ddim'", id="sample-unknown-sampler"),
+    pytest.param(["sample", "--device", "tpu"], "unknown device 'tpu'", id="sample-unknown-device"),
+    pytest.param(["sample", "--length", "100000"], "--length 100000", id="sample-too-long"),
+    pytest.param(["sample", "--seed", "x"], "invalid int value: 'x'", id="sample-seed-not-int"),
+    pytest.param(["sample", "--model", "{d}/ckpt", "--tokenizer", "{d}/notok"], "'{d}/notok'", id="sample-missing-tokenizer"),
+    pytest.param(["sample", "--refresh-policy", "schedule", "--refresh-steps", "8,x"], "'8,x'", id="sample-refresh-steps"),
+    pytest.param(["sample", "--model", "{d}/trunc"], "{d}/trunc/model.safetensors", id="sample-truncated-weights",
+                 marks=_xfail(NN_NAMES_NO_FILE)),
+    pytest.param(["sample", "--model", "{d}/badcfg"], "{d}/badcfg/config.json", id="sample-corrupt-config-json",
+                 marks=_xfail(NN_NAMES_NO_FILE)),
+    # ---------------------------------------------------------------------------- tadm compute
+    pytest.param(["compute", "--anchor-layers", "-1", "--denoiser-layers", "6", "--steps", "8"], "got -1",
+                 id="compute-negative-layers"),
+    pytest.param(["compute", "--anchor-layers", "1", "--steps", "8"], "--denoiser-layers", id="compute-missing-flag"),
+    pytest.param(["compute", "--anchor-layers", "1", "--denoiser-layers", "1", "--steps", "0"], "got 0",
+                 id="compute-zero-steps"),
+    pytest.param(["compute", "--anchor-layers", "1", "--denoiser-layers", "1", "--steps", "8", "--refresh", "x"],
+                 "expected an integer, got 'x'", id="compute-refresh-not-int"),
+    pytest.param(["compute", "--anchor-layers", "1", "--denoiser-layers", "1", "--steps", "8", "--baseline-layers", "0"],
+                 "--baseline-layers: must be >= 1, got 0", id="compute-zero-baseline"),
+    # ------------------------------------------------------------------------------- tadm eval
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/missing.json"], "{d}/missing.json", id="eval-missing-samples"),
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/bad.json"], "{d}/bad.json is neither JSON nor JSON lines",
+                 id="eval-samples-not-json"),
+    pytest.param(["eval", "mauve", "--texts", "brown", "--reference", "brown", "--num-buckets", "many"], "got 'many'",
+                 id="eval-mauve-buckets"),
+    pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--val-fraction", "2"], "got 2.0",
+                 id="eval-staleness-val-fraction"),
+    pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--val-fraction", "nan"], "got nan",
+                 id="eval-staleness-val-fraction-nan"),
+    pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--max-age", "-1"], "got -1", id="eval-staleness-age"),
+    pytest.param(["eval", "likelihood", "--model", "{d}/nomodel", "--data", "brown"], "'{d}/nomodel'",
+                 id="eval-likelihood-missing-model"),
+    pytest.param(["eval", "likelihood", "--model", "{d}/ckpt", "--data", "brown", "--tokenizer", "{d}/notok"],
+                 "'{d}/notok'", id="eval-likelihood-missing-tokenizer"),
+    pytest.param(["eval", "throughput", "--model", "tadm-tiny", "-T", "8", "--generations", "0"], "got 0",
+                 id="eval-throughput-generations"),
+    pytest.param(["eval", "sweep", "--models", "noequals", "-T", "8"], "'noequals' must look like NAME=PATH",
+                 id="eval-sweep-model-spec"),
+    pytest.param(["eval", "frobnicate"], "invalid choice: 'frobnicate'", id="eval-unknown-action"),
+    # -------------------------------------------------------------------------- tadm posttrain
+    pytest.param(["posttrain", "train", "{d}/missing.yaml"], "'{d}/missing.yaml'", id="posttrain-missing-config"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "train.nope=1"], "train.nope", id="posttrain-unknown-key"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "train.max_steps=0"], "train.max_steps must be > 0, got 0",
+                 id="posttrain-zero-steps"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "optim.lr=nan"], "optim.lr", id="posttrain-lr-nan",
+                 marks=_xfail("posttrain's config validation accepts NaN/inf (fix belongs in src/tadm/posttrain/"
+                              "trainer.py: tadm.config.check_range)")),
+    pytest.param(["posttrain", "sample", "--base", "{d}/nobase", "--prompt", "hi"], "'{d}/nobase' does not exist",
+                 id="posttrain-missing-base"),
+    pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--split", "x,y", "--prompt", "hi"], "got 'x,y'",
+                 id="posttrain-split"),
+    pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--steps", "0"], "got 0", id="posttrain-zero-steps-flag"),
+    # -------------------------------------------------------------------------- tadm tokenizer
+    pytest.param(["tokenizer", "train", "--vocab-size", "0", "--out", "{d}/t1"], "got 0", id="tokenizer-vocab-0"),
+    pytest.param(["tokenizer", "train", "--vocab-size", "100", "--out", "{d}/t2"], "vocab_size=100 is too small",
+                 id="tokenizer-vocab-too-small"),
+    pytest.param(["tokenizer", "train", "--source", "{d}/missing.jsonl", "--out", "{d}/t3"], "'{d}/missing.jsonl'",
+                 id="tokenizer-missing-source"),
+    pytest.param(["tokenizer", "train", "--source", "{d}/bad.jsonl", "--out", "{d}/t4"], "{d}/bad.jsonl:2",
+                 id="tokenizer-source-not-utf8"),
+    pytest.param(["tokenizer", "train", "--source", "{d}/data.csv", "--out", "{d}/t5"], "{d}/data.csv",
+                 id="tokenizer-csv-source"),
+    pytest.param(["tokenizer", "train", "--out", "{d}/tok"], "--out '{d}/tok' already holds a tokenizer",
+                 id="tokenizer-out-holds-one"),
+    pytest.param(["tokenizer", "train", "--out", "{d}/afile"], "--out '{d}/afile' is an existing file",
+                 id="tokenizer-out-is-a-file"),
+    pytest.param(["tokenizer", "train", "--min-frequency", "0", "--out", "{d}/t6"], "got 0", id="tokenizer-min-frequency"),
+    pytest.param(["tokenizer", "frobnicate"], "invalid choice: 'frobnicate'", id="tokenizer-unknown-action"),
+]
+
+
+@pytest.mark.parametrize("argv, needle", CLI_CASES)
+def test_cli_bad_input(argv: list[str], needle: str, bad: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([a.format(d=bad) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    assert code == 2 and len(lines) == 1, err
+    assert needle.format(d=bad) in lines[0], lines[0]
+
+
+def test_user_files_survive_the_bad_inputs(bad: Path) -> None:
+    assert (bad / "afile").read_text() == "user data"
+    assert not (bad / "pwned").exists()
+
+
+def test_train_on_a_locked_out_dir(bad: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tadm.training.rundir import RunDirLock
+
+    (bad / "r-locked").mkdir(exist_ok=True)
+    with RunDirLock(bad / "r-locked"):
+        code = main(["train", str(bad / "tiny.yaml"), f"train.out_dir={bad / 'r-locked'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and f"'{bad / 'r-locked'}' is in use by another run (PID {os.getpid()}" in err
+
+
+# ------------------------------------------------------------------------------------ Python API
+def _api_cases() -> list[Any]:
+    from tadm.config import ConfigError, load_config
+    from tadm.nn import build_model, load_model
+    from tadm.sampling import get_sampler
+    from tadm.specs import resolve_device, resolve_dtype
+    from tadm.training.checkpoint import CorruptStateError, UnsafeStateError, load_training_state
+    from tadm.training.data import BlockSampler, build_packed_dataset, load_texts
+    from tadm.training.ema import EMA
+    from tadm.training.lr import WarmupSchedule
+    from tadm.training.provenance import TokenizerMismatchError, check_provenance
+    from tadm.training.tokenization import TextTokenizer, train_bpe_tokenizer
+
+    def packed(d: Path, **kw: Any) -> Any:
+        return build_packed_dataset(FIXTURE, TextTokenizer.load(d / "tok"), cache_dir=d / "cache", **kw)
+
+    return [
+        pytest.param(lambda d: load_config(None, ["optim.lr=nan"]), ConfigError, "got nan", id="api-config-lr-nan"),
+        pytest.param(lambda d: load_config(None, ["optim.weight_decay=-inf"]), ConfigError, "got -inf",
+                     id="api-config-weight-decay"),
+        pytest.param(lambda d: load_config("tadm-hugee"), FileNotFoundError, "'tadm-hugee'", id="api-unknown-preset"),
+        pytest.param(lambda d: load_config(d / "broken.yaml"), ConfigError, "line 3, column 1", id="api-yaml-syntax"),
+        pytest.param(lambda d: load_texts(d / "missing.jsonl"), FileNotFoundError, "missing.jsonl",
+                     id="api-missing-corpus"),
+        pytest.param(lambda d: list(load_texts(d / "bad.jsonl")), ValueError, "bad.jsonl:2: not valid UTF-8",
+                     id="api-corpus-not-utf8"),
+        pytest.param(lambda d: load_texts("brown", split="test"), ValueError, "split='test'", id="api-split"),
+        pytest.param(lambda d: packed(d, seq_len=2), ValueError, "seq_len=2", id="api-pack-seq-len"),
+        pytest.param(lambda d: packed(d, seq_len=8, val_fraction=1.0), ValueError, "val_fraction=1.0",
+                     id="api-pack-val-fraction"),
+        pytest.param(lambda d: train_bpe_tokenizer("one string"), TypeError, "not a single string", id="api-bpe-str"),
+        pytest.param(lambda d: train_bpe_tokenizer(["x"], vocab_size=100), ValueError, "vocab_size=100",
+                     id="api-bpe-vocab"),
+        pytest.param(lambda d: TextTokenizer.load(d / "ckpt"), FileNotFoundError, "ckpt lacks tokenizer.json",
+                     id="api-not-a-tokenizer"),
+        pytest.param(lambda d: load_training_state(d / "r-trunc" / "training_state.pt"), CorruptStateError,
+                     "truncated or corrupt", id="api-truncated-state"),
+        pytest.param(lambda d: load_training_state(d / "payload.pt"), UnsafeStateError, "'posix.system'",
+                     id="api-state-with-payload"),
+        pytest.param(lambda d: BlockSampler(1, 4), ValueError, "num_blocks=1", id="api-sampler-blocks"),
+        pytest.param(lambda d: BlockSampler(10, 4, rank=3, world_size=2), ValueError, "rank=3", id="api-sampler-rank"),
+        pytest.param(lambda d: get_sampler("ddim", 0), ValueError, "'ddim'", id="api-unknown-sampler"),
+        pytest.param(lambda d: get_sampler("mdlm", 0, top_p=float("nan")), ValueError, "got nan", id="api-top-p-nan"),
+        pytest.param(lambda d: build_model("tadm-huge"), ValueError, "'tadm-huge'", id="api-unknown-model"),
+        pytest.param(lambda d: resolve_device("tpu"), ValueError, "'tpu'", id="api-unknown-device"),
+        pytest.param(lambda d: resolve_dtype("fp8"), ValueError, "'fp8'", id="api-unknown-dtype"),
+        pytest.param(lambda d: WarmupSchedule(1, 5, schedule="linear"), ValueError, "'linear'", id="api-lr-schedule"),
+        pytest.param(lambda d: EMA(torch.nn.Linear(1, 1), decay=float("nan")), ValueError, "got nan", id="api-ema-nan"),
+        pytest.param(lambda d: check_provenance(d / "tok", d / "bad.jsonl", 300), TokenizerMismatchError,
+                     "no record of what it was trained on", id="api-tokenizer-without-provenance"),
+        pytest.param(lambda d: load_model(d / "trunc"), ValueError, "model.safetensors", id="api-truncated-weights",
+                     marks=_xfail(NN_NAMES_NO_FILE)),
+    ]
+
+
+@pytest.mark.parametrize("call, error, needle", _api_cases())
+def test_api_bad_input(call: Callable[[Path], Any], error: type[BaseException], needle: str, bad: Path) -> None:
+    with pytest.raises(error) as caught:
+        call(bad)
+    assert needle in str(caught.value)
+
+
+# ------------------------------------------------------------------------------------- --debug
+@pytest.mark.parametrize("how", ["flag-first", "flag-last", "environment"])
+def test_debug_shows_the_traceback(how: str, bad: Path, capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["train", str(bad / "tiny.yaml"), "optim.lr=nan"]
+    if how == "environment":
+        monkeypatch.setenv("TADM_DEBUG", "1")
+    argv = ["--debug", *argv] if how == "flag-first" else argv + ["--debug"] if how == "flag-last" else argv
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert err.strip().endswith("ConfigError: optim.lr must be a finite number > 0, got nan")
+    monkeypatch.setenv("TADM_DEBUG", "0")
+    assert main(argv[:3] if how != "flag-first" else argv[1:]) == 2
+    assert "Traceback" not in capsys.readouterr().err
