@@ -1,0 +1,318 @@
+"""Prompted generation for task evaluation: one interface over the two ways tadm generates after a prompt.
+
+* :class:`BlockGenerator` - a post-training base (a DiffusionGemma-class backbone) with or without a
+  fusion adapter (sec. "TADM:Post-train"). Canvas after canvas is generated with the entropy-bound
+  sampler (Algorithm 2 inside Algorithm 1; the paper's settings: canvas L = 256, T = 48 steps) by
+  :func:`tadm.posttrain.generate_blocks`, the prompt held in the backbone's KV cache.
+* :class:`PrefixGenerator` - tadm's own masked diffusion models (a checkpoint directory, a Hub id or
+  a builder name, see :func:`tadm.specs.resolve_model`). They have no prompt encoder, so the prompt
+  is written at the start of the canvas and kept fixed at every reverse step (prefix infilling);
+  the positions after it are denoised by Algorithm 1's loop with the anchor cache.
+
+Both turn text into token ids (``encode``), generate a batch of continuations (``generate``) and
+return a :class:`BatchOutput`: per row the ids before the first end-of-sequence token, and what the
+batch cost (Transformer-layer calls, wall time). Refresh policy (K) and sampler settings are fixed
+when a generator is built (:class:`GenerationSettings`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tadm.sampling.loop import LoopContext, denoise
+from tadm.sampling.refresh import FixedRefresh, RefreshPolicy
+from tadm.sampling.registry import get_sampler
+
+__all__ = [
+    "BASE_STEPS",
+    "OWN_MODEL_STEPS",
+    "BatchOutput",
+    "BlockGenerator",
+    "GenerationSettings",
+    "PrefixGenerator",
+    "cut_at_eos",
+]
+
+BASE_STEPS = 48  # T of the post-training experiments (paper appendix "TADM:Post-train")
+OWN_MODEL_STEPS = 128  # `tadm sample`'s default T for tadm's own models
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How a generator samples: the refresh policy (K) and the sampler's settings.
+
+    steps: T per canvas; None is :data:`BASE_STEPS` for a base, :data:`OWN_MODEL_STEPS` otherwise.
+    canvas_length: L of a base (None: the model's; 256 for DiffusionGemma, the paper's value).
+    sampler: registry name (None: ``entropy-bound`` for a base, ``mdlm`` for tadm's own models).
+    sampler_options: options of that sampler (``entropy_bound``, ``temperature_max``, ``top_p``, ...).
+    self_conditioning, adaptive_stopping: of block generation (paper: on, off).
+    """
+
+    policy: RefreshPolicy = field(default_factory=FixedRefresh)
+    steps: int | None = None
+    canvas_length: int | None = None
+    sampler: str | None = None
+    sampler_options: dict[str, Any] = field(default_factory=dict)
+    self_conditioning: bool = True
+    adaptive_stopping: bool = False
+
+
+@dataclass
+class BatchOutput:
+    """Generated ids per row (before the first EOS, at most the budget) and the batch's cost."""
+
+    tokens: list[list[int]]
+    ended: list[bool]  # the row emitted an end-of-sequence token
+    layer_calls: dict[str, int]  # denoising passes of the whole batch (LayerCallCounter.as_dict())
+    encoder_layer_calls: int  # prompt encoder layer calls of the batch (0 for tadm's own models)
+    decoder_forward_passes: list[int]  # per row, denoising passes it took part in
+    seconds: float  # wall time of the batch, device synchronised
+
+
+def cut_at_eos(row: Sequence[int], eos_ids: Sequence[int], budget: int) -> tuple[list[int], bool]:
+    """``row`` up to (not including) its first id in ``eos_ids``, at most ``budget`` ids; and whether EOS was met."""
+    eos = set(int(i) for i in eos_ids)
+    out: list[int] = []
+    for token in row[:budget]:
+        if int(token) in eos:
+            return out, True
+        out.append(int(token))
+    return out, False
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(device: torch.device, run: Any) -> tuple[Any, float]:
+    _sync(device)
+    start = time.perf_counter()
+    result = run()
+    _sync(device)
+    return result, time.perf_counter() - start
+
+
+def _split(split: Any) -> list[int]:
+    return [split.shared, split.anchor, split.denoiser]
+
+
+def _eos_ids(*candidates: Any) -> list[int]:
+    """The end-of-sequence ids of the first candidate that names any (an int or a list of ints)."""
+    for value in candidates:
+        if value is None:
+            continue
+        ids = [value] if isinstance(value, int) else [int(v) for v in value]
+        if ids:
+            return ids
+    return []
+
+
+# ------------------------------------------------------------------------------------- base models
+class BlockGenerator:
+    """A post-training base (plus an optional fusion adapter) generating canvases after a prompt.
+
+    Args:
+        model: an :class:`~tadm.posttrain.AnchoredBackbone` whose backbone encodes prompts
+            (``prefill``/``append``; DiffusionGemma). Its ``fusion_mode`` picks the paired fusion or
+            the naive-reuse baseline.
+        tokenizer: the base's ``transformers`` tokenizer (its chat template is used by callers).
+        settings: refresh policy and entropy-bound sampler settings.
+    """
+
+    kind = "base"
+
+    def __init__(self, model: Any, tokenizer: Any, settings: GenerationSettings, *, name: str = "") -> None:
+        backbone = model.backbone
+        if not (hasattr(backbone, "prefill") and hasattr(backbone, "append")):
+            raise ValueError(f"{type(backbone).__name__} has no prompt encoder (prefill/append): only "
+                             "DiffusionGemma-class bases generate after a prompt")
+        if settings.sampler not in (None, "entropy-bound"):
+            raise ValueError(f"a post-training base samples with 'entropy-bound' (Algorithm 2), not {settings.sampler!r}")
+        self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
+        self.steps = settings.steps or BASE_STEPS
+        self.sampler = get_sampler("entropy-bound", vocab_size=model.vocab_size, num_steps=self.steps,
+                                   **settings.sampler_options)
+        self.device = next(model.parameters()).device
+        config = getattr(getattr(backbone, "model", None), "generation_config", None)
+        self.eos_ids = _eos_ids(getattr(config, "eos_token_id", None), tokenizer.eos_token_id)
+        self.pad_id = tokenizer.pad_token_id
+
+    @classmethod
+    def load(
+        cls, base: str, settings: GenerationSettings, *, adapter: str | None = None, backbone: str = "diffusion-gemma",
+        tokenizer: str | None = None, split: tuple[int, int] | None = None, naive: bool = False,
+        device: str | torch.device = "cpu", dtype: str = "auto",
+    ) -> BlockGenerator:
+        """Load ``base`` (a directory or Hub id), attach ``adapter`` (or split it by ``split`` = (S, A))."""
+        from transformers import AutoTokenizer
+
+        from tadm.posttrain.adapter_io import attach_adapter
+        from tadm.posttrain.backbone import load_backbone
+        from tadm.posttrain.model import AnchoredBackbone, SplitSpec
+
+        if adapter is not None and split is not None:
+            raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
+        mode = "naive" if naive else "paired"
+        stack = load_backbone(backbone, base, dtype=dtype, device=device)
+        if adapter is not None:
+            model = attach_adapter(stack, adapter, fusion_mode=mode)
+        else:
+            model = AnchoredBackbone(stack, SplitSpec(*split) if split else SplitSpec(), fusion_mode=mode).to(device)
+        source = tokenizer or base
+        tok = AutoTokenizer.from_pretrained(str(source), trust_remote_code=False)
+        return cls(model, tok, settings, name=Path(str(base)).name + (f"+{Path(adapter).name}" if adapter else ""))
+
+    @property
+    def canvas_length(self) -> int:
+        return int(self.settings.canvas_length or self.model.backbone.canvas_length)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; BOS is added unless the text already starts with it (a chat template's)."""
+        bos = getattr(self.tokenizer, "bos_token", None)
+        add = not (bos and text.startswith(bos))
+        return list(self.tokenizer(text, add_special_tokens=add)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+        width = max(len(p) for p in prompts)
+        pad = self.pad_id if self.pad_id is not None else 0
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for n, row in enumerate(prompts):
+            ids[n, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+            mask[n, width - len(row):] = True
+        return ids.to(self.device), mask.to(self.device)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 generator: torch.Generator | None = None) -> BatchOutput:
+        """Generate ``ceil(max_new_tokens / L)`` canvases after each prompt (left-padded into one batch)."""
+        from tadm.posttrain.generate import generate_blocks
+        from tadm.sampling.entropy_bound import StableConfidentStopping
+
+        ids, mask = self._left_padded(prompts)
+        run = lambda: generate_blocks(  # noqa: E731
+            self.model, ids, sampler=self.sampler, policy=self.settings.policy, max_new_tokens=max_new_tokens,
+            canvas_length=self.canvas_length, attention_mask=mask, self_conditioning=self.settings.self_conditioning,
+            stopping=StableConfidentStopping() if self.settings.adaptive_stopping else None,
+            eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, generator=generator)
+        out, seconds = _timed(self.device, run)
+        rows = [cut_at_eos(row, self.eos_ids, max_new_tokens) for row in out.new_tokens.tolist()]
+        passes = out.decoder_forward_passes
+        return BatchOutput(tokens=[r[0] for r in rows], ended=[r[1] for r in rows],
+                           layer_calls=out.layer_calls.as_dict(), encoder_layer_calls=out.encoder_layer_calls,
+                           decoder_forward_passes=passes.tolist() if passes is not None else [], seconds=seconds)
+
+    def describe(self) -> dict[str, Any]:
+        """Settings as written to results files."""
+        return {"kind": self.kind, "name": self.name, "fusion_mode": self.model.fusion_mode,
+                "split": _split(self.model.layer_split), "sampler": "entropy-bound", "steps": self.steps,
+                "canvas_length": self.canvas_length, "sampler_options": dict(self.settings.sampler_options),
+                "refresh_policy": self.settings.policy.config(), "self_conditioning": self.settings.self_conditioning,
+                "adaptive_stopping": self.settings.adaptive_stopping}
+
+
+# -------------------------------------------------------------------------------- tadm's own models
+class _FixedPrefix(LoopContext):
+    """Loop state that writes the prompt back into the canvas after every reverse step."""
+
+    def __init__(self, fixed: Tensor, values: Tensor) -> None:
+        self.fixed, self.values = fixed, values
+
+    def after_step(self, position: int, step_index: int | Tensor, z: Tensor, output: Any) -> Tensor:
+        return torch.where(self.fixed, self.values, output.prev_sample)
+
+
+class PrefixGenerator:
+    """One of tadm's own masked diffusion models, generating after a prompt by prefix infilling.
+
+    The canvas holds ``[BOS] + prompt`` followed by the generation budget (at most the model's
+    ``max_seq_len``; a longer prompt keeps its last tokens). Masks left after the last step take the
+    argmax of the last prediction (the released grid's extra final pass is not run).
+
+    Args:
+        model: a masked :class:`~tadm.protocol.CacheableDenoiser` (TADM, MDLM, ADLM).
+        tokenizer: its :class:`~tadm.training.tokenization.TextTokenizer`.
+        settings: refresh policy and sampler (default ``mdlm``) settings.
+    """
+
+    kind = "tadm"
+
+    def __init__(self, model: Any, tokenizer: Any, settings: GenerationSettings, *, name: str = "") -> None:
+        if getattr(model, "mask_token_id", None) is None:
+            raise ValueError(f"model {name or type(model).__name__!r} has no mask token: not a masked diffusion model")
+        if tokenizer.vocab_size != model.vocab_size:
+            raise ValueError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")
+        self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
+        self.steps = settings.steps or OWN_MODEL_STEPS
+        self.sampler_name = settings.sampler or "mdlm"
+        self.sampler = get_sampler(self.sampler_name, model.mask_token_id, **settings.sampler_options)
+        config = getattr(model, "config", None)
+        self.max_seq_len = int(getattr(config, "max_seq_len"))
+        self.time_conditioned = bool(getattr(config, "time_conditioning", False))
+        self.device = next(model.parameters()).device
+        self.eos_ids = [tokenizer.eos_id]
+
+    @classmethod
+    def load(cls, spec: str, settings: GenerationSettings, *, tokenizer: str | None = None,
+             device: str | torch.device = "cpu") -> PrefixGenerator:
+        """The model named by ``spec`` (:func:`tadm.specs.resolve_model`) and its tokenizer."""
+        from tadm.specs import find_tokenizer, resolve_model
+
+        model = resolve_model(spec, device=device)
+        return cls(model, find_tokenizer(spec, tokenizer), settings, name=str(spec))
+
+    def encode(self, text: str) -> list[int]:
+        """``[BOS] + ids(text)``: documents start after a separator in training."""
+        return [self.tokenizer.bos_id, *self.tokenizer.encode(text)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _canvas(self, prompts: Sequence[Sequence[int]], budget: int, generator: torch.Generator | None):
+        rows = [list(p)[-(self.max_seq_len - budget):] for p in prompts]
+        length = max(len(r) for r in rows) + budget
+        z = self.sampler.initial_canvas(len(rows), length, generator, self.device)
+        fixed = torch.zeros_like(z, dtype=torch.bool)
+        values = torch.zeros_like(z)
+        for n, row in enumerate(rows):
+            values[n, :len(row)] = torch.tensor(row, dtype=z.dtype)
+            fixed[n, :len(row)] = True
+        return torch.where(fixed, values, z), _FixedPrefix(fixed, values), [len(r) for r in rows]
+
+    def _denoise(self, z: Tensor, context: _FixedPrefix, generator: torch.Generator | None) -> tuple[Tensor, Any]:
+        self.sampler.set_timesteps(self.steps)
+        run = denoise(self.model, self.sampler, z, range(self.steps, 0, -1), policy=self.settings.policy,
+                      context=context, generator=generator, time_conditioned=self.time_conditioned)
+        z, last = run.z, run.output
+        masked = z == self.model.mask_token_id
+        if last is not None and last.dim() == 3 and bool(masked.any()):
+            z = torch.where(masked, last.argmax(-1), z)
+        return z, run.layer_calls
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 generator: torch.Generator | None = None) -> BatchOutput:
+        """Denoise ``min(max_new_tokens, max_seq_len - 1)`` positions after each prompt."""
+        budget = max(1, min(int(max_new_tokens), self.max_seq_len - 1))
+        z, context, starts = self._canvas(prompts, budget, generator)
+        (z, calls), seconds = _timed(self.device, lambda: self._denoise(z, context, generator))
+        rows = [cut_at_eos(z[n, s:s + budget].tolist(), self.eos_ids, budget) for n, s in enumerate(starts)]
+        return BatchOutput(tokens=[r[0] for r in rows], ended=[r[1] for r in rows], layer_calls=calls.as_dict(),
+                           encoder_layer_calls=0, decoder_forward_passes=[calls.denoiser_calls] * len(rows),
+                           seconds=seconds)
+
+    def describe(self) -> dict[str, Any]:
+        """Settings as written to results files."""
+        return {"kind": self.kind, "name": self.name, "split": _split(self.model.layer_split),
+                "sampler": self.sampler_name, "steps": self.steps, "max_seq_len": self.max_seq_len,
+                "sampler_options": dict(self.settings.sampler_options),
+                "refresh_policy": self.settings.policy.config()}

@@ -1,0 +1,176 @@
+"""The settings of the ``tadm`` lm-eval model, as given by ``--model_args key=value,...`` or a dict.
+
+lm-eval splits ``--model_args`` at commas and converts numbers and ``true``/``false``, so list-like
+values use colons: ``split=2:20``, ``refresh_steps=48:40:24``. From Python (``simple_evaluate`` with a
+``model_args`` dict, or :class:`~tadm.tasks.lm_eval_model.TadmLM` directly) lists and a ready
+refresh ``policy`` (a :class:`~tadm.sampling.RefreshPolicy` or its config mapping) are accepted too.
+
+Exactly one of ``model`` (tadm's own model: a checkpoint directory, Hub id or builder name) and
+``base`` (a post-training base such as DiffusionGemma, optionally with ``adapter``) is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tadm.sampling.refresh import RefreshPolicy, get_refresh_policy, refresh_policy_from_config
+from tadm.specs import resolve_device
+from tadm.tasks.generation import BlockGenerator, GenerationSettings, PrefixGenerator
+
+__all__ = ["SAMPLER_OPTION_KEYS", "TadmModelArgs", "parse_batch_size", "parse_ints"]
+
+SAMPLER_OPTION_KEYS = ("entropy_bound", "temperature_max", "temperature_min", "categorical",
+                       "top_p", "eta", "schedule", "nucleus", "time_grid")
+
+
+def parse_ints(value: Any, what: str) -> tuple[int, ...] | None:
+    """``"2:20"``, ``"48 40"``, ``2``, ``[2, 20]`` -> a tuple of ints; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{what} expects integers, got {value!r}")
+    if isinstance(value, int):
+        return (value,)
+    parts = value.replace(":", " ").replace(";", " ").split() if isinstance(value, str) else list(value)
+    try:
+        return tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} expects colon-separated integers (e.g. 2:20), got {value!r}") from None
+
+
+def parse_batch_size(value: Any, max_batch_size: Any = None) -> int:
+    """lm-eval's ``batch_size``: an int, or ``auto``/``auto:N`` (then ``max_batch_size``, else 1)."""
+    if isinstance(value, str) and value.strip().lower().startswith("auto"):
+        value = max_batch_size if max_batch_size is not None else 1
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"batch_size must be an integer or 'auto', got {value!r}") from None
+    if size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {size}")
+    return size
+
+
+@dataclass
+class TadmModelArgs:
+    """Every model argument of the ``tadm`` lm-eval model (see the README section "Task evaluation").
+
+    Model: ``model`` | ``base`` [+ ``adapter``], ``backbone`` (base kind, default diffusion-gemma),
+    ``tokenizer``, ``split`` (S:A without an adapter), ``naive`` (naive-reuse baseline: fusion off).
+    Refresh: ``K`` (fixed policy, Algorithm 1), or ``refresh_policy`` schedule (``refresh_steps``) or
+    adaptive (``tau``, ``min_interval``, ``max_interval``); ``skip_unchanged``; ``policy`` (Python).
+    Sampler: ``steps`` (T), ``canvas_length`` (L), ``sampler`` and its options (entropy-bound:
+    ``entropy_bound``, ``temperature_max``, ``temperature_min``; masked: ``top_p``, ``eta``, ...),
+    ``self_conditioning``, ``adaptive_stopping``. Run: ``seed``, ``batch_size``, ``device``,
+    ``dtype``, ``max_gen_toks`` (default budget), ``thinking`` (chat template's thinking mode).
+    """
+
+    model: str | None = None
+    base: str | None = None
+    adapter: str | None = None
+    backbone: str = "diffusion-gemma"
+    tokenizer: str | None = None
+    split: Any = None
+    naive: bool = False
+    K: int = 1
+    refresh_policy: str = "fixed"
+    refresh_steps: Any = None
+    tau: float | None = None
+    min_interval: int = 1
+    max_interval: int | None = None
+    skip_unchanged: bool = False
+    policy: Any = None
+    steps: int | None = None
+    canvas_length: int | None = None
+    sampler: str | None = None
+    entropy_bound: float | None = None
+    temperature_max: float | None = None
+    temperature_min: float | None = None
+    categorical: str | None = None
+    top_p: float | None = None
+    eta: float | None = None
+    schedule: str | None = None
+    nucleus: str | None = None
+    time_grid: str | None = None
+    self_conditioning: bool = True
+    adaptive_stopping: bool = False
+    seed: int = 0
+    batch_size: Any = 1
+    max_batch_size: Any = None
+    device: str | None = "auto"
+    dtype: str = "auto"
+    max_gen_toks: int = 256
+    thinking: bool = False
+
+    @classmethod
+    def from_kwargs(cls, *, require_model: bool = True, **kwargs: Any) -> TadmModelArgs:
+        """The settings from keyword arguments; an unknown key is an error listing the valid ones.
+
+        ``require_model=False`` is for a ready generator: then no model may be named.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise ValueError(f"tadm model: unknown model_args {', '.join(unknown)}; valid: {', '.join(names)}")
+        args = cls(**{k: v for k, v in kwargs.items() if v is not None})  # None: the default
+        args.check(require_model)
+        return args
+
+    def check(self, require_model: bool = True) -> None:
+        if not require_model and (self.model is not None or self.base is not None):
+            raise ValueError("tadm model: a ready generator was given; model=/base= must not be")
+        if require_model and (self.model is None) == (self.base is None):
+            raise ValueError("tadm model: give exactly one of model=... (a tadm checkpoint or builder name) "
+                             "and base=... (a post-training base such as DiffusionGemma)")
+        if self.model is not None and (self.adapter or self.naive or self.split is not None):
+            raise ValueError("tadm model: adapter, naive and split apply to a post-training base (base=...)")
+        for name in ("K", "max_gen_toks", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and name != "seed"):
+                raise ValueError(f"tadm model: {name} must be an integer{' >= 1' if name != 'seed' else ''}, "
+                                 f"got {value!r}")
+        parse_batch_size(self.batch_size, self.max_batch_size)
+
+    def split_pair(self) -> tuple[int, int] | None:
+        pair = parse_ints(self.split, "split")
+        if pair is not None and len(pair) != 2:
+            raise ValueError(f"split expects SHARED:ANCHOR (two integers), got {self.split!r}")
+        return pair
+
+    def build_policy(self) -> RefreshPolicy:
+        """The refresh policy: ``policy`` if given, else the one ``refresh_policy`` names."""
+        if self.policy is not None:
+            return refresh_policy_from_config(self.policy)
+        name = self.refresh_policy
+        if name != "fixed" and self.K != 1:
+            raise ValueError(f"K={self.K} is the fixed policy's interval; refresh_policy={name} does not use it")
+        if name == "fixed":
+            return get_refresh_policy("fixed", interval=self.K, skip_unchanged=self.skip_unchanged)
+        if name == "schedule":
+            steps = parse_ints(self.refresh_steps, "refresh_steps")
+            if not steps:
+                raise ValueError("refresh_policy=schedule needs refresh_steps (e.g. refresh_steps=48:40:24)")
+            return get_refresh_policy("schedule", steps=list(steps), skip_unchanged=self.skip_unchanged)
+        if name == "adaptive" and self.tau is None:
+            raise ValueError("refresh_policy=adaptive needs tau (a share of changed positions, e.g. tau=0.05)")
+        return get_refresh_policy(name, tau=self.tau, min_interval=self.min_interval,
+                                  max_interval=self.max_interval, skip_unchanged=self.skip_unchanged)
+
+    def load_generator(self) -> Any:
+        """The generator these settings name: a :class:`BlockGenerator` (``base``) or a :class:`PrefixGenerator`."""
+        device = resolve_device(self.device or "auto")
+        if self.base is not None:
+            return BlockGenerator.load(self.base, self.settings(), adapter=self.adapter, backbone=self.backbone,
+                                       tokenizer=self.tokenizer, split=self.split_pair(), naive=bool(self.naive),
+                                       device=device, dtype=self.dtype)
+        return PrefixGenerator.load(self.model, self.settings(), tokenizer=self.tokenizer, device=device)
+
+    def settings(self) -> GenerationSettings:
+        """The generator's settings: refresh policy and sampler options."""
+        options = {key: getattr(self, key) for key in SAMPLER_OPTION_KEYS if getattr(self, key) is not None}
+        return GenerationSettings(policy=self.build_policy(), steps=self.steps, canvas_length=self.canvas_length,
+                                  sampler=self.sampler, sampler_options=options,
+                                  self_conditioning=bool(self.self_conditioning),
+                                  adaptive_stopping=bool(self.adaptive_stopping))

@@ -1,0 +1,91 @@
+"""What each generation request cost: tokens, wall time, tokens/s and Transformer-layer calls.
+
+The post-training table of the paper (sec. "TADM:Post-train") reports throughput (tokens/s) and
+compute beside accuracy. Requests are generated in batches, so time and layer calls belong to a
+batch: every request records its batch's wall time and layer calls, and its own token count;
+:func:`summarize` adds batches once each.
+
+* ``generated_tokens``: ids the model produced for the request before its first end-of-sequence
+  token, at most the request's ``max_gen_toks`` (stop strings cut the returned text, not this count);
+* ``tokens_per_second``: a request's ``generated_tokens / seconds`` of its batch; the summary's is
+  all generated tokens over the summed batch wall time;
+* ``layer_calls``: :class:`~tadm.sampling.anchor_cache.LayerCallCounter` of the batch's denoising
+  passes (shared, anchor, denoiser, total, anchor refreshes), and ``encoder_layer_calls`` of the
+  prompt encoder (post-training bases only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["BatchStats", "RequestStats", "summarize"]
+
+
+@dataclass
+class BatchStats:
+    """One generation call: its size, token budget, wall time and layer calls."""
+
+    index: int
+    size: int
+    max_new_tokens: int
+    seed: int
+    seconds: float
+    generated_tokens: int
+    layer_calls: dict[str, int] = field(default_factory=dict)
+    encoder_layer_calls: int = 0
+
+
+@dataclass
+class RequestStats:
+    """One ``generate_until`` request: its tokens and the cost of the batch it ran in."""
+
+    task: str | None
+    doc_id: int | None
+    batch: int  # BatchStats.index
+    batch_size: int
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float  # wall time of the batch
+    layer_calls: dict[str, int]  # of the batch
+    encoder_layer_calls: int  # of the batch
+    decoder_forward_passes: int  # denoising passes this row took part in
+    stop: str  # "eos", "until" (a stop string cut the text) or "length"
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens_per_second": self.tokens_per_second}
+
+
+def _add(total: dict[str, int], calls: dict[str, int]) -> dict[str, int]:
+    for key, value in calls.items():
+        total[key] = total.get(key, 0) + int(value)
+    return total
+
+
+def summarize(requests: Iterable[RequestStats], batches: Iterable[BatchStats]) -> dict[str, Any]:
+    """Totals over ``batches`` (each counted once) and per-request means over ``requests``."""
+    requests, batches = list(requests), list(batches)
+    seconds = sum(b.seconds for b in batches)
+    tokens = sum(r.generated_tokens for r in requests)
+    calls: dict[str, int] = {}
+    for b in batches:
+        _add(calls, b.layer_calls)
+    n = len(requests)
+    stops = {kind: sum(r.stop == kind for r in requests) for kind in ("eos", "until", "length")}
+    return {
+        "requests": n,
+        "batches": len(batches),
+        "generated_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "mean_generated_tokens": tokens / n if n else 0.0,
+        "layer_calls": calls,
+        "encoder_layer_calls": sum(b.encoder_layer_calls for b in batches),
+        "layer_calls_per_request": calls.get("total", 0) / n if n else 0.0,
+        "stops": stops,
+    }

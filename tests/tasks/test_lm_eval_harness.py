@@ -1,0 +1,71 @@
+"""lm-eval end to end, offline: a tiny generation task from a local JSONL file, run through the harness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+ROWS = [
+    {"question": "hello how are you", "answer": "fine"},
+    {"question": "what is it", "answer": "a dog"},
+    {"question": "the cat", "answer": "sat"},
+]
+
+
+@pytest.fixture
+def task_dir(tmp_path):
+    """A task folder: ``tiny_echo.yaml`` over ``data.jsonl`` (lm-eval's ``dataset_path: json``)."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    (tmp_path / "tiny_echo.yaml").write_text(f"""\
+task: tadm_tiny_echo
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+  cache_dir: {tmp_path / "hf-cache"}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["mat"]
+  max_gen_toks: 12
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+""")
+    return tmp_path
+
+
+def test_simple_evaluate_runs_the_tadm_model(task_dir, base_dir, adapter_dir):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from tadm.tasks import register_lm_eval_model
+
+    register_lm_eval_model()
+    manager = TaskManager(include_path=str(task_dir), include_defaults=False)
+    results = lm_eval.simple_evaluate(
+        model="tadm", model_args={"base": str(base_dir), "adapter": str(adapter_dir), "K": 2, "steps": 3},
+        tasks=["tadm_tiny_echo"], task_manager=manager, batch_size=2, log_samples=True)
+    metrics = results["results"]["tadm_tiny_echo"]
+    assert metrics["sample_len"] == 3 and 0.0 <= metrics["exact_match,none"] <= 1.0
+    samples = results["samples"]["tadm_tiny_echo"]
+    responses = [s["resps"][0][0] for s in samples]
+    assert len(responses) == 3 and all("mat" not in r for r in responses)  # stop string honoured
+
+
+def test_command_line_wrapper_writes_results(task_dir, base_dir, tmp_path, capsys):
+    from tadm.tasks.lm_eval_cli import main
+
+    out = tmp_path / "results"
+    main(["--model", "tadm", "--model_args", f"base={base_dir},split=1:3,steps=2,seed=1", "--tasks",
+          str(task_dir / "tiny_echo.yaml"), "--batch_size", "3", "--output_path", str(out), "--log_samples"])
+    assert "tadm_tiny_echo" in capsys.readouterr().out
+    written = sorted(p.name.split("_")[0] for p in out.rglob("*.jsonl")) + [p.name for p in out.rglob("results_*.json")]
+    assert written[0] == "samples" and written[-1].startswith("results_")

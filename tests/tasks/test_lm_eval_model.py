@@ -1,0 +1,206 @@
+"""The ``tadm`` lm-eval model: generate_until on tiny models, stop strings, seeds, stats, errors, registration."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import get_model  # noqa: E402
+
+from tadm.tasks import register_lm_eval_model  # noqa: E402
+from tadm.tasks.lm_eval_model import TadmLM, batch_seed, stop_strings, truncate_at_stops  # noqa: E402
+
+PROMPTS = ["hello how are you", "the cat", "what is it"]
+STEPS = 4
+
+
+def requests(prompts=PROMPTS, until=(), max_gen_toks=16, **gen):
+    """generate_until Instances; ``max_gen_toks=None`` leaves the budget to the model's default."""
+    budget = {} if max_gen_toks is None else {"max_gen_toks": max_gen_toks}
+    return [Instance("generate_until", {"id": n}, (p, {"until": list(until), **budget, **gen}), n,
+                     metadata=("tiny", n, 1)) for n, p in enumerate(prompts)]
+
+
+def base_lm(base_dir, **args):
+    args = {"split": "1:3", "steps": STEPS, "device": "cpu", **args}
+    return TadmLM(base=str(base_dir), **args)
+
+
+@pytest.fixture(scope="module")
+def adapter_lm(base_dir, adapter_dir):
+    return TadmLM(base=str(base_dir), adapter=str(adapter_dir), K=2, steps=STEPS, batch_size=2, device="cpu")
+
+
+def test_registered_with_lm_eval():
+    assert register_lm_eval_model() is TadmLM
+    assert get_model("tadm") is TadmLM
+
+
+def test_generate_until_with_an_adapter(adapter_lm):
+    adapter_lm.reset_stats()
+    texts = adapter_lm.generate_until(requests())
+    assert len(texts) == 3 and all(isinstance(t, str) for t in texts) and any(texts)
+    stats = adapter_lm.request_stats
+    assert len(stats) == 3 and len(adapter_lm.batch_stats) == 2  # batch_size 2
+    assert {(s.task, s.doc_id) for s in stats} == {("tiny", 0), ("tiny", 1), ("tiny", 2)}
+    for s in stats:
+        assert 0 <= s.generated_tokens <= 16 and s.seconds > 0 and s.stop in ("eos", "length")
+        assert s.layer_calls["anchor_refreshes"] == 2 * math.ceil(16 / 8)  # 2 canvases of T = 4 steps, K = 2
+        assert s.layer_calls["shared"] == 1 * STEPS * 2 and s.encoder_layer_calls > 0
+    summary = adapter_lm.summary()
+    assert summary["requests"] == 3 and summary["batches"] == 2
+    assert summary["generated_tokens"] == sum(s.generated_tokens for s in stats)
+    assert summary["layer_calls"]["total"] == sum(b.layer_calls["total"] for b in adapter_lm.batch_stats)
+    assert summary["tokens_per_second"] > 0
+    assert summary["settings"]["refresh_policy"] == {"policy": "fixed", "skip_unchanged": False, "interval": 2}
+    assert summary["settings"]["fusion_mode"] == "paired" and summary["settings"]["split"] == [1, 3, 2]
+
+
+def test_stop_strings_truncate_the_output(adapter_lm):
+    full = adapter_lm.generate_until(requests())
+    n, text = max(enumerate(full), key=lambda item: len(item[1]))
+    words = text.split()
+    assert len(words) >= 3, full
+    stop = " " + words[2]
+    cut = adapter_lm.generate_until(requests(until=["zzz-not-there", stop]))
+    assert cut[n] == text[:text.index(stop)] and stop not in cut[n]
+    assert [c for m, c in enumerate(cut) if m != n] == [truncate_at_stops(f, [stop])[0] for m, f in enumerate(full)
+                                                         if m != n]
+    assert adapter_lm.request_stats[-3:][[s.doc_id for s in adapter_lm.request_stats[-3:]].index(n)].stop == "until"
+
+
+def test_same_seed_same_text_other_seed_other_text(base_dir):
+    first = base_lm(base_dir, seed=5).generate_until(requests())
+    assert base_lm(base_dir, seed=5).generate_until(requests()) == first
+    assert base_lm(base_dir, seed=6).generate_until(requests()) != first
+
+
+def test_a_request_alone_or_in_a_run_gives_the_same_text(base_dir):
+    lm = base_lm(base_dir, batch_size=1)
+    together = lm.generate_until(requests())
+    alone = lm.generate_until(requests(PROMPTS[1:2]))
+    assert alone == together[1:2]
+    assert batch_seed(0, ["a"]) != batch_seed(1, ["a"]) and batch_seed(0, ["a", "b"]) != batch_seed(0, ["ab"])
+
+
+def test_max_gen_toks_and_budget_groups(base_dir):
+    lm = base_lm(base_dir, batch_size=4)
+    reqs = requests(max_gen_toks=5)[:2] + requests(max_gen_toks=11)[2:]
+    lm.generate_until(reqs)
+    assert [b.max_new_tokens for b in lm.batch_stats] == [5, 11]  # one budget per batch
+    by_doc = {s.doc_id: s for s in lm.request_stats}
+    assert by_doc[0].generated_tokens <= 5 and by_doc[2].generated_tokens <= 11
+    assert all(s.stop == "length" for s in lm.request_stats if s.generated_tokens in (5, 11))
+
+
+def test_naive_reuse_and_refresh_policies(base_dir):
+    naive = base_lm(base_dir, naive=True, K=3)
+    naive.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
+    assert naive.summary()["settings"]["fusion_mode"] == "naive"
+    assert naive.batch_stats[0].layer_calls["anchor_refreshes"] == math.ceil(STEPS / 3)
+    schedule = base_lm(base_dir, refresh_policy="schedule", refresh_steps="4:1")
+    schedule.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
+    assert schedule.batch_stats[0].layer_calls["anchor_refreshes"] == 2
+    adaptive = base_lm(base_dir, refresh_policy="adaptive", tau=2.0, max_interval=2)
+    adaptive.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
+    assert adaptive.batch_stats[0].layer_calls["anchor_refreshes"] == 2  # tau > 1: every max_interval steps
+    ready = TadmLM(generator=schedule.generator, seed=1)
+    assert ready.generate_until(requests(PROMPTS[:1], max_gen_toks=8)) is not None
+
+
+def test_entropy_bound_settings_reach_the_sampler(base_dir):
+    lm = base_lm(base_dir, entropy_bound=0.3, temperature_max=0.9, temperature_min=0.5, canvas_length=4)
+    sampler = lm.generator.sampler
+    assert (sampler.entropy_bound, sampler.temperature_max, sampler.temperature_min) == (0.3, 0.9, 0.5)
+    assert sampler.num_steps == STEPS and lm.generator.canvas_length == 4
+    lm.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
+    calls, stop = lm.batch_stats[0].layer_calls["denoiser_calls"], lm.request_stats[0].stop
+    assert calls == (STEPS if stop == "eos" and lm.request_stats[0].generated_tokens < 4 else 2 * STEPS)  # canvases of 4
+    default = TadmLM(base=str(base_dir), split="1:3", device="cpu")
+    assert default.generator.steps == 48 and default.generator.sampler.entropy_bound == 0.1  # the paper's
+
+
+def test_chat_template_has_thinking_off_and_one_bos(adapter_lm):
+    prompt = adapter_lm.apply_chat_template([{"role": "user", "content": "what is it"}])
+    assert prompt.startswith("<bos><start_of_turn>user") and prompt.rstrip().endswith("<start_of_turn>model")
+    ids = adapter_lm.generator.encode(prompt)
+    assert ids.count(adapter_lm.generator.tokenizer.bos_token_id) == 1
+    assert adapter_lm.tokenizer_name and adapter_lm.chat_template(True)
+
+
+def test_tadm_own_model_by_prefix_infilling(tadm_model_dir):
+    lm = TadmLM(model=str(tadm_model_dir), steps=6, K=2, batch_size=2, max_gen_toks=12, device="cpu")
+    texts = lm.generate_until(requests(["The jury said", "It was a", "He"], until=["\n\n"], max_gen_toks=None,
+                                       do_sample=False, temperature=0.0))
+    assert len(texts) == 3 and all(isinstance(t, str) for t in texts)
+    assert all(s.generated_tokens <= 12 and s.encoder_layer_calls == 0 for s in lm.request_stats)
+    assert lm.batch_stats[0].layer_calls["anchor_refreshes"] == 3  # T = 6, K = 2
+    assert lm.summary()["settings"]["sampler"] == "mdlm"
+    with pytest.raises(ValueError, match="no chat template"):
+        lm.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_prefix_stays_fixed_under_a_remasking_sampler(tadm_model_dir):
+    import torch
+
+    lm = TadmLM(model=str(tadm_model_dir), steps=6, sampler="remdm-loop", device="cpu")
+    gen = lm.generator
+    prompt = gen.encode("The jury said it")
+    z, context, starts = gen._canvas([prompt], 10, torch.Generator().manual_seed(0))
+    final, _ = gen._denoise(z, context, torch.Generator().manual_seed(0))
+    assert final[0, :starts[0]].tolist() == prompt and not bool((final == gen.model.mask_token_id).any())
+
+
+def test_loglikelihood_requests_are_refused(adapter_lm):
+    with pytest.raises(NotImplementedError, match="loglikelihood.*only generation tasks"):
+        adapter_lm.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
+    with pytest.raises(NotImplementedError, match="loglikelihood_rolling.*only generation tasks"):
+        adapter_lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("a",), 0)])
+
+
+@pytest.mark.parametrize("args, match", [
+    ({}, "exactly one of model"),
+    ({"model": "tadm-tiny", "base": "x"}, "exactly one of model"),
+    ({"model": "tadm-tiny", "adapter": "x"}, "apply to a post-training base"),
+    ({"model": "tadm-tiny", "nope": 1}, "unknown model_args nope"),
+    ({"model": "tadm-tiny", "K": 0}, "K must be an integer >= 1"),
+    ({"model": "tadm-tiny", "batch_size": "x"}, "batch_size"),
+    ({"model": "tadm-tiny", "refresh_policy": "schedule"}, "needs refresh_steps"),
+    ({"model": "tadm-tiny", "refresh_policy": "adaptive", "K": 2}, "does not use it"),
+    ({"model": "tadm-tiny", "refresh_policy": "sometimes"}, "unknown refresh policy"),
+    ({"base": "/nonexistent/base"}, "nonexistent"),
+])
+def test_bad_model_args_are_clear_errors(args, match):
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        TadmLM(device="cpu", **args)
+
+
+def test_bad_models_and_sampler_options(tadm_model_dir, base_dir):
+    with pytest.raises(ValueError, match="top_p"):
+        TadmLM(model=str(tadm_model_dir), top_p=2.0, device="cpu")
+    with pytest.raises(ValueError, match="no option.*top_p"):
+        TadmLM(base=str(base_dir), split="1:3", top_p=0.9, device="cpu")
+    with pytest.raises(ValueError, match="samples with 'entropy-bound'"):
+        TadmLM(base=str(base_dir), split="1:3", sampler="mdlm", device="cpu")
+    with pytest.raises(ValueError, match=r"tokenizer vocabulary \(320\) != model vocabulary \(65\)"):
+        TadmLM(model="tadm-tiny", tokenizer=str(tadm_model_dir), device="cpu")  # a builder name
+
+
+def test_lm_eval_construction_merges_its_own_settings(base_dir):
+    lm = TadmLM.create_from_arg_string(f"base={base_dir},split=1:3,steps=2,seed=3",
+                                       {"batch_size": "auto", "max_batch_size": 3, "device": "cuda:0"})
+    assert lm.batch_size == 3 and lm.args.seed == 3 and str(lm.generator.device) == "cpu"
+    lm = TadmLM.create_from_arg_obj({"base": str(base_dir), "split": "1:3", "device": "cpu"}, {"batch_size": 2})
+    assert lm.batch_size == 2
+
+
+def test_stop_string_helpers():
+    assert stop_strings(None) == [] and stop_strings("x") == ["x"] and stop_strings(["a", ""]) == ["a"]
+    with pytest.raises(ValueError, match="until"):
+        stop_strings(3)
+    assert truncate_at_stops("abc. def\n\nQ:", ["Q:", "\n\n"]) == ("abc. def", True)
+    assert truncate_at_stops("abc", ["x"]) == ("abc", False)
