@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -52,8 +53,19 @@ def _ranged(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def instrument(model: Any, sampler: Any) -> None:
-    """Wrap each part of a step in a ``record_function`` range named as in :data:`PARTS`."""
+def instrument_functions() -> None:
+    """Wrap the SUBS / masked log-softmax functions the networks call (once per process)."""
+    for name in ("subs_log_probs", "masked_log_probs"):
+        setattr(nn_base, name, _ranged(PARTS[5], getattr(nn_base, name)))
+
+
+def instrument_sampler(sampler: Any) -> None:
+    for name in ("step", "plan_moves", "step_moves"):
+        setattr(sampler, name, _ranged(PARTS[6], getattr(sampler, name)))
+
+
+def instrument(model: Any) -> None:
+    """Wrap each part of the model's step in a ``record_function`` range named as in :data:`PARTS` (once)."""
     model.encode = _ranged(PARTS[0], model.encode)
     if model.layer_split.anchor:
         model.anchor.forward = _ranged(PARTS[1], model.anchor.forward)
@@ -62,10 +74,6 @@ def instrument(model: Any, sampler: Any) -> None:
     stack = model.denoiser if hasattr(model, "denoiser") else model.blocks
     stack.forward = _ranged(PARTS[3], stack.forward)
     model.head.forward = _ranged(PARTS[4], model.head.forward)
-    for name in ("subs_log_probs", "masked_log_probs"):
-        setattr(nn_base, name, _ranged(PARTS[5], getattr(nn_base, name)))
-    for name in ("step", "plan_moves", "step_moves"):
-        setattr(sampler, name, _ranged(PARTS[6], getattr(sampler, name)))
 
 
 class StopAfter(LoopContext):
@@ -84,7 +92,7 @@ class StopAfter(LoopContext):
 
 def run_steps(model: Any, args: argparse.Namespace, device: torch.device, full_output: bool) -> None:
     sampler = get_sampler(args.sampler, model.mask_token_id)
-    instrument(model, sampler)
+    instrument_sampler(sampler)
     sampler.set_timesteps(args.steps)
     g = torch.Generator(device=device).manual_seed(0)
     z = sampler.initial_canvas(args.batch_size, args.length, g, device)
@@ -97,7 +105,7 @@ def run_steps(model: Any, args: argparse.Namespace, device: torch.device, full_o
 
 def breakdown(model: Any, args: argparse.Namespace, device: torch.device, full_output: bool) -> dict[str, float]:
     """Milliseconds per step of each part, and of the whole step (``total``), for one path."""
-    run_steps(model, args, device, full_output)  # warm-up
+    run_steps(model, args, device, full_output)  # warm-up (first call: allocations, one-time set-up)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         start = time.perf_counter()
@@ -127,16 +135,23 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--repeats", type=int, default=3, help="profiled runs per path, alternating (median reported)")
     args = p.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    rows = {}
-    for label, full in (("full output (before)", True), ("decoded rows (after)", False)):
-        model = SIZES[args.size]().to(device).eval()
-        rows[label] = breakdown(model, args, device, full)
+    model = SIZES[args.size]().to(device).eval()
+    instrument(model)
+    instrument_functions()
+    paths = {"full output (before)": True, "decoded rows (after)": False}
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in paths}
+    for _ in range(args.repeats):  # the two paths alternate, so a drift of the machine hits both
+        for label, full in paths.items():
+            runs[label].append(breakdown(model, args, device, full))
+    rows = {label: {part: statistics.median(r[part] for r in reps) for part in reps[0]}
+            for label, reps in runs.items()}
     print(f"# {args.size}: L={args.length} B={args.batch_size} T={args.steps} K={args.refresh} {args.sampler} "
           f"{args.dtype} on {device} ({torch.get_num_threads()} threads), first {args.profile_steps} steps, "
-          f"ms per step ({'device' if device.type == 'cuda' else 'CPU'} time)")
+          f"ms per step ({'device' if device.type == 'cuda' else 'CPU'} time), median of {args.repeats} runs per path")
     labels = list(rows)
     print(f"| part | {' | '.join(labels)} |")
     print("|---|" + "---:|" * len(labels))
