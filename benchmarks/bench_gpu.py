@@ -15,7 +15,8 @@ and the achieved TFLOP/s next to the device's bf16 peak. ``--weights bfloat16`` 
 instead of autocast, ``--compile reduce-overhead`` compiles the DiT stacks and fusion with CUDA
 graphs (:meth:`~tadm.nn.MaskedDiffusionNetwork.compile_stacks`). ``--compare-full`` also times the
 reference path that computes x_theta at every position (``full_output=True``), for the gain of
-computing it on decoded rows only. Cells are timed in interleaved rounds so that a drift of the
+computing it on decoded rows only; ``--compare-skip`` times MDLM's skip of unchanged canvases
+together with the anchor cache. Cells are timed in interleaved rounds so that a drift of the
 machine hits every cell alike.
 """
 
@@ -89,7 +90,7 @@ def time_cells(cells: list[dict[str, Any]], args: argparse.Namespace, device: to
             with torch.autocast(device.type, dtype=amp) if autocast else nullcontext():
                 generate(cell["model"], sampler, batch_size=cell["batch"], seq_len=args.length,
                          num_steps=cell["T"], refresh_interval=cell["K"], generator=g, device=device,
-                         full_output=cell["full"])
+                         full_output=cell["variant"] == "full", skip_unchanged=cell["variant"] == "skip")
             _sync(device)
             if r >= args.warmup:
                 cell.setdefault("seconds", []).append(time.perf_counter() - start)
@@ -113,6 +114,11 @@ def count_syncs(model: Any, args: argparse.Namespace, device: torch.device, T: i
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def variants(args: argparse.Namespace) -> list[str]:
+    """The paths timed per (model, B, T, K): decoded rows only (default), full output, skip unchanged."""
+    return ["rows"] + (["full"] if args.compare_full else []) + (["skip"] if args.compare_skip else [])
+
+
 def build_cells(args: argparse.Namespace, models: dict[str, Callable[[], Any]], device: torch.device) -> list[dict]:
     cells = []
     for name, make in models.items():
@@ -125,26 +131,27 @@ def build_cells(args: argparse.Namespace, models: dict[str, Callable[[], Any]], 
         for batch in args.batch_sizes:
             for T in args.steps:
                 for K in args.refresh if model.layer_split.anchor else [1]:
-                    for full in (False, True) if args.compare_full else (False,):
+                    for variant in variants(args):
                         cells.append({"name": name, "model": model, "head": head, "batch": batch, "T": T, "K": K,
-                                      "full": full})
+                                      "variant": variant})
     return cells
 
 
 def report(cells: list[dict[str, Any]], args: argparse.Namespace, peak: float | None) -> None:
-    index = {(c["name"], c["batch"], c["T"], c["K"], c["full"]): c for c in cells}
+    index = {(c["name"], c["batch"], c["T"], c["K"], c["variant"]): c for c in cells}
     head = ["model", "B", "T", "K", "tokens/s", "layer calls", "speedup", "analytic", "TFLOP/s"]
     head += ["% of peak"] if peak else []
     head += ["full-output tok/s", "gain"] if args.compare_full else []
+    head += ["skip-unchanged tok/s"] if args.compare_skip else []
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * 4 + "---:|" * (len(head) - 4))
     for c in cells:
-        if c["full"]:
+        if c["variant"] != "rows":
             continue
         model, B, T, K, L = c["model"], c["batch"], c["T"], c["K"], args.length
         seconds = statistics.median(c["seconds"])
         tps = B * L / seconds
-        base = index[(c["name"], B, T, 1, False)]
+        base = index[(c["name"], B, T, 1, "rows")]
         base_tps = B * L / statistics.median(base["seconds"])
         flops = generation_flops(model, batch_size=B, seq_len=L, num_steps=T, refresh_interval=K,
                                  head_rows=c["head_rows"])
@@ -154,8 +161,10 @@ def report(cells: list[dict[str, Any]], args: argparse.Namespace, peak: float | 
                f"{tps / base_tps:.2f}x", f"{flops_k1.total / flops.total:.2f}x", f"{tflops:.2f}"]
         row += [f"{100 * tflops / peak:.1f}%"] if peak else []
         if args.compare_full:
-            full = B * L / statistics.median(index[(c["name"], B, T, K, True)]["seconds"])
+            full = B * L / statistics.median(index[(c["name"], B, T, K, "full")]["seconds"])
             row += [f"{full:,.1f}", f"{tps / full:.2f}x"]
+        if args.compare_skip:
+            row += [f"{B * L / statistics.median(index[(c['name'], B, T, K, 'skip')]['seconds']):,.1f}"]
         print("| " + " | ".join(row) + " |")
 
 
@@ -177,6 +186,8 @@ def main() -> None:
     p.add_argument("--compile", choices=["none", "default", "reduce-overhead", "max-autotune"], default="none",
                    help="torch.compile the DiT stacks and fusion (reduce-overhead: CUDA graphs); the head stays eager")
     p.add_argument("--compare-full", action="store_true", help="also time x_theta on every position (reference)")
+    p.add_argument("--compare-skip", action="store_true",
+                   help="also time skip_unchanged (no network call when the canvas did not change; full output)")
     p.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not known")
     args = p.parse_args()
     device = torch.device(args.device)
