@@ -17,29 +17,16 @@ from tadm.sampling import AdaptiveRefresh, FixedRefresh, generate, get_sampler
 from tadm.sampling.entropy_bound import EntropyBoundSampler
 from tadm.sampling.loop import decodes_rows_only
 
-
-def _randomize(module, seed=1, std=0.3):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(std * torch.randn(p.shape, generator=g))
-    return module.eval()
+from tests.posttrain.conftest import _one_thread  # noqa: F401  (autouse: tiny tensors run fastest on one thread)
+from tests.sampling.test_loop_golden import _randomize
 
 
 NETS = {"tadm": tadm_tiny, "mdlm": mdlm_tiny, "adlm": adlm_tiny}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("net", ["tadm", "mdlm", "adlm", "naive"])
 def test_predict_on_rows_equals_the_full_output_rows(net):
-    model = _randomize(tadm_tiny() if net == "naive" else NETS[net]())
+    model = _randomize(tadm_tiny() if net == "naive" else NETS[net]()).eval()
     model = NaiveReuse(model) if net == "naive" else model
     g = torch.Generator().manual_seed(0)
     z = torch.randint(0, model.vocab_size - 1, (3, 12), generator=g)
@@ -74,7 +61,7 @@ CASES = [(net, sampler, K, opts)
 
 @pytest.mark.parametrize("net,sampler,K,opts", CASES)
 def test_rows_only_path_samples_the_reference_tokens(net, sampler, K, opts):
-    model = _randomize(NETS[net]())
+    model = _randomize(NETS[net]()).eval()
     tokens = []
     for full in (True, False):
         s = get_sampler(sampler, model.mask_token_id, **opts)
@@ -85,7 +72,7 @@ def test_rows_only_path_samples_the_reference_tokens(net, sampler, K, opts):
 
 
 def test_the_head_sees_only_decoded_rows_except_at_the_last_step():
-    model = _randomize(tadm_tiny())
+    model = _randomize(tadm_tiny()).eval()
     seen = []
     model.head.register_forward_hook(lambda m, args, out: seen.append(out.shape[:-1]))
     generate(model, get_sampler("mdlm", model.mask_token_id), batch_size=2, seq_len=16, num_steps=16,
@@ -97,7 +84,7 @@ def test_the_head_sees_only_decoded_rows_except_at_the_last_step():
 
 
 def test_the_full_path_is_kept_where_rows_only_would_be_wrong():
-    model = _randomize(tadm_tiny())
+    model = _randomize(tadm_tiny()).eval()
     masked = get_sampler("remdm-cap", model.mask_token_id)
     assert decodes_rows_only(model, masked, FixedRefresh(2))
     assert decodes_rows_only(model, masked, AdaptiveRefresh(tau=0.2))
