@@ -184,6 +184,7 @@ def test_a_run_killed_during_a_save_resumes_exactly_and_its_leftovers_go(
     assert resumed.start_step == saved_step and resumed.losses == straight.losses[saved_step:]
     logged = [r["loss"] for r in read_metrics(out / "metrics.jsonl", "train")]
     assert logged == straight.losses  # one history: steps 1..saved_step from the killed run, then the resumed one
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "val")] == [0, 6]
     assert_same_weights(straight.model_dir, resumed.model_dir)
 
 

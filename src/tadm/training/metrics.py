@@ -84,6 +84,7 @@ class MetricsLogger:
         self.enabled = enabled
         self.path = Path(out_dir) / METRICS_FILENAME
         self._writer: Any = None
+        self._kept: set[tuple[int, str]] = set()  # (step, split) of the records kept from the resumed run
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +95,9 @@ class MetricsLogger:
             if partial is not None:
                 (notice or _warn)(f"{self.path}: dropped its last line, cut off by a killed run "
                                   f"({len(partial)} characters: {partial[:40]!r}...)")
-            self._rewrite([r for r in records if int(r.get("step", 0)) <= resume_step])
+            kept = [r for r in records if int(r.get("step", 0)) <= resume_step]
+            self._rewrite(kept)
+            self._kept = {(int(r.get("step", 0)), str(r.get("split"))) for r in kept}
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -118,6 +121,10 @@ class MetricsLogger:
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def holds(self, step: int, split: str) -> bool:
+        """Whether the resumed run's kept records include one of ``step`` and ``split``."""
+        return (step, split) in self._kept
 
     def log(self, step: int, split: str, values: dict[str, Any]) -> None:
         """Write one record; non-finite floats are stored as strings ("nan", "inf")."""

@@ -621,7 +621,8 @@ def _record_val(run: _Run, step: int) -> None:
     nelbo = evaluate(run.eval_model, run.splits.val, run.objective, run.val_cfg, batch_size=tc.micro_batch_size,
                      num_batches=tc.eval_batches, seed=tc.seed, info=info, autocast=run.autocast)
     run.result.val_history.append((step, nelbo))
-    run.metrics.log(step, "val", {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700.0))})
+    if not run.metrics.holds(step, "val"):  # a run resumed at its last step evaluates it again: log it once
+        run.metrics.log(step, "val", {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700.0))})
     run.say(f"step {step}: val NELBO {nelbo:.4f} nats/token, perplexity bound {math.exp(min(nelbo, 700.0)):.2f}")
     if run.best_val is None or nelbo < run.best_val:
         run.best_val = run.result.best_val_nelbo = nelbo
