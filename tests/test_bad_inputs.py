@@ -3,8 +3,7 @@
 Every command-line case runs ``tadm.cli.main`` in-process and checks that stderr holds exactly one
 line, with no traceback, containing the needle (the bad value, a path or a key). ``{d}`` in an
 argument or needle stands for a directory of prepared bad files (see :func:`bad`). Python API
-cases check the exception type and message. Cases whose fix belongs to another module are marked
-``xfail(strict=True)`` with the reason.
+cases check the exception type and message.
 """
 
 from __future__ import annotations
@@ -66,12 +65,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _xfail(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 TRAIN = ("train", "{d}/tiny.yaml")
-NN_NAMES_NO_FILE = "tadm.nn's checkpoint loader does not name the file (fix belongs in src/tadm/nn)"
 
 CLI_CASES = [
     # ------------------------------------------------------------------------------ tadm train
@@ -130,10 +124,8 @@ CLI_CASES = [
     pytest.param(["sample", "--seed", "x"], "invalid int value: 'x'", id="sample-seed-not-int"),
     pytest.param(["sample", "--model", "{d}/ckpt", "--tokenizer", "{d}/notok"], "'{d}/notok'", id="sample-missing-tokenizer"),
     pytest.param(["sample", "--refresh-policy", "schedule", "--refresh-steps", "8,x"], "'8,x'", id="sample-refresh-steps"),
-    pytest.param(["sample", "--model", "{d}/trunc"], "{d}/trunc/model.safetensors", id="sample-truncated-weights",
-                 marks=_xfail(NN_NAMES_NO_FILE)),
-    pytest.param(["sample", "--model", "{d}/badcfg"], "{d}/badcfg/config.json", id="sample-corrupt-config-json",
-                 marks=_xfail(NN_NAMES_NO_FILE)),
+    pytest.param(["sample", "--model", "{d}/trunc"], "{d}/trunc/model.safetensors", id="sample-truncated-weights"),
+    pytest.param(["sample", "--model", "{d}/badcfg"], "{d}/badcfg/config.json", id="sample-corrupt-config-json"),
     # ---------------------------------------------------------------------------- tadm compute
     pytest.param(["compute", "--anchor-layers", "-1", "--denoiser-layers", "6", "--steps", "8"], "got -1",
                  id="compute-negative-layers"),
@@ -169,9 +161,10 @@ CLI_CASES = [
     pytest.param(["posttrain", "train", "posttrain-tiny", "train.nope=1"], "train.nope", id="posttrain-unknown-key"),
     pytest.param(["posttrain", "train", "posttrain-tiny", "train.max_steps=0"], "train.max_steps must be > 0, got 0",
                  id="posttrain-zero-steps"),
-    pytest.param(["posttrain", "train", "posttrain-tiny", "optim.lr=nan"], "optim.lr", id="posttrain-lr-nan",
-                 marks=_xfail("posttrain's config validation accepts NaN/inf (fix belongs in src/tadm/posttrain/"
-                              "trainer.py: tadm.config.check_range)")),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "optim.lr=nan"], "optim.lr must be a finite number > 0, "
+                 "got nan", id="posttrain-lr-nan"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "loss.kd_temperature=inf"], "loss.kd_temperature",
+                 id="posttrain-kd-temperature-inf"),
     pytest.param(["posttrain", "sample", "--base", "{d}/nobase", "--prompt", "hi"], "'{d}/nobase' does not exist",
                  id="posttrain-missing-base"),
     pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--split", "x,y", "--prompt", "hi"], "got 'x,y'",
@@ -271,8 +264,7 @@ def _api_cases() -> list[Any]:
         pytest.param(lambda d: EMA(torch.nn.Linear(1, 1), decay=float("nan")), ValueError, "got nan", id="api-ema-nan"),
         pytest.param(lambda d: check_provenance(d / "tok", d / "bad.jsonl", 300), TokenizerMismatchError,
                      "no record of what it was trained on", id="api-tokenizer-without-provenance"),
-        pytest.param(lambda d: load_model(d / "trunc"), ValueError, "model.safetensors", id="api-truncated-weights",
-                     marks=_xfail(NN_NAMES_NO_FILE)),
+        pytest.param(lambda d: load_model(d / "trunc"), ValueError, "model.safetensors", id="api-truncated-weights"),
     ]
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 import torch
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 from huggingface_hub.utils import validate_repo_id
+from safetensors import SafetensorError
 from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
 from torch import nn
@@ -111,7 +112,7 @@ class HubMixin(PyTorchModelHubMixin):
         config = config_from_dict(cls.config_class, raw, source=str(config_file))
         weights_file = resolve_file(pretrained_model_name_or_path, WEIGHTS_NAME, **hub)
         model = cls(config).to(device)  # type: ignore[call-arg]
-        missing, unexpected = _load_safetensors(model, str(weights_file), strict=False, device=str(device))
+        missing, unexpected = _load_weights(model, weights_file, device)
         if strict and (missing or unexpected):
             raise RuntimeError(
                 f"{weights_file} does not match {cls.__name__}({config}): "
@@ -162,9 +163,24 @@ def _is_repo_id(name: str) -> bool:
     return True
 
 
+def _load_weights(model: nn.Module, weights_file: str | Path, device: str | torch.device) -> tuple[Any, Any]:
+    """Load ``model.safetensors`` into ``model`` (not strict); a truncated or corrupt file is a ValueError naming it."""
+    try:
+        return _load_safetensors(model, str(weights_file), strict=False, device=str(device))
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{weights_file} is not a readable safetensors file ({err}); it may be truncated or "
+                         "corrupt: save or download the model again") from None
+
+
 def read_config(config_file: str | Path) -> dict[str, Any]:
-    """Parse a ``config.json``; a non-object payload is a ValueError naming the file."""
-    raw = json.loads(Path(config_file).read_text())
+    """Parse a ``config.json``; invalid JSON or a non-object payload is a ValueError naming the file."""
+    try:
+        raw = json.loads(Path(config_file).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_file} is not valid JSON: {err.msg} at line {err.lineno}, "
+                         f"column {err.colno}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{config_file} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{config_file} must hold a JSON object, got {type(raw).__name__}")
     return raw

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from tadm.config import ConfigError, load_structured
+from tadm.config import ConfigError, check_range, load_structured
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
@@ -174,6 +174,20 @@ class PosttrainConfig:
         return asdict(self)
 
 
+def _validate_optim(o: OptimSection) -> None:
+    """Every float of the optimiser section finite and in range (NaN and inf never are)."""
+    for name, low, low_open in (("lr", 0.0, True), ("eps", 0.0, True), ("weight_decay", 0.0, False),
+                                ("grad_clip", 0.0, True)):
+        check_range(f"optim.{name}", getattr(o, name), low, low_open=low_open, error=PosttrainConfigError)
+    if len(o.betas) != 2:
+        raise PosttrainConfigError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
+    for n, beta in enumerate(o.betas):
+        check_range(f"optim.betas[{n}]", beta, 0.0, 1.0, high_open=True, error=PosttrainConfigError)
+    if o.warmup_steps < 0:
+        raise PosttrainConfigError(f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
+    check_range("optim.min_lr_ratio", o.min_lr_ratio, 0.0, 1.0, error=PosttrainConfigError)
+
+
 def _validate(cfg: PosttrainConfig) -> None:
     def positive(name: str, value: float) -> None:
         if value <= 0:
@@ -186,34 +200,26 @@ def _validate(cfg: PosttrainConfig) -> None:
         )
     if any(a < 0 or a >= cfg.rollout.sampler.num_steps for a in ages):
         raise PosttrainConfigError(f"rollout.cache_ages must lie in 0..rollout.sampler.num_steps-1, got {ages}")
-    if any(p < 0 for p in probs) or sum(probs) <= 0:
+    for n, p in enumerate(probs):
+        check_range(f"rollout.cache_age_probs[{n}]", p, 0.0, error=PosttrainConfigError)
+    if sum(probs) <= 0:
         raise PosttrainConfigError(f"rollout.cache_age_probs must be >= 0 with a positive sum, got {probs}")
-    if not 0.0 <= cfg.rollout.self_conditioning_prob <= 1.0:
-        raise PosttrainConfigError(
-            f"rollout.self_conditioning_prob must be in [0, 1], got {cfg.rollout.self_conditioning_prob}"
-        )
+    check_range("rollout.self_conditioning_prob", cfg.rollout.self_conditioning_prob, 0.0, 1.0,
+                error=PosttrainConfigError)
     try:
         get_schedule(cfg.rollout.schedule)
     except ValueError as err:
         raise PosttrainConfigError(f"rollout.schedule: {err}") from None
     for name in ("ce_weight", "kd_weight"):
-        if getattr(cfg.loss, name) < 0:
-            raise PosttrainConfigError(f"loss.{name} must be >= 0, got {getattr(cfg.loss, name)}")
-    positive("loss.kd_temperature", cfg.loss.kd_temperature)
+        check_range(f"loss.{name}", getattr(cfg.loss, name), 0.0, error=PosttrainConfigError)
+    check_range("loss.kd_temperature", cfg.loss.kd_temperature, 0.0, low_open=True, error=PosttrainConfigError)
     for name in ("rank", "num_heads"):
         positive(f"fusion.{name}", getattr(cfg.fusion, name))
     if cfg.fusion.rank % cfg.fusion.num_heads:
         raise PosttrainConfigError(f"fusion.rank {cfg.fusion.rank} must be divisible by fusion.num_heads {cfg.fusion.num_heads}")
     for name in ("max_prompt_tokens", "max_response_tokens", "canvases_per_example"):
         positive(f"data.{name}", getattr(cfg.data, name))
-    positive("optim.lr", cfg.optim.lr)
-    if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
-        raise PosttrainConfigError(f"optim.betas must be two numbers in [0, 1), got {list(cfg.optim.betas)}")
-    if cfg.optim.warmup_steps < 0:
-        raise PosttrainConfigError(f"optim.warmup_steps must be >= 0, got {cfg.optim.warmup_steps}")
-    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
-        raise PosttrainConfigError(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
-    positive("optim.grad_clip", cfg.optim.grad_clip)
+    _validate_optim(cfg.optim)
     for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "log_every", "save_every"):
         positive(f"train.{name}", getattr(cfg.train, name))
     if cfg.train.precision not in PRECISIONS:
