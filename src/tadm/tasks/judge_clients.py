@@ -1,0 +1,195 @@
+"""Chat models that answer the degeneration judge: an OpenAI-compatible endpoint or a local causal LM.
+
+Both take chat messages (``[{"role": "user", "content": ...}]``) and return the answer's text, and
+have a ``judge_id`` that names the judge in cache keys.
+
+* :class:`OpenAIChatClient` - ``POST {base_url}/chat/completions`` (any server speaking that
+  protocol: OpenAI, vLLM, SGLang, llama.cpp, ...), greedy (temperature 0), the API key read from an
+  environment variable whose name is configurable, a timeout per request, and retries with
+  exponential backoff on connection errors, timeouts, HTTP 429 and 5xx (``Retry-After`` honoured).
+  Standard library only (``urllib``).
+* :class:`LocalChatClient` - a ``transformers`` causal LM directory (``local:PATH``), loaded without
+  running code shipped with it, prompted through its chat template and decoded greedily. The offline
+  default is SmolLM2-135M-Instruct as prepared by ``tadm eval prepare-evaluator``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["ChatClient", "JudgeRequestError", "LocalChatClient", "OpenAIChatClient", "make_judge_client"]
+
+Messages = list[dict[str, str]]
+
+
+class JudgeRequestError(RuntimeError):
+    """A judge request that failed for good (after retries, or with a non-retryable HTTP status)."""
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ChatClient(Protocol):
+    """Anything that answers chat messages with text."""
+
+    judge_id: str
+
+    def complete(self, messages: Messages) -> str: ...
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _content(payload: bytes) -> str:
+    """``choices[0].message.content`` of a chat-completions response body."""
+    try:
+        content = json.loads(payload)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise _Retryable(f"malformed chat-completions response: {payload[:200]!r}") from None
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+class OpenAIChatClient:
+    """A chat-completions endpoint at ``base_url`` (e.g. ``http://localhost:8000/v1``) serving ``model``.
+
+    Args:
+        api_key_env: environment variable holding the API key (sent as a Bearer token when set).
+        timeout: seconds per request (connect and read).
+        max_attempts: tries per request (>= 1); waits ``backoff * 2**(n-1)`` seconds (at most
+            ``max_backoff``) between them, or what the server's ``Retry-After`` asks, if shorter
+            than ``max_backoff``.
+        max_tokens: the answer's token budget.
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", timeout: float = 60.0,
+                 max_attempts: int = 4, backoff: float = 1.0, max_backoff: float = 30.0, max_tokens: int = 512,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if not base_url or not model:
+            raise ValueError("an OpenAI-compatible judge needs a base URL (--judge-url) and a model (--judge-model)")
+        if int(max_attempts) < 1 or float(timeout) <= 0:
+            raise ValueError(f"max_attempts must be >= 1 and timeout > 0, got {max_attempts!r}, {timeout!r}")
+        url = base_url.rstrip("/")
+        self.url = url if url.endswith("/chat/completions") else url + "/chat/completions"
+        self.model, self.api_key_env, self.timeout = model, api_key_env, float(timeout)
+        self.max_attempts, self.backoff, self.max_backoff = int(max_attempts), float(backoff), float(max_backoff)
+        self.max_tokens, self.sleep = int(max_tokens), sleep
+        self.judge_id = f"openai:{self.url}:{model}"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        key = os.environ.get(self.api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def _post(self, body: bytes) -> str:
+        request = urllib.request.Request(self.url, data=body, headers=self._headers(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return _content(response.read())
+        except urllib.error.HTTPError as err:
+            if err.code == 429 or err.code >= 500:
+                raise _Retryable(f"HTTP {err.code}", _retry_after(err.headers.get("Retry-After"))) from None
+            hint = f" (is ${self.api_key_env} set?)" if err.code in (401, 403) else ""
+            detail = err.read()[:200].decode("utf-8", "replace")
+            raise JudgeRequestError(f"judge {self.url}: HTTP {err.code}{hint}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, socket.timeout, ConnectionError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise _Retryable(f"{type(reason).__name__}: {reason}") from None
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
+        return min(retry_after, self.max_backoff) if retry_after is not None else delay
+
+    def complete(self, messages: Messages) -> str:
+        """The model's answer to ``messages``; JudgeRequestError after ``max_attempts`` failed tries."""
+        body = json.dumps({"model": self.model, "messages": messages, "temperature": 0.0,
+                           "max_tokens": self.max_tokens}).encode("utf-8")
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return self._post(body)
+            except _Retryable as err:
+                if attempt == self.max_attempts:
+                    raise JudgeRequestError(f"judge {self.url} failed after {attempt} attempt(s): {err}") from None
+                self.sleep(self._delay(attempt, err.retry_after))
+        raise AssertionError("unreachable")
+
+
+class LocalChatClient:
+    """A local ``transformers`` causal LM directory answering through its chat template, greedily.
+
+    Requests are served one at a time (a lock), whatever the judge's concurrency.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_new_tokens: int = 256, device: str = "cpu") -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        directory = Path(path).expanduser()
+        if not (directory / "config.json").is_file():
+            raise FileNotFoundError(f"local judge {str(path)!r} is not a Hugging Face model directory (no config.json); "
+                                    "run `tadm eval prepare-evaluator` for the default SmolLM2-135M-Instruct")
+        self.tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"local judge {str(path)!r}: its tokenizer has no chat template")
+        self.model = AutoModelForCausalLM.from_pretrained(str(directory), trust_remote_code=False).to(device).eval()
+        self.max_new_tokens, self.device = int(max_new_tokens), device
+        self.judge_id = f"local:{directory.resolve()}"
+        self._lock = threading.Lock()
+
+    def complete(self, messages: Messages) -> str:
+        import torch
+
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                     return_dict=True)
+        inputs = {k: v.to(self.device) for k, v in encoded.items()}
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        with self._lock, torch.no_grad():
+            out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                      temperature=None, top_p=None, top_k=None, pad_token_id=pad)
+        return self.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def make_judge_client(judge: str | None = None, *, url: str | None = None, model: str | None = None,
+                      **options: Any) -> ChatClient:
+    """The judge named on the command line.
+
+    ``judge="local:PATH"`` is a local model; ``judge=None`` or ``"local"`` without ``url`` is the
+    prepared SmolLM2-135M-Instruct (:func:`tadm.eval.evaluator.default_evaluator_path`); ``url`` with
+    ``model`` is an OpenAI-compatible endpoint. ``options`` go to the client (timeout, max_attempts,
+    api_key_env, ... or max_new_tokens, device).
+    """
+    if judge is not None and judge.startswith("local:"):
+        return LocalChatClient(judge[len("local:"):], **options)
+    if url is not None:
+        if judge not in (None, "openai"):
+            raise ValueError(f"give --judge local:PATH or --judge-url with --judge-model, not both ({judge!r})")
+        return OpenAIChatClient(url, model or "", **options)
+    if judge in (None, "local"):
+        from tadm.eval.evaluator import default_evaluator_path
+
+        return LocalChatClient(default_evaluator_path(), **options)
+    raise ValueError(f"unknown judge {judge!r}: use local:PATH, or --judge-url URL with --judge-model NAME")
