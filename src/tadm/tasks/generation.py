@@ -269,7 +269,11 @@ class PrefixGenerator:
         from tadm.specs import find_tokenizer, resolve_model
 
         model = resolve_model(spec, device=device)
-        return cls(model, find_tokenizer(spec, tokenizer), settings, name=str(spec))
+        try:
+            found = find_tokenizer(spec, tokenizer)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{err} (model_args: tokenizer=DIR)") from None
+        return cls(model, found, settings, name=str(spec))
 
     def encode(self, text: str) -> list[int]:
         """``[BOS] + ids(text)``: documents start after a separator in training."""
