@@ -197,7 +197,7 @@ def test_derived_training_configs_share_size_data_and_budget(tmp_path):
     ({"models": [{"name": "a", "kind": "tadm"}, {"name": "a", "kind": "mdlm"}]}, "models\\[1\\].name 'a' is given twice"),
     ({"models": [{"name": "a", "kind": "tadm", "overrides": ["optim.lr"]}]}, "must look like section.key=value"),
     ({"models": [{"name": "a", "kind": "tadm", "overrides": ["optim.lr=-1"]}, {"name": "r", "kind": "ar"}]},
-     "model 'a': optim.lr must be > 0"),
+     "model 'a': optim.lr must be a finite number > 0, got -1"),
     ({"models": [{"name": "t", "kind": "tadm"}]}, "names 'ar' \\(the in-domain AR\\) but no model has kind 'ar'"),
     ({"staleness.max_age": -1}, "staleness.max_age must be >= 0, got -1"),
     ({"staleness.steps": [0]}, "staleness.steps must be a non-empty list of integers >= 1"),

@@ -198,17 +198,18 @@ class _Study:
             return self.cfg.data.tokenizer
         if self._tokenizer_source is not None:
             return self._tokenizer_source
-        from tadm.training.tokenization import META_FILENAME, train_bpe_tokenizer
-        from tadm.training.data import load_texts
+        from tadm.training.provenance import check_provenance, train_recorded_tokenizer
+        from tadm.training.tokenization import META_FILENAME
 
-        tok_dir = self.layout.tokenizer_dir
+        data, tok_dir = self.cfg.data, self.layout.tokenizer_dir
         if not (tok_dir / META_FILENAME).is_file():
             start = time.perf_counter()
-            self.log(f"[study] training a {self.cfg.data.tokenizer_vocab_size}-token BPE on {self.cfg.data.source!r}")
-            train_bpe_tokenizer(load_texts(self.cfg.data.source, text_field=self.cfg.data.text_field),
-                                self.cfg.data.tokenizer_vocab_size, save_dir=tok_dir)
+            self.log(f"[study] training a {data.tokenizer_vocab_size}-token BPE on {data.source!r}")
+            train_recorded_tokenizer(data.source, data.tokenizer_vocab_size, tok_dir, text_field=data.text_field)
             self._ran("tokenizer", time.perf_counter() - start)
-        else:
+        else:  # studies from before tokenizer records have none: accepted
+            check_provenance(tok_dir, data.source, data.tokenizer_vocab_size, text_field=data.text_field,
+                             missing_ok=True, advice="a study keeps one tokenizer: give the new data a new out_dir")
             self._skip("tokenizer")
         self._tokenizer_source = str(tok_dir)
         return self._tokenizer_source
