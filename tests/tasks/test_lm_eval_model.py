@@ -112,6 +112,24 @@ def test_naive_reuse_and_refresh_policies(base_dir):
     assert ready.generate_until(requests(PROMPTS[:1], max_gen_toks=8)) is not None
 
 
+def test_one_loaded_model_serves_several_settings(adapter_lm):
+    from tadm.tasks.generation import GenerationSettings
+    from tadm.sampling import FixedRefresh
+
+    loaded = adapter_lm.generator
+    runs = {}
+    for K, naive in ((1, False), (3, False), (3, True)):
+        generator = loaded.with_settings(GenerationSettings(policy=FixedRefresh(K), steps=STEPS), naive=naive)
+        lm = TadmLM(generator=generator, seed=0)
+        runs[K, naive] = (lm.generate_until(requests(PROMPTS[:1], max_gen_toks=8)), lm.summary())
+        assert lm.summary()["settings"]["fusion_mode"] == ("naive" if naive else "paired")
+    assert runs[1, False][1]["layer_calls"]["anchor_refreshes"] == STEPS
+    assert runs[3, False][1]["layer_calls"]["anchor_refreshes"] == math.ceil(STEPS / 3)
+    assert loaded.model is generator.model and loaded.fusion_mode == "paired"
+    with pytest.raises(ValueError, match="ready generator"):
+        TadmLM(generator=loaded, base="x")
+
+
 def test_entropy_bound_settings_reach_the_sampler(base_dir):
     lm = base_lm(base_dir, entropy_bound=0.3, temperature_max=0.9, temperature_min=0.5, canvas_length=4)
     sampler = lm.generator.sampler

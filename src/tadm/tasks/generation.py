@@ -137,6 +137,7 @@ class BlockGenerator:
         if settings.sampler not in (None, "entropy-bound"):
             raise ValueError(f"a post-training base samples with 'entropy-bound' (Algorithm 2), not {settings.sampler!r}")
         self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
+        self.fusion_mode = model.fusion_mode  # set on the shared model before each batch
         self.steps = settings.steps or BASE_STEPS
         self.sampler = get_sampler("entropy-bound", vocab_size=model.vocab_size, num_steps=self.steps,
                                    **settings.sampler_options)
@@ -170,6 +171,13 @@ class BlockGenerator:
         tok = AutoTokenizer.from_pretrained(str(source), trust_remote_code=False)
         return cls(model, tok, settings, name=Path(str(base)).name + (f"+{Path(adapter).name}" if adapter else ""))
 
+    def with_settings(self, settings: GenerationSettings, *, naive: bool | None = None) -> BlockGenerator:
+        """A generator over the same model and tokenizer (not reloaded) with other settings (K, sampler
+        options) and, when ``naive`` is given, the naive-reuse baseline on or off."""
+        other = BlockGenerator(self.model, self.tokenizer, settings, name=self.name)
+        other.fusion_mode = self.fusion_mode if naive is None else ("naive" if naive else "paired")
+        return other
+
     @property
     def canvas_length(self) -> int:
         return int(self.settings.canvas_length or self.model.backbone.canvas_length)
@@ -200,6 +208,7 @@ class BlockGenerator:
         from tadm.sampling.entropy_bound import StableConfidentStopping
 
         ids, mask = self._left_padded(prompts)
+        self.model.fusion_mode = self.fusion_mode
         run = lambda: generate_blocks(  # noqa: E731
             self.model, ids, sampler=self.sampler, policy=self.settings.policy, max_new_tokens=max_new_tokens,
             canvas_length=self.canvas_length, attention_mask=mask, self_conditioning=self.settings.self_conditioning,
@@ -214,7 +223,7 @@ class BlockGenerator:
 
     def describe(self) -> dict[str, Any]:
         """Settings as written to results files."""
-        return {"kind": self.kind, "name": self.name, "fusion_mode": self.model.fusion_mode,
+        return {"kind": self.kind, "name": self.name, "fusion_mode": self.fusion_mode,
                 "split": _split(self.model.layer_split), "sampler": "entropy-bound", "steps": self.steps,
                 "canvas_length": self.canvas_length, "sampler_options": dict(self.settings.sampler_options),
                 "refresh_policy": self.settings.policy.config(), "self_conditioning": self.settings.self_conditioning,
@@ -274,6 +283,10 @@ class PrefixGenerator:
         except FileNotFoundError as err:
             raise FileNotFoundError(f"{err} (model_args: tokenizer=DIR)") from None
         return cls(model, found, settings, name=str(spec))
+
+    def with_settings(self, settings: GenerationSettings) -> PrefixGenerator:
+        """A generator over the same model and tokenizer (not reloaded) with other settings."""
+        return PrefixGenerator(self.model, self.tokenizer, settings, name=self.name)
 
     def encode(self, text: str) -> list[int]:
         """``[BOS] + ids(text)``: documents start after a separator in training."""
