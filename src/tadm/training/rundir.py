@@ -71,12 +71,13 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
+def remove_stale_temporaries(directory: str | os.PathLike[str], target: str | None = None) -> list[Path]:
     """Delete the temporaries in ``directory`` whose writing process is dead; return what was cleaned.
 
     A moved-aside previous model directory (``.<target>.old-<pid>``) whose ``target`` is missing
     (the kill landed between the two renames of a replacement) is renamed back instead of
-    deleted. Temporaries of live processes, this one included, are left alone.
+    deleted. Temporaries of live processes, this one included, are left alone. With ``target``,
+    only the temporaries of that name are considered (for directories tadm does not own).
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -84,11 +85,11 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
     cleaned = []
     for path in sorted(directory.iterdir()):
         found = _TEMPORARY.match(path.name)
-        if found is None or pid_alive(int(found["pid"])):
+        if found is None or pid_alive(int(found["pid"])) or target not in (None, found["target"]):
             continue
-        target = directory / found["target"]
-        if found["kind"] == "old" and not target.exists():
-            os.replace(path, target)
+        destination = directory / found["target"]
+        if found["kind"] == "old" and not destination.exists():
+            os.replace(path, destination)
         else:
             _remove(path)
         cleaned.append(path)
