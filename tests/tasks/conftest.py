@@ -25,7 +25,8 @@ def adapter_dir(base_dir, tmp_path_factory):
     """A fusion adapter (split 1/3/2, random weights far from the identity) for ``base_dir``."""
     from tadm.posttrain import AnchoredBackbone, FusionSpec, SplitSpec, load_backbone, save_adapter
 
-    model = AnchoredBackbone(load_backbone("diffusion-gemma", base_dir), SplitSpec(1, 3), FusionSpec(rank=8, num_heads=2))
+    backbone = load_backbone("diffusion-gemma", base_dir)
+    model = AnchoredBackbone(backbone, SplitSpec(1, 3), FusionSpec(rank=8, num_heads=2))
     randomize(model.fusion, seed=3, std=0.05)
     return save_adapter(tmp_path_factory.mktemp("tasks-adapter"), model, base_model=str(base_dir))
 

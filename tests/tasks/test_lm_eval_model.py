@@ -137,7 +137,8 @@ def test_entropy_bound_settings_reach_the_sampler(base_dir):
     assert sampler.num_steps == STEPS and lm.generator.canvas_length == 4
     lm.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
     calls, stop = lm.batch_stats[0].layer_calls["denoiser_calls"], lm.request_stats[0].stop
-    assert calls == (STEPS if stop == "eos" and lm.request_stats[0].generated_tokens < 4 else 2 * STEPS)  # canvases of 4
+    one_canvas = stop == "eos" and lm.request_stats[0].generated_tokens < 4
+    assert calls == (STEPS if one_canvas else 2 * STEPS)  # canvases of 4 tokens
     default = TadmLM(base=str(base_dir), split="1:3", device="cpu")
     assert default.generator.steps == 48 and default.generator.sampler.entropy_bound == 0.1  # the paper's
 

@@ -63,8 +63,10 @@ def test_answers_without_a_verdict_are_unparsed_not_dropped(text):
 
 
 def test_evidence_and_reason_are_kept():
-    verdict = parse_verdict('{"incoherent": true, "repetition_loop": false, "evidence": "xq zz", "brief_reason": "noise"}')
-    assert verdict.evidence == ["xq zz"] and verdict.brief_reason == "noise" and verdict.as_dict()["outcome"] == "corrupted"
+    text = '{"incoherent": true, "repetition_loop": false, "evidence": "xq zz", "brief_reason": "noise"}'
+    verdict = parse_verdict(text)
+    assert verdict.evidence == ["xq zz"] and verdict.brief_reason == "noise"
+    assert verdict.as_dict()["outcome"] == "corrupted"
 
 
 def test_summary_counts_corruption_null_and_unparsed():

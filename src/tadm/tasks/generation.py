@@ -135,7 +135,8 @@ class BlockGenerator:
             raise ValueError(f"{type(backbone).__name__} has no prompt encoder (prefill/append): only "
                              "DiffusionGemma-class bases generate after a prompt")
         if settings.sampler not in (None, "entropy-bound"):
-            raise ValueError(f"a post-training base samples with 'entropy-bound' (Algorithm 2), not {settings.sampler!r}")
+            raise ValueError("a post-training base samples with 'entropy-bound' (Algorithm 2), "
+                             f"not {settings.sampler!r}")
         self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
         self.fusion_mode = model.fusion_mode  # set on the shared model before each batch
         self.steps = settings.steps or BASE_STEPS

@@ -150,8 +150,9 @@ class LocalChatClient:
 
         directory = Path(path).expanduser()
         if not (directory / "config.json").is_file():
-            raise FileNotFoundError(f"local judge {str(path)!r} is not a Hugging Face model directory (no config.json); "
-                                    "run `tadm eval prepare-evaluator` for the default SmolLM2-135M-Instruct")
+            raise FileNotFoundError(f"local judge {str(path)!r} is not a Hugging Face model directory "
+                                    "(no config.json); run `tadm eval prepare-evaluator` for the default "
+                                    "SmolLM2-135M-Instruct")
         self.tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"local judge {str(path)!r}: its tokenizer has no chat template")
