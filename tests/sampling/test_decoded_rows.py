@@ -97,3 +97,11 @@ def test_the_full_path_is_kept_where_rows_only_would_be_wrong():
         predicts_rows = False
 
     assert not decodes_rows_only(NoRows(), masked, FixedRefresh(1))
+
+
+def test_a_sampler_for_another_mask_id_is_refused():
+    model = tadm_tiny().eval()
+    wrong = get_sampler("mdlm", model.mask_token_id - 1)
+    with pytest.raises(ValueError, match=f"mask id {model.mask_token_id - 1} differs from the model's "
+                                         f"mask_token_id {model.mask_token_id}"):
+        generate(model, wrong, batch_size=1, seq_len=8, num_steps=4)

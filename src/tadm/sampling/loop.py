@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from tadm.sampling.anchor_cache import AnchorCache, LayerCallCounter
 from tadm.sampling.refresh import RefreshPolicy
 
-__all__ = ["LoopContext", "LoopResult", "decodes_rows_only", "denoise", "network_pass", "pass_state"]
+__all__ = ["LoopContext", "LoopResult", "check_mask_ids", "decodes_rows_only", "denoise", "network_pass", "pass_state"]
 
 
 class LoopContext:
@@ -123,6 +123,17 @@ def network_pass(
     return output, state
 
 
+def check_mask_ids(model: Any, sampler: Any) -> None:
+    """A masked sampler must use the model's mask token (else it never sees a mask, or only masks).
+
+    Raises ValueError naming both ids; models or samplers without a mask id pass.
+    """
+    sampler_mask, model_mask = getattr(sampler, "mask_id", None), getattr(model, "mask_token_id", None)
+    if sampler_mask is not None and model_mask is not None and sampler_mask != model_mask:
+        raise ValueError(f"the sampler's mask id {sampler_mask} differs from the model's mask_token_id {model_mask}; "
+                         f"build the sampler for the model: get_sampler(name, model.mask_token_id)")
+
+
 def decodes_rows_only(model: Any, sampler: Any, policy: RefreshPolicy) -> bool:
     """Whether the loop can compute x_theta on the decoded rows only (the fast path, same tokens).
 
@@ -168,6 +179,7 @@ def denoise(
             the output head and log-softmax run on the decoded rows only (same tokens; the last
             step always has the full output, which ``LoopResult.output`` returns).
     """
+    check_mask_ids(model, sampler)
     context = context if context is not None else LoopContext()
     counter = counter if counter is not None else LayerCallCounter()
     consumes = getattr(sampler, "consumes", "log_probs")
