@@ -8,6 +8,7 @@
     tadm eval staleness --model tadm=runs/tadm/final adlm=runs/adlm/final -T 32 128 --max-age 7 --naive
     tadm eval throughput --model runs/tadm --steps 128 --refresh 1 2 4 8 --length 1024
     tadm eval sweep --models tadm=runs/tadm mdlm=runs/mdlm -T 128 256 -K 1 2 4 8 --samples 64
+    tadm eval tasks --base BASE --adapter ADAPTER --tasks gsm8k,humaneval -K 1,2,3 --seeds 0,1,2 --naive
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _add_staleness(esub)
     _add_throughput(esub)
     _add_sweep(esub)
+    _add_tasks(esub)
     p.set_defaults(func=run)
 
 
@@ -543,5 +545,73 @@ def _run_sweep(args: argparse.Namespace) -> int:
     out = run_sweep(config, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"{len(out.rows)} result rows ({len(out.evaluated)} cells run now) in {config.out_dir}:")
     for label, path in out.files.items():
+        print(f"  {label}: {path}")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- tasks
+def _int_list(minimum: int):
+    """An argparse type: comma-separated integers >= ``minimum`` ("1,2,3")."""
+    def parse(value: str) -> list[int]:
+        try:
+            numbers = [int(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+        if not numbers or min(numbers) < minimum:
+            raise argparse.ArgumentTypeError(f"expected integers >= {minimum}, got {value!r}")
+        return numbers
+    return parse
+
+
+def _add_tasks(esub: argparse._SubParsersAction) -> None:
+    p = esub.add_parser("tasks", help="the post-training benchmarks: accuracy, corruption, tok/s per method and K",
+                        description="Run (or resume) the paper's six benchmarks (GSM8K, HumanEval, GPQA-Diamond, "
+                                    "MMLU-Pro, LiveCodeBench-v6, AIME26) x K x seeds for a base (+ adapter, + naive "
+                                    "reuse) or a tadm model; writes table.md, CSV and JSON into --out.")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--base", metavar="DIR", help="post-training base (DiffusionGemma-class directory or Hub id)")
+    model.add_argument("--model", metavar="SPEC", help="one of tadm's own models (checkpoint, Hub id or builder)")
+    p.add_argument("--adapter", metavar="DIR", help="fusion adapter of --base (the TADM rows)")
+    p.add_argument("--split", default=None, metavar="S:A", help="shared:anchor layers of a --base without --adapter")
+    p.add_argument("--tasks", default=None, metavar="A,B", help="comma-separated tasks (default: all six)")
+    p.add_argument("--data-dir", default=None, metavar="DIR", help="local DIR/<task>.jsonl files (default: the Hub)")
+    p.add_argument("-K", "--refresh", type=_int_list(1), nargs="+", default=[[1, 2, 3]], metavar="K,K",
+                   help="anchor refresh intervals (default: 1,2,3)")
+    p.add_argument("--seeds", type=_int_list(0), nargs="+", default=[[0, 1, 2]], metavar="S,S",
+                   help="seeds (default: 0,1,2)")
+    p.add_argument("--naive", action="store_true", help="also run naive reuse (fusion off) at every K")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="first N examples per task")
+    p.add_argument("--steps", type=positive_int, default=48, metavar="T", help="reverse steps per canvas (paper: 48)")
+    p.add_argument("--canvas-length", type=positive_int, default=256, metavar="L", help="canvas length (paper: 256)")
+    p.add_argument("--max-gen-toks", type=positive_int, default=None, metavar="N",
+                   help="cap every task's generation length (default: the paper's per task)")
+    p.add_argument("--batch-size", type=positive_int, default=1, metavar="B")
+    p.add_argument("--judge", default="none", metavar="JUDGE",
+                   help="degeneration judge: none (default), local, local:PATH or an OpenAI-compatible URL")
+    p.add_argument("--judge-model", default=None, metavar="NAME", help="model name served at a --judge URL")
+    p.add_argument("--code-timeout", type=float, default=10.0, metavar="S", help="seconds per program run")
+    p.add_argument("--out", default="tadm-tasks", metavar="DIR")
+    device_arg(p)
+    dtype_arg(p)
+    p.set_defaults(eval_func=_run_tasks)
+
+
+def _run_tasks(args: argparse.Namespace) -> int:
+    from tadm.tasks.judge import JudgeError
+    from tadm.tasks.runner import TaskRunConfig, run_tasks
+
+    config = TaskRunConfig(
+        tasks=args.tasks, refresh=sorted({k for ks in args.refresh for k in ks}),
+        seeds=sorted({s for ss in args.seeds for s in ss}), naive=args.naive, base=args.base, adapter=args.adapter,
+        model=args.model, split=args.split, data_dir=args.data_dir, limit=args.limit, steps=args.steps,
+        canvas_length=args.canvas_length,
+        max_gen_toks=args.max_gen_toks, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+        judge=args.judge, judge_model=args.judge_model, code_timeout=args.code_timeout, out_dir=os.fspath(args.out))
+    try:
+        result = run_tasks(config, log=lambda line: print(f"[tasks] {line}", flush=True))
+    except JudgeError as err:
+        raise CLIError(str(err)) from None
+    print(f"{len(result.units)} units ({result.ran} run now); tables in {config.out_dir}:")
+    for label, path in result.files.items():
         print(f"  {label}: {path}")
     return 0

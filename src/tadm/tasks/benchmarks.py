@@ -1,0 +1,260 @@
+"""The six benchmarks of the post-training table (sec. "TADM:Post-train"): prompts and answer checking.
+
+Each :class:`Benchmark` is data - shots, generation length (``max_gen_toks``), answer type and metric,
+as in the paper's post-training table (no-think mode, canvas 256, 48 steps):
+
+=================  =====  ======  ==========================  =======
+benchmark          shots  tokens  answer                      metric
+=================  =====  ======  ==========================  =======
+gsm8k              5      1,024   number (math-verify)        accuracy
+humaneval          0      1,024   Python function (tests)     pass@1
+gpqa               0      2,048   letter A-D                  accuracy
+mmlu_pro           5      2,048   letter A-J                  accuracy
+livecodebench      0      2,000   program (stdin/stdout)      pass@1
+aime               0      4,096   integer (math-verify)       accuracy
+=================  =====  ======  ==========================  =======
+
+:func:`build_prompt` formats an :class:`Example` after its few-shot examples; :func:`score` checks a
+response: math answers through ``math-verify`` (``math_verify.parse`` / ``verify``), multiple choice by
+the final letter, code by running the program in :mod:`tadm.tasks.sandbox` (never in this process).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tadm.tasks.sandbox import run_program
+
+__all__ = ["BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice", "check_math",
+           "extract_choice", "extract_code", "extract_math_answer", "get_benchmark", "parse_task_list", "score"]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark of the post-training table: how it is prompted, generated and scored."""
+
+    name: str
+    title: str  # as in the paper's table
+    shots: int
+    max_gen_toks: int
+    answer_type: str  # "math", "choice", "function" (HumanEval) or "stdio" (LiveCodeBench)
+    metric: str  # "accuracy" or "pass@1"
+    fields: tuple[str, ...]  # required fields of a local JSONL record
+    letters: str = ""  # valid letters of a multiple-choice benchmark
+    until: tuple[str, ...] = ()  # stop strings
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
+    Benchmark("gsm8k", "GSM8K", 5, 1024, "math", "accuracy", ("question", "answer"), until=("Question:",)),
+    Benchmark("humaneval", "HumanEval", 0, 1024, "function", "pass@1", ("prompt", "test", "entry_point"),
+              until=("\nclass ", "\nif __name__", "\nprint(")),
+    Benchmark("gpqa", "GPQA-Diamond", 0, 2048, "choice", "accuracy", ("question", "choices", "answer"),
+              letters="ABCD"),
+    Benchmark("mmlu_pro", "MMLU-Pro", 5, 2048, "choice", "accuracy", ("question", "options", "answer"),
+              letters="ABCDEFGHIJ", until=("Question:",)),
+    Benchmark("livecodebench", "LiveCodeBench-v6", 0, 2000, "stdio", "pass@1", ("question", "tests")),
+    Benchmark("aime", "AIME26", 0, 4096, "math", "accuracy", ("problem", "answer")),
+)}
+
+
+def get_benchmark(name: str) -> Benchmark:
+    """The benchmark called ``name``; an unknown name is a ValueError listing the known ones."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+def parse_task_list(text: str | Sequence[str] | None) -> list[Benchmark]:
+    """``"gsm8k,humaneval"`` (or a list, or None: all six) as benchmarks, in the given order, no repeats."""
+    names = list(BENCHMARKS) if text is None else (text.split(",") if isinstance(text, str) else list(text))
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise ValueError("no task given; known tasks: " + ", ".join(BENCHMARKS))
+    return [get_benchmark(n) for n in dict.fromkeys(names)]
+
+
+@dataclass
+class Example:
+    """One normalized benchmark item (see :mod:`tadm.tasks.datasets` for the source fields).
+
+    question: the problem text (HumanEval: the function's signature and docstring).
+    answer: the gold answer (a number, or a letter); ``solution``: a worked answer for few-shot prompts.
+    choices: the options of a multiple-choice item; ``tests``: HumanEval's test code, or
+    LiveCodeBench's ``[{"input": ..., "output": ...}]``; ``entry_point``: HumanEval's function name.
+    """
+
+    id: str
+    question: str
+    answer: str = ""
+    choices: list[str] = field(default_factory=list)
+    solution: str = ""
+    tests: Any = None
+    entry_point: str = ""
+
+
+# ------------------------------------------------------------------------------------------ prompts
+def _choice_block(example: Example, letters: str) -> str:
+    return "\n".join(f"({letters[n]}) {text}" for n, text in enumerate(example.choices))
+
+
+def _shot_answer(bench: Benchmark, example: Example) -> str:
+    if example.solution:
+        return example.solution.strip()
+    return f"The answer is ({example.answer})." if bench.answer_type == "choice" else f"The answer is {example.answer}."
+
+
+def _question(bench: Benchmark, example: Example) -> str:
+    if bench.answer_type == "choice":
+        return f"Question: {example.question.strip()}\n{_choice_block(example, bench.letters)}\nAnswer:"
+    return f"Question: {example.question.strip()}\nAnswer:"
+
+
+_INSTRUCTIONS = {
+    "math": "Solve the problem step by step. End with 'The answer is N.' where N is the final answer.",
+    "choice": "Think step by step, then end with 'The answer is (X).' where X is the letter of the correct option.",
+    "stdio": ("Write a complete Python 3 program that reads the input from standard input and writes the answer "
+              "to standard output. Give the program in one ```python code block."),
+}
+
+
+def build_prompt(bench: Benchmark, example: Example, shots: Sequence[Example] = ()) -> str:
+    """The prompt of ``example`` after ``shots`` (their worked answers); HumanEval is its code prompt."""
+    if bench.answer_type == "function":
+        return example.question
+    if bench.answer_type == "stdio":
+        return f"{_INSTRUCTIONS['stdio']}\n\n{example.question.strip()}\n"
+    parts = [_INSTRUCTIONS[bench.answer_type]]
+    parts += [f"{_question(bench, shot)} {_shot_answer(bench, shot)}" for shot in shots]
+    parts.append(_question(bench, example))
+    return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------- answer checking
+@dataclass
+class Score:
+    """A checked response: correct or not, the extracted answer, and a short note (e.g. sandbox status)."""
+
+    correct: bool
+    extracted: str | None
+    detail: str = ""
+
+
+_ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*\$?\\?\(?\s*([^\n]*)", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def _boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (nested braces allowed)."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for pos in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[pos], 0)
+        if depth < 0:
+            return text[begin:pos]
+    return None
+
+
+def extract_math_answer(text: str) -> str | None:
+    """The final answer of a math response: ``\\boxed{}``, ``#### N``, ``answer is N``, else the last number."""
+    boxed = _boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    if "####" in text:
+        tail = _NUMBER.search(text.rsplit("####", 1)[1])
+        if tail:
+            return tail.group(0).replace(",", "")
+    said = _ANSWER_IS.findall(text)
+    if said:
+        number = _NUMBER.search(said[-1])
+        return number.group(0).replace(",", "") if number else said[-1].strip().rstrip(".")
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def check_math(response: str, gold: str) -> Score:
+    """Is the response's final answer equal to ``gold`` (``math_verify.verify`` of both parsed)?"""
+    from math_verify import parse, verify
+
+    extracted = extract_math_answer(response)
+    if extracted is None:
+        return Score(False, None, "no answer found")
+    wrap = lambda s: s if "$" in s or "\\" in s else f"${s}$"  # noqa: E731
+    gold_parsed, pred_parsed = parse(wrap(str(gold).replace(",", ""))), parse(wrap(extracted))
+    if not gold_parsed:
+        raise ValueError(f"gold answer {gold!r} does not parse as math")
+    return Score(bool(pred_parsed) and bool(verify(gold_parsed, pred_parsed)), extracted)
+
+
+def extract_choice(text: str, letters: str) -> str | None:
+    """The chosen letter: the last 'answer is (X)' / 'Answer: X', else the last '(X)', else the last lone X."""
+    group = f"[{letters}]"
+    for pattern in (rf"answer\s*(?:is|:)\s*\**\s*\(?({group})\b", rf"\(({group})\)", rf"\b({group})\b"):
+        found = re.findall(pattern, text, flags=re.IGNORECASE if pattern.startswith("answer") else 0)
+        if found:
+            return found[-1].upper()
+    return None
+
+
+def check_choice(response: str, gold: str, letters: str) -> Score:
+    """Is the response's final letter the gold letter?"""
+    extracted = extract_choice(response, letters)
+    return Score(extracted == str(gold).strip().upper(), extracted)
+
+
+_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+
+
+def extract_code(text: str) -> str | None:
+    """The code of the last fenced block that has any, or None when there is no fence."""
+    blocks = [b for b in _FENCE.findall(text) if b.strip()]
+    return blocks[-1] if blocks else None
+
+
+def humaneval_program(example: Example, completion: str) -> str:
+    """The program run for a HumanEval completion: prompt + completion (or the fenced function), then the tests."""
+    code = extract_code(completion)
+    if code is None or f"def {example.entry_point}" not in code:
+        body = example.question + (code if code is not None else completion)
+    else:
+        body = "\n".join(line for line in example.question.splitlines()
+                         if line.startswith(("import ", "from "))) + "\n" + code
+    return f"{body}\n\n{example.tests}\n\ncheck({example.entry_point})\n"
+
+
+def check_function(example: Example, completion: str, *, timeout: float, memory_mb: int) -> Score:
+    """HumanEval: the program with its tests exits 0 within the limits."""
+    result = run_program(humaneval_program(example, completion), timeout=timeout, memory_mb=memory_mb)
+    return Score(result.status == "ok", None, result.status)
+
+
+def _same_output(actual: str, expected: str) -> bool:
+    lines = lambda s: [line.rstrip() for line in s.strip().splitlines()]  # noqa: E731
+    return lines(actual) == lines(expected)
+
+
+def check_stdio(example: Example, response: str, *, timeout: float, memory_mb: int) -> Score:
+    """LiveCodeBench: the program prints the expected output for every test input."""
+    code = extract_code(response)
+    code = response if code is None else code
+    for n, test in enumerate(example.tests or []):
+        result = run_program(code, stdin=str(test["input"]), timeout=timeout, memory_mb=memory_mb)
+        if result.status != "ok" or not _same_output(result.stdout, str(test["output"])):
+            return Score(False, None, f"test {n}: {result.status if result.status != 'ok' else 'wrong output'}")
+    return Score(bool(example.tests), None, "passed" if example.tests else "no tests")
+
+
+def score(bench: Benchmark, example: Example, response: str, *, timeout: float = 10.0,
+          memory_mb: int = 1024) -> Score:
+    """Check ``response`` to ``example`` the benchmark's way (code runs in a sandboxed subprocess)."""
+    if bench.answer_type == "math":
+        return check_math(response, example.answer)
+    if bench.answer_type == "choice":
+        return check_choice(response, example.answer, bench.letters)
+    if bench.answer_type == "function":
+        return check_function(example, response, timeout=timeout, memory_mb=memory_mb)
+    return check_stdio(example, response, timeout=timeout, memory_mb=memory_mb)

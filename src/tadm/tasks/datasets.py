@@ -1,0 +1,191 @@
+"""Loading the post-training benchmarks (sec. "TADM:Post-train"): local JSONL files, or the Hugging Face Hub.
+
+With ``data_dir``, each task reads ``DATA_DIR/<task>.jsonl`` (one JSON object per line) and nothing
+is downloaded. The fields each record must have (``id`` and ``solution`` are optional everywhere):
+
+* ``gsm8k``: ``question``, ``answer`` (a GSM8K solution ending in ``#### N``, or just ``N``);
+* ``humaneval``: ``prompt`` (signature + docstring), ``test`` (defines ``check(candidate)``), ``entry_point``;
+* ``gpqa``: ``question``, ``choices`` (a list of 4 strings), ``answer`` (the letter, A-D);
+* ``mmlu_pro``: ``question``, ``options`` (a list of up to 10 strings), ``answer`` (the letter, A-J),
+  optional ``cot_content`` (a worked answer, used in few-shot prompts);
+* ``livecodebench``: ``question``, ``tests`` (a list of ``{"input": str, "output": str}``, run on stdin/stdout);
+* ``aime``: ``problem``, ``answer`` (an integer).
+
+Few-shot tasks (gsm8k, mmlu_pro: 5 shots) take their examples from ``DATA_DIR/<task>.fewshot.jsonl``
+(same fields) when it exists, else from the first records of ``<task>.jsonl``, which are then not
+evaluated. A ``solution`` (or gsm8k's worked ``answer``, mmlu_pro's ``cot_content``) is the shot's answer.
+
+Without ``data_dir``, tasks are loaded from the Hub with ``datasets`` (the pinned dependency of
+lm-eval): gsm8k ``openai/gsm8k`` (test; shots from train), humaneval ``openai/openai_humaneval``,
+gpqa ``Idavidrein/gpqa`` (gpqa_diamond; gated: log in first; options shuffled by a fixed hash),
+mmlu_pro ``TIGER-Lab/MMLU-Pro`` (test; shots from validation), aime ``MathArena/aime_2026``.
+livecodebench has no Hub loader (its dataset ships a loading script and pickled private tests):
+convert it to ``livecodebench.jsonl``. A failed download is a one-line error pointing to ``--data-dir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tadm.tasks.benchmarks import Benchmark, Example
+
+__all__ = ["HUB_SOURCES", "TaskData", "example_from_record", "load_task", "read_jsonl"]
+
+
+@dataclass(frozen=True)
+class HubSource:
+    path: str
+    config: str | None
+    split: str
+    fewshot_split: str | None = None
+
+
+HUB_SOURCES: dict[str, HubSource | None] = {
+    "gsm8k": HubSource("openai/gsm8k", "main", "test", "train"),
+    "humaneval": HubSource("openai/openai_humaneval", None, "test"),
+    "gpqa": HubSource("Idavidrein/gpqa", "gpqa_diamond", "train"),
+    "mmlu_pro": HubSource("TIGER-Lab/MMLU-Pro", None, "test", "validation"),
+    "livecodebench": None,
+    "aime": HubSource("MathArena/aime_2026", None, "train"),
+}
+
+
+@dataclass
+class TaskData:
+    """A benchmark's evaluated examples, its few-shot examples and where they came from."""
+
+    examples: list[Example]
+    shots: list[Example]
+    source: str
+
+
+def _fields_hint(bench: Benchmark) -> str:
+    return f"{bench.name} expects JSON lines with fields: {', '.join(bench.fields)}"
+
+
+def read_jsonl(path: Path, bench: Benchmark) -> list[dict[str, Any]]:
+    """The records of ``path``; a missing file, a malformed line or a missing field is a one-line error."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file ({_fields_hint(bench)})")
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise ValueError(f"{path}:{number}: not valid JSON ({err})") from None
+            missing = [f for f in bench.fields if not isinstance(record, dict) or f not in record]
+            if missing:
+                raise ValueError(f"{path}:{number}: missing field(s) {', '.join(missing)} ({_fields_hint(bench)})")
+            records.append(record)
+    return records
+
+
+def _gsm8k_answer(text: str) -> tuple[str, str]:
+    """(gold number, worked solution) of a GSM8K answer ``"... #### 72"`` (or just ``"72"``)."""
+    if "####" not in text:
+        return text.strip().replace(",", ""), ""
+    work, gold = text.rsplit("####", 1)
+    gold = gold.strip().replace(",", "")
+    return gold, f"{work.strip()}\nThe answer is {gold}."
+
+
+def _tests(value: Any, where: str) -> list[dict[str, str]]:
+    tests = json.loads(value) if isinstance(value, str) else value
+    if not isinstance(tests, list) or not all(isinstance(t, dict) and {"input", "output"} <= set(t) for t in tests):
+        raise ValueError(f"{where}: 'tests' must be a list of {{\"input\": ..., \"output\": ...}}")
+    return tests
+
+
+def example_from_record(bench: Benchmark, record: dict[str, Any], index: int, where: str = "") -> Example:
+    """An :class:`Example` from a record with the fields of the module docstring."""
+    ident = str(record.get("id", record.get("task_id", record.get("question_id", index))))
+    solution = str(record.get("solution", "") or "")
+    if bench.name == "gsm8k":
+        gold, worked = _gsm8k_answer(str(record["answer"]))
+        return Example(ident, str(record["question"]), gold, solution=solution or worked)
+    if bench.name == "humaneval":
+        return Example(ident, str(record["prompt"]), tests=str(record["test"]), entry_point=str(record["entry_point"]))
+    if bench.answer_type == "choice":
+        options = list(record["choices" if bench.name == "gpqa" else "options"])
+        if not 2 <= len(options) <= len(bench.letters):
+            raise ValueError(f"{where}: {bench.name} needs 2 to {len(bench.letters)} options, got {len(options)}")
+        return Example(ident, str(record["question"]), str(record["answer"]).strip().upper(), choices=options,
+                       solution=solution or str(record.get("cot_content", "") or ""))
+    if bench.name == "livecodebench":
+        return Example(ident, str(record["question"]), tests=_tests(record["tests"], where or ident))
+    return Example(ident, str(record["problem"]), str(record["answer"]).strip(), solution=solution)
+
+
+def _examples(bench: Benchmark, records: list[dict[str, Any]], where: str) -> list[Example]:
+    return [example_from_record(bench, r, n, f"{where}:{n + 1}") for n, r in enumerate(records)]
+
+
+def _local(bench: Benchmark, data_dir: Path) -> TaskData:
+    path = data_dir / f"{bench.name}.jsonl"
+    examples = _examples(bench, read_jsonl(path, bench), str(path))
+    fewshot = data_dir / f"{bench.name}.fewshot.jsonl"
+    if bench.shots == 0:
+        return TaskData(examples, [], str(path))
+    if fewshot.is_file():
+        return TaskData(examples, _examples(bench, read_jsonl(fewshot, bench), str(fewshot))[:bench.shots], str(path))
+    if len(examples) <= bench.shots:
+        raise ValueError(f"{path}: {bench.name} needs {bench.shots} few-shot examples ({fewshot.name}) or more than "
+                         f"{bench.shots} records (the first {bench.shots} become the shots)")
+    return TaskData(examples[bench.shots:], examples[:bench.shots], str(path))
+
+
+def _gpqa_record(row: dict[str, Any]) -> dict[str, Any]:
+    """A Hub GPQA row as a local record: the four options in an order fixed by a hash of the question."""
+    options = [row["Correct Answer"]] + [row[f"Incorrect Answer {n}"] for n in (1, 2, 3)]
+    order = sorted(range(4), key=lambda n: hashlib.sha256(f"{row['Question']}|{n}".encode()).hexdigest())
+    return {"question": row["Question"], "choices": [str(options[n]).strip() for n in order],
+            "answer": "ABCD"[order.index(0)], "id": row.get("Record ID")}
+
+
+def _hub_record(bench: Benchmark, row: dict[str, Any]) -> dict[str, Any]:
+    if bench.name == "gpqa":
+        return _gpqa_record(row)
+    if bench.name == "mmlu_pro":
+        return {**row, "answer": row["answer"], "id": row.get("question_id")}
+    return dict(row)
+
+
+def _hub_split(bench: Benchmark, source: HubSource, split: str) -> list[Example]:
+    import datasets
+
+    rows = datasets.load_dataset(source.path, source.config, split=split)
+    return [example_from_record(bench, _hub_record(bench, dict(row)), n) for n, row in enumerate(rows)]
+
+
+def _hub(bench: Benchmark) -> TaskData:
+    source = HUB_SOURCES.get(bench.name)
+    hint = f"give --data-dir DIR with DIR/{bench.name}.jsonl ({_fields_hint(bench)})"
+    if source is None:
+        raise ValueError(f"{bench.name} cannot be loaded from the Hub; {hint}")
+    try:
+        examples = _hub_split(bench, source, source.split)
+        shots = _hub_split(bench, source, source.fewshot_split)[:bench.shots] if bench.shots else []
+    except ImportError:
+        raise ValueError(f"{bench.name}: the Hub needs the 'datasets' package; {hint}") from None
+    except Exception as err:  # network, authentication, missing dataset: all end the same way
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{bench.name}: could not load {source.path} from the Hub ({first}); {hint}") from None
+    return TaskData(examples, shots, f"hub:{source.path}")
+
+
+def load_task(bench: Benchmark, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None) -> TaskData:
+    """The examples (the first ``limit``) and few-shot examples of ``bench``, from ``data_dir`` or the Hub."""
+    data = _local(bench, Path(data_dir)) if data_dir is not None else _hub(bench)
+    if not data.examples:
+        raise ValueError(f"{data.source}: no examples for {bench.name}")
+    if limit is not None:
+        data.examples = data.examples[:limit]
+    return data

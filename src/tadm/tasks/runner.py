@@ -1,0 +1,313 @@
+"""``tadm eval tasks``: the post-training table and the naive-reuse comparison (sec. "TADM:Post-train").
+
+A run is benchmarks x methods x K x seeds. Methods, with a post-training base (``base``):
+
+* ``baseline`` - the base itself (DiffusionGemma in the paper's table): K = 1 with the fusion off, so
+  the anchor is recomputed at every step and read as is, which is the unmodified backbone;
+* ``tadm`` - the base with its fusion adapter at each K (needs ``adapter``);
+* ``naive`` - naive reuse of the stale anchor, fusion off, at each K (with ``naive``).
+
+With one of tadm's own models (``model``) every row is ``tadm`` at each K (K = 1 recomputes the
+anchor at every step). One model is loaded per base/adapter pair; every K, seed and the naive
+switch reuse it through the generators' ``with_settings``.
+
+Each (task, method, K, seed) *unit* writes ``OUT/units/<task>/<method>-K<K>-seed<S>.json`` holding
+its spec (model, data hash, settings), every prompt, response and check, the accuracy and the
+generation stats. A later run skips units whose file holds the same spec, so a cut-off run resumes.
+With a judge, each unit's corruption is written beside it (``...judge.json``, verdicts cached in
+``OUT/judge-cache``). :mod:`tadm.tasks.task_tables` then writes the two tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tadm.tasks.benchmarks import Benchmark, build_prompt, parse_task_list, score
+from tadm.tasks.datasets import TaskData, load_task
+
+__all__ = ["Method", "TaskRunConfig", "TaskRunResult", "methods", "run_tasks"]
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class TaskRunConfig:
+    """Everything a run needs; defaults are the paper's (three seeds, K = 1, 2, 3, T = 48, canvas 256)."""
+
+    tasks: list[str] | str | None = None  # None: all six
+    refresh: list[int] = field(default_factory=lambda: [1, 2, 3])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    naive: bool = False
+    base: str | None = None
+    adapter: str | None = None
+    model: str | None = None
+    split: str | None = None  # "S:A" for a base without an adapter (an adapter fixes its own split)
+    data_dir: str | None = None
+    limit: int | None = None
+    steps: int = 48
+    canvas_length: int | None = 256
+    max_gen_toks: int | None = None  # a cap on the benchmarks' generation lengths (None: the paper's)
+    batch_size: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+    judge: str | None = None  # None / "none", "local", "local:PATH" or an http(s) URL
+    judge_model: str | None = None
+    judge_concurrency: int = 4
+    code_timeout: float = 10.0
+    code_memory_mb: int = 1024
+    out_dir: str = "tadm-tasks"
+
+    def check(self) -> list[Benchmark]:
+        """The benchmarks; a ValueError for settings that cannot run."""
+        benches = parse_task_list(self.tasks)
+        if (self.model is None) == (self.base is None):
+            raise ValueError("give exactly one of --base (a post-training base) and --model (a tadm model)")
+        if self.model is not None and (self.adapter or self.naive or self.split):
+            raise ValueError("--adapter, --split and --naive apply to a post-training base (--base)")
+        if self.adapter is not None and self.split is not None:
+            raise ValueError("give --adapter or --split, not both: an adapter fixes its own split")
+        for name, values, low in (("K", self.refresh, 1), ("seeds", self.seeds, 0)):
+            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+                raise ValueError(f"{name} must be a non-empty list of integers >= {low}, got {values!r}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        return benches
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row family: ``name`` (baseline, tadm, naive) at refresh interval ``K``, on the adapter's model or not."""
+
+    name: str
+    K: int
+    adapter: bool
+    naive: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-K{self.K}"
+
+
+def methods(cfg: TaskRunConfig) -> list[Method]:
+    """The methods a run covers, in table order."""
+    if cfg.model is not None:
+        return [Method("tadm", K, False) for K in cfg.refresh]
+    has = cfg.adapter is not None
+    rows = [Method("baseline", 1, has, naive=True)]  # a fresh anchor at every step: the base model itself
+    rows += [Method("tadm", K, True) for K in cfg.refresh] if has else []
+    rows += [Method("naive", K, has, naive=True) for K in cfg.refresh] if cfg.naive else []
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ files
+def _write_json(path: Path, payload: Any) -> None:
+    from tadm.eval.report import _json_ready  # noqa: PLC2701 - NaN -> null, as every report file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(_json_ready(payload), indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _same_spec(payload: Any, spec: dict[str, Any]) -> bool:
+    return isinstance(payload, dict) and payload.get("spec") == json.loads(json.dumps(spec))
+
+
+def unit_path(out: Path, task: str, method: Method, seed: int) -> Path:
+    return out / "units" / task / f"{method.key}-seed{seed}.json"
+
+
+def _data_hash(data: TaskData) -> str:
+    payload = json.dumps([[asdict(e) for e in data.examples], [asdict(e) for e in data.shots]], sort_keys=True)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def budget(cfg: TaskRunConfig, bench: Benchmark) -> int:
+    """The generation length of ``bench`` (the paper's), capped by ``max_gen_toks``."""
+    return min(bench.max_gen_toks, cfg.max_gen_toks) if cfg.max_gen_toks else bench.max_gen_toks
+
+
+def unit_spec(cfg: TaskRunConfig, bench: Benchmark, data: TaskData, method: Method, seed: int) -> dict[str, Any]:
+    """What a unit's result depends on; a stored result with another spec is recomputed."""
+    return {"task": bench.name, "method": method.name, "K": method.K, "seed": seed, "base": cfg.base,
+            "adapter": cfg.adapter if method.adapter else None, "split": cfg.split, "model": cfg.model,
+            "steps": cfg.steps,
+            "canvas_length": cfg.canvas_length if cfg.base else None,
+            "max_gen_toks": budget(cfg, bench),
+            "batch_size": cfg.batch_size, "data": data.source, "data_sha": _data_hash(data),
+            "examples": len(data.examples), "shots": len(data.shots)}
+
+
+# ------------------------------------------------------------------------------------- generation
+@dataclass
+class _Request:
+    """The parts of an lm-eval ``Instance`` that :class:`~tadm.tasks.lm_eval_model.TadmLM` reads."""
+
+    args: tuple[str, dict[str, Any]]
+    task_name: str
+    doc_id: int
+
+
+def load_generator(cfg: TaskRunConfig, with_adapter: bool) -> Any:
+    """The generator of ``cfg``'s base (with its adapter when ``with_adapter``) or of its own model."""
+    from tadm.tasks.model_args import TadmModelArgs
+
+    args = TadmModelArgs.from_kwargs(model=cfg.model, base=cfg.base, adapter=cfg.adapter if with_adapter else None,
+                                     split=None if with_adapter else cfg.split, steps=cfg.steps,
+                                     canvas_length=cfg.canvas_length if cfg.base else None,
+                                     device=cfg.device, dtype=cfg.dtype)
+    return args.load_generator()
+
+
+def _generator_for(generator: Any, cfg: TaskRunConfig, method: Method) -> Any:
+    from tadm.tasks.model_args import TadmModelArgs
+
+    settings = TadmModelArgs.from_kwargs(require_model=False, K=method.K, steps=cfg.steps,
+                                         canvas_length=cfg.canvas_length if cfg.base else None).settings()
+    if cfg.base is not None:
+        return generator.with_settings(settings, naive=method.naive)
+    return generator.with_settings(settings)
+
+
+def _contexts(lm: Any, prompts: list[str]) -> list[str]:
+    """Prompts through the chat template, thinking off (paper: no-think), when the tokenizer has one."""
+    if getattr(getattr(lm.generator, "tokenizer", None), "chat_template", None) is None:
+        return prompts
+    return [lm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+
+
+def run_unit(generator: Any, cfg: TaskRunConfig, bench: Benchmark, data: TaskData, seed: int) -> dict[str, Any]:
+    """Generate and check every example of ``data`` with ``generator`` and ``seed``."""
+    from tadm.tasks.lm_eval_model import TadmLM
+
+    tokens = budget(cfg, bench)
+    lm = TadmLM(generator=generator, seed=seed, batch_size=cfg.batch_size, max_gen_toks=tokens)
+    prompts = [build_prompt(bench, ex, data.shots) for ex in data.examples]
+    gen_kwargs = {"until": list(bench.until), "max_gen_toks": tokens}
+    requests = [_Request((c, dict(gen_kwargs)), bench.name, n) for n, c in enumerate(_contexts(lm, prompts))]
+    texts = lm.generate_until(requests, disable_tqdm=True)
+    records = []
+    for ex, prompt, text in zip(data.examples, prompts, texts):
+        checked = score(bench, ex, text, timeout=cfg.code_timeout, memory_mb=cfg.code_memory_mb)
+        records.append({"id": ex.id, "prompt": prompt, "response": text, "gold": ex.answer,
+                        "correct": checked.correct, "extracted": checked.extracted, "detail": checked.detail})
+    accuracy = sum(r["correct"] for r in records) / len(records)
+    return {"accuracy": accuracy, "correct": sum(r["correct"] for r in records), "n": len(records),
+            "stats": lm.summary(), "records": records}
+
+
+# ------------------------------------------------------------------------------------------- units
+@dataclass
+class _Unit:
+    bench: Benchmark
+    data: TaskData
+    method: Method
+    seed: int
+    spec: dict[str, Any]
+    path: Path
+
+
+def _units(cfg: TaskRunConfig, benches: list[Benchmark], out: Path) -> list[_Unit]:
+    units = []
+    for bench in benches:
+        data = load_task(bench, cfg.data_dir, cfg.limit)
+        for method in methods(cfg):
+            for seed in cfg.seeds:
+                units.append(_Unit(bench, data, method, seed, unit_spec(cfg, bench, data, method, seed),
+                                   unit_path(out, bench.name, method, seed)))
+    return units
+
+
+def _generate_all(cfg: TaskRunConfig, units: list[_Unit], load: Callable[[TaskRunConfig, bool], Any],
+                  log: Log) -> int:
+    """Run the units without a result of the same spec, one model load per base/adapter pair."""
+    ran = 0
+    for with_adapter in (False, True):
+        todo = [u for u in units if u.method.adapter == with_adapter and not _same_spec(read_json(u.path), u.spec)]
+        if not todo:
+            continue
+        generator = load(cfg, with_adapter)
+        for unit in todo:
+            result = run_unit(_generator_for(generator, cfg, unit.method), cfg, unit.bench, unit.data, unit.seed)
+            _write_json(unit.path, {"spec": unit.spec, **result})
+            log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: accuracy {result['accuracy']:.3f} "
+                f"({result['correct']}/{result['n']}), {result['stats']['tokens_per_second']:.1f} tok/s")
+            ran += 1
+    return ran
+
+
+def _judge_client(cfg: TaskRunConfig) -> Any:
+    from tadm.tasks.judge import make_judge_client
+
+    judge = cfg.judge
+    if judge.startswith(("http://", "https://")):
+        if not cfg.judge_model:
+            raise ValueError("--judge URL needs --judge-model (the model name the endpoint serves)")
+        return make_judge_client(url=judge, model=cfg.judge_model)
+    return make_judge_client(judge)
+
+
+def _judge_all(cfg: TaskRunConfig, units: list[_Unit], out: Path, log: Log) -> None:
+    """Corruption of each unit's responses (degeneration judge), written beside the unit's result."""
+    from tadm.tasks.judge import DegenerationJudge
+
+    judge = DegenerationJudge(_judge_client(cfg), cache_dir=out / "judge-cache", concurrency=cfg.judge_concurrency)
+    for unit in units:
+        path = unit.path.with_suffix(".judge.json")
+        spec = {"unit": unit.spec, "judge": judge.client.judge_id}
+        if _same_spec(read_json(path), spec):
+            continue
+        records = read_json(unit.path)["records"]
+        result = judge.evaluate([(r["prompt"], r["response"]) for r in records])
+        _write_json(path, {"spec": spec, "summary": result.summary.as_dict(),
+                           "verdicts": [v.as_dict() for v in result.verdicts]})
+        log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: corruption {result.summary.corruption:.3f}")
+
+
+@dataclass
+class TaskRunResult:
+    """The run's units (their stored payloads), how many ran now, and the files written."""
+
+    units: list[dict[str, Any]]
+    ran: int
+    files: dict[str, Path]
+
+
+def _payload(unit: _Unit) -> dict[str, Any]:
+    stored = read_json(unit.path)
+    judged = read_json(unit.path.with_suffix(".judge.json"))
+    return {"task": unit.bench.name, "method": unit.method.name, "K": unit.method.K, "seed": unit.seed,
+            "accuracy": stored["accuracy"], "n": stored["n"], "stats": stored["stats"],
+            "judge": judged.get("summary") if isinstance(judged, dict) else None}
+
+
+def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] | None = None,
+              log: Log = print) -> TaskRunResult:
+    """Run (or resume) every unit of ``cfg``, judge them if asked, and write the tables into ``out_dir``.
+
+    ``load(cfg, with_adapter)`` returns a generator (default: :func:`load_generator`); tests pass a fake.
+    """
+    from tadm.tasks.task_tables import write_tables
+
+    benches = cfg.check()
+    out = Path(cfg.out_dir)
+    units = _units(cfg, benches, out)
+    ran = _generate_all(cfg, units, load or load_generator, log)
+    if cfg.judge not in (None, "", "none"):
+        _judge_all(cfg, units, out, log)
+    payloads = [_payload(u) for u in units]
+    files = write_tables(payloads, [b for b in benches], methods(cfg), out, config=asdict(cfg))
+    return TaskRunResult(payloads, ran, files)

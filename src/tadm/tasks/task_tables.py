@@ -1,0 +1,181 @@
+"""The two tables of the post-training results (sec. "TADM:Post-train"), from the units of a task run.
+
+* the task table: one row per method (the base, i.e. DiffusionGemma, at K = 1; TADM at each K), accuracy per benchmark
+  (mean ± standard deviation over seeds, in %), throughput (generated tokens over generation wall
+  time, all benchmarks) and compute (denoising Transformer-layer calls per request, and relative to
+  the first row);
+* the naive-reuse comparison: per K, accuracy (mean over benchmarks of the seed-mean) and corruption
+  (share of parsed judge verdicts flagged incoherent or repetition_loop, pooled) for naive reuse and TADM.
+
+Written as ``table.md``, ``task_table.csv``, ``naive_table.csv``, ``cells.csv`` (every task x method
+x K cell) and ``results.json`` (the run's settings, cells and both tables).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CELL_FIELDS", "cells", "naive_rows", "task_rows", "write_tables"]
+
+CELL_FIELDS = ("task", "method", "K", "seeds", "examples", "accuracy_mean", "accuracy_std", "tokens_per_second",
+               "layer_calls_per_request", "generated_tokens", "seconds", "corruption", "null_share", "unparsed",
+               "judged")
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _judged(units: list[dict[str, Any]]) -> dict[str, Any]:
+    summaries = [u["judge"] for u in units if u.get("judge")]
+    if not summaries:
+        return {"corruption": None, "null_share": None, "unparsed": None, "judged": 0}
+    parsed = sum(s["parsed"] for s in summaries)
+    share = lambda key: sum(s[key] for s in summaries) / parsed if parsed else math.nan  # noqa: E731
+    return {"corruption": share("corrupted"), "null_share": share("null"),
+            "unparsed": sum(s["unparsed"] for s in summaries), "judged": sum(s["total"] for s in summaries)}
+
+
+def _cost(units: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = sum(u["stats"]["generated_tokens"] for u in units)
+    seconds = sum(u["stats"]["seconds"] for u in units)
+    calls = sum(u["stats"]["layer_calls"].get("total", 0) for u in units)
+    requests = sum(u["stats"]["requests"] for u in units)
+    return {"generated_tokens": tokens, "seconds": seconds,
+            "tokens_per_second": tokens / seconds if seconds else 0.0,
+            "layer_calls": calls, "requests": requests,
+            "layer_calls_per_request": calls / requests if requests else 0.0}
+
+
+def cells(units: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cell per (task, method, K): accuracy over seeds, throughput, compute and corruption."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for unit in units:
+        groups.setdefault((unit["task"], unit["method"], unit["K"]), []).append(unit)
+    out = []
+    for (task, method, K), group in groups.items():
+        mean, std = _spread([u["accuracy"] for u in group])
+        cost = _cost(group)
+        out.append({"task": task, "method": method, "K": K, "seeds": len(group), "examples": group[0]["n"],
+                    "accuracy_mean": mean, "accuracy_std": std, **cost, **_judged(group)})
+    return out
+
+
+def _label(method: Any) -> str:
+    return {"baseline": "Base", "tadm": "TADM", "naive": "Naive reuse"}[method.name] + f", K={method.K}"
+
+
+def task_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], benches: Sequence[Any],
+              rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """The task table: accuracy per benchmark, tokens/s and compute for each non-naive method."""
+    table, first = [], None
+    for method in [m for m in rows if m.name != "naive"]:
+        mine = [u for u in units if u["method"] == method.name and u["K"] == method.K]
+        cost = _cost(mine)
+        first = first or cost["layer_calls"]
+        row: dict[str, Any] = {"method": _label(method)}
+        for bench in benches:
+            cell = next(c for c in all_cells if (c["task"], c["method"], c["K"]) == (bench.name, method.name, method.K))
+            row[bench.title] = cell["accuracy_mean"], cell["accuracy_std"]
+        row.update({"tok/s": cost["tokens_per_second"], "layer calls/request": cost["layer_calls_per_request"],
+                    "compute": cost["layer_calls"] / first if first else math.nan})
+        table.append(row)
+    return table
+
+
+def _mean_accuracy(all_cells: list[dict[str, Any]], method: str, K: int) -> float | None:
+    mine = [c["accuracy_mean"] for c in all_cells if c["method"] == method and c["K"] == K]
+    return statistics.fmean(mine) if mine else None
+
+
+def naive_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], Ks: Sequence[int]) -> list[dict]:
+    """The naive-reuse comparison: per K, accuracy and corruption of naive reuse and of TADM."""
+    table = []
+    for K in Ks:
+        row: dict[str, Any] = {"K": K}
+        for method, title in (("naive", "naive"), ("tadm", "TADM")):
+            row[f"{title} accuracy"] = _mean_accuracy(all_cells, method, K)
+            row[f"{title} corruption"] = _judged([u for u in units if u["method"] == method and u["K"] == K])[
+                "corruption"]
+        table.append(row)
+    return table
+
+
+def _fmt(value: Any, key: str = "") -> str:
+    """A table entry: (mean, std) and accuracy/corruption in %, ratios with two decimals, others with one."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, tuple):
+        return f"{100 * value[0]:.1f} ± {100 * value[1]:.1f}"
+    if isinstance(value, float) and ("accuracy" in key or "corruption" in key):
+        return f"{100 * value:.1f}"
+    if isinstance(value, float):
+        return f"{value:.2f}" if key == "compute" else f"{value:.1f}"
+    return str(value)
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no rows)\n"
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_fmt(r.get(k), k) for k in head) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows for CSV/JSON: a (mean, std) pair becomes two columns."""
+    out = []
+    for row in rows:
+        flat: dict[str, Any] = {}
+        for key, value in row.items():
+            if isinstance(value, tuple):
+                flat[f"{key} mean"], flat[f"{key} std"] = value
+            else:
+                flat[key] = value
+        out.append(flat)
+    return out
+
+
+def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], benches: Sequence[Any]) -> str:
+    shots = ", ".join(f"{b.title} ({b.shots}-shot, {b.max_gen_toks} tokens, {b.metric})" for b in benches)
+    text = ("# Task evaluation (TADM:Post-train)\n\n"
+            f"Benchmarks: {shots}. Accuracy in %, mean ± std over seeds; "
+            "compute = denoising layer calls relative to the first row.\n\n## Accuracy, throughput and compute\n\n"
+            + _markdown(tasks))
+    if naive:
+        text += ("\n## Naive reuse vs TADM\n\nAccuracy (%): mean over benchmarks of the seed means; "
+                 "corruption (%): share of parsed "
+                 "judge verdicts flagged incoherent or repetition_loop ('-': not judged).\n\n" + _markdown(naive))
+    return text
+
+
+def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: Sequence[Any], out: Path, *,
+                 config: dict[str, Any]) -> dict[str, Path]:
+    """Write both tables (Markdown, CSV), every cell (CSV) and everything (JSON) into ``out``."""
+    from tadm.eval.report import _json_ready, write_csv  # noqa: PLC2701
+
+    all_cells = cells(units)
+    tasks = task_rows(all_cells, units, benches, rows)
+    Ks = sorted({m.K for m in rows if m.name == "naive"})
+    naive = naive_rows(all_cells, units, Ks) if Ks else []
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"markdown": out / "table.md", "task_csv": out / "task_table.csv", "cells_csv": out / "cells.csv",
+             "json": out / "results.json"}
+    files["markdown"].write_text(_markdown_file(tasks, naive, benches), encoding="utf-8")
+    flat = _flat(tasks)
+    write_csv(files["task_csv"], list(flat[0]) if flat else ["method"], flat)
+    if naive:
+        files["naive_csv"] = write_csv(out / "naive_table.csv", list(naive[0]), naive)
+    write_csv(files["cells_csv"], CELL_FIELDS, all_cells)
+    payload = {"config": config, "cells": all_cells, "task_table": flat, "naive_table": naive}
+    tmp = files["json"].with_name(f".results.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(_json_ready(payload), indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, files["json"])
+    return files

@@ -1,0 +1,148 @@
+"""``tadm eval tasks``'s runner: units x K x seeds x naive, accuracy, resume, the two tables."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import pytest
+
+from tadm.tasks.runner import TaskRunConfig, methods, run_tasks
+from tests.tasks.fakes import FakeGenerator
+from tests.tasks.test_datasets import GSM, write_jsonl
+
+GPQA = [{"question": f"Pick {c}", "choices": ["w", "x", "y", "z"], "answer": c} for c in "ABCD"]
+HUMANEVAL = [{"task_id": f"he/{n}", "prompt": f"def add{n}(a, b):\n", "entry_point": f"add{n}",
+              "test": "def check(f):\n    assert f(2, 3) == 5\n"} for n in range(2)]
+
+
+@pytest.fixture()
+def data_dir(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "gsm8k.jsonl", GSM)
+    write_jsonl(data / "gpqa.jsonl", GPQA)
+    write_jsonl(data / "humaneval.jsonl", HUMANEVAL)
+    return data
+
+
+def known_answers(prompt: str, run: dict) -> str:
+    """TADM: right on GSM8K and HumanEval, GPQA wrong at K = 2 unless the answer is A; naive reuse: GSM8K and
+    HumanEval wrong."""
+    asked = re.findall(r"What is (\d+) \+ 1\?", prompt)
+    if asked:
+        value = int(asked[-1]) + 1 + (1 if run["naive"] else 0)
+        return f"{asked[-1]} + 1 = {value}. The answer is {value}."
+    picked = re.findall(r"Pick ([A-D])", prompt)
+    if picked:
+        return f"The answer is ({'A' if run['K'] == 2 and picked[-1] != 'A' else picked[-1]})."
+    return "    return a + b\n" if not run["naive"] else "    return a - b\n"
+
+
+def config(data_dir, out, **overrides):
+    settings = dict(tasks="gsm8k,gpqa,humaneval", base="BASE", adapter="ADAPTER", naive=True, refresh=[1, 2],
+                    seeds=[0, 1], data_dir=str(data_dir), out_dir=str(out))
+    return TaskRunConfig(**{**settings, **overrides})
+
+
+def run_fake(cfg, loads=None):
+    def load(cfg, with_adapter):
+        if loads is not None:
+            loads.append(with_adapter)
+        return FakeGenerator(known_answers)
+
+    return run_tasks(cfg, load=load, log=lambda line: None)
+
+
+def test_methods_per_model_kind():
+    assert [m.key for m in methods(TaskRunConfig(base="b", adapter="a", naive=True, refresh=[1, 3]))] == [
+        "baseline-K1", "tadm-K1", "tadm-K3", "naive-K1", "naive-K3"]
+    assert [m.key for m in methods(TaskRunConfig(base="b"))] == ["baseline-K1"]
+    assert [m.key for m in methods(TaskRunConfig(model="m", refresh=[1, 2]))] == ["tadm-K1", "tadm-K2"]
+
+
+def test_accuracy_tables_and_resume(data_dir, tmp_path):
+    out, loads = tmp_path / "out", []
+    result = run_fake(config(data_dir, out), loads)
+    assert loads == [True]  # one load of base + adapter: the baseline, every K, seed and naive reuse it
+    assert result.ran == len(result.units) == 3 * (1 + 2 + 2) * 2
+    cells = {(c["task"], c["method"], c["K"]): c for c in json.loads((out / "results.json").read_text())["cells"]}
+    assert cells["gsm8k", "tadm", 2]["accuracy_mean"] == 1.0 and cells["gsm8k", "naive", 1]["accuracy_mean"] == 0.0
+    assert cells["gsm8k", "tadm", 1]["examples"] == 3  # 8 records, the first 5 are the shots
+    assert cells["gpqa", "tadm", 2]["accuracy_mean"] == 0.25 and cells["gpqa", "tadm", 1]["accuracy_mean"] == 1.0
+    assert cells["humaneval", "tadm", 1]["accuracy_mean"] == 1.0
+    assert cells["humaneval", "naive", 2]["accuracy_mean"] == 0
+    assert cells["gsm8k", "tadm", 2]["layer_calls_per_request"] == 6 and cells["gsm8k", "tadm", 2]["seeds"] == 2
+
+    table = (out / "table.md").read_text()
+    assert "| TADM, K=2 | 100.0 ± 0.0 | 25.0 ± 0.0 | 100.0 ± 0.0 |" in table
+    assert "## Naive reuse vs TADM" in table and "| 1 | 33.3 | - | 100.0 | - |" in table
+    rows = list(csv.DictReader((out / "task_table.csv").open()))
+    assert [r["method"] for r in rows] == ["Base, K=1", "TADM, K=1", "TADM, K=2"]
+    assert float(rows[2]["compute"]) == 0.5 and float(rows[2]["GPQA-Diamond mean"]) == 0.25
+    assert len(list(csv.DictReader((out / "cells.csv").open()))) == 3 * 5
+    assert len(list(csv.DictReader((out / "naive_table.csv").open()))) == 2
+    unit = json.loads((out / "units" / "gsm8k" / "naive-K1-seed0.json").read_text())
+    assert unit["spec"]["K"] == 1 and unit["records"][0]["extracted"] == "1005" and not unit["records"][0]["correct"]
+
+    again = []
+    assert run_fake(config(data_dir, out), again).ran == 0 and again == []  # finished units are skipped
+    more = run_fake(config(data_dir, out, seeds=[0, 1, 2]), again)
+    assert more.ran == 3 * 5 and again == [True]
+    changed = run_fake(config(data_dir, out, max_gen_toks=64))  # another spec: every unit runs again
+    assert changed.ran == 3 * 5 * 2
+
+
+def test_a_changed_data_file_reruns_its_task(data_dir, tmp_path):
+    out = tmp_path / "out"
+    run_fake(config(data_dir, out, tasks="gpqa", naive=False, seeds=[0]))
+    write_jsonl(data_dir / "gpqa.jsonl", GPQA[:3])
+    assert run_fake(config(data_dir, out, tasks="gpqa", naive=False, seeds=[0])).ran == 3
+
+
+def test_the_judge_adds_corruption(data_dir, tmp_path, monkeypatch):
+    from tadm.tasks import runner
+
+    class Judge:
+        judge_id = "fake-judge"
+
+        def complete(self, messages):
+            response = messages[0]["content"].split("<response>")[-1]
+            looped = "1007" in response  # naive reuse's answer to the last question
+            return json.dumps({"incoherent": False, "repetition_loop": looped, "evidence": [], "brief_reason": ""})
+
+    monkeypatch.setattr(runner, "_judge_client", lambda cfg: Judge())
+    out = tmp_path / "out"
+    run_fake(config(data_dir, out, tasks="gsm8k", seeds=[0], judge="local"))
+    cells = {(c["task"], c["method"], c["K"]): c for c in json.loads((out / "results.json").read_text())["cells"]}
+    assert cells["gsm8k", "naive", 1]["corruption"] == pytest.approx(1 / 3)
+    assert cells["gsm8k", "tadm", 1]["corruption"] == 0.0 and cells["gsm8k", "tadm", 1]["judged"] == 3
+    assert "| 1 | 0.0 | 33.3 | 100.0 | 0.0 |" in (out / "table.md").read_text()
+
+
+def test_bad_settings_are_errors(data_dir, tmp_path):
+    with pytest.raises(ValueError, match="exactly one of --base"):
+        run_fake(TaskRunConfig(tasks="gsm8k", data_dir=str(data_dir), out_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="K must be"):
+        run_fake(config(data_dir, tmp_path, refresh=[0]))
+    with pytest.raises(ValueError, match="--adapter, --split and --naive apply"):
+        run_fake(TaskRunConfig(model="m", naive=True, data_dir=str(data_dir), out_dir=str(tmp_path)))
+
+
+def test_a_tiny_base_and_adapter_end_to_end(base_dir, adapter_dir, data_dir, tmp_path):
+    """The real generators (tiny base, its adapter, naive reuse) through the runner: tables and stats."""
+    cfg = config(data_dir, tmp_path / "out", base=str(base_dir), adapter=str(adapter_dir), seeds=[0], limit=2,
+                 steps=2, canvas_length=8, max_gen_toks=8, device="cpu")
+    cfg.tasks = "gsm8k,gpqa"
+    result = run_tasks(cfg, log=lambda line: None)
+    assert result.ran == 2 * 5
+    for unit in result.units:
+        assert unit["n"] == 2 and 0.0 <= unit["accuracy"] <= 1.0
+        assert unit["stats"]["requests"] == 2 and unit["stats"]["layer_calls"]["total"] > 0
+    stored = json.loads((tmp_path / "out" / "units" / "gpqa" / "naive-K2-seed0.json").read_text())
+    assert stored["stats"]["settings"]["fusion_mode"] == "naive"
+    assert stored["stats"]["settings"]["refresh_policy"]["interval"] == 2
+    tadm = json.loads((tmp_path / "out" / "units" / "gpqa" / "tadm-K2-seed0.json").read_text())
+    assert tadm["stats"]["settings"]["fusion_mode"] == "paired" and tadm["stats"]["settings"]["canvas_length"] == 8
+    assert (tmp_path / "out" / "table.md").is_file()
