@@ -187,7 +187,7 @@ def main() -> None:
                    help="torch.compile the DiT stacks and fusion (reduce-overhead: CUDA graphs); the head stays eager")
     p.add_argument("--compare-full", action="store_true", help="also time x_theta on every position (reference)")
     p.add_argument("--compare-skip", action="store_true",
-                   help="also time skip_unchanged (no network call when the canvas did not change; full output)")
+                   help="also time skip_unchanged (no network call when the canvas did not change)")
     p.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not known")
     args = p.parse_args()
     device = torch.device(args.device)

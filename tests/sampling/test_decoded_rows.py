@@ -83,13 +83,13 @@ def test_the_head_sees_only_decoded_rows_except_at_the_last_step():
     assert tuple(seen[-1]) == (2, 16)  # the last step's full output (argmax of any mask left)
 
 
-def test_the_full_path_is_kept_where_rows_only_would_be_wrong():
+def test_the_full_path_is_kept_where_rows_only_cannot_run():
     model = _randomize(tadm_tiny()).eval()
     masked = get_sampler("remdm-cap", model.mask_token_id)
     assert decodes_rows_only(model, masked, FixedRefresh(2))
     assert decodes_rows_only(model, masked, AdaptiveRefresh(tau=0.2))
-    # reusing a previous prediction needs every row of it
-    assert not decodes_rows_only(model, masked, FixedRefresh(2, skip_unchanged=True))
+    # a step that reuses the previous prediction reuses its hidden states
+    assert decodes_rows_only(model, masked, FixedRefresh(2, skip_unchanged=True))
     # a sampler that consumes logits at every position
     assert not decodes_rows_only(model, EntropyBoundSampler(vocab_size=model.vocab_size), FixedRefresh(1))
 
@@ -105,3 +105,19 @@ def test_a_sampler_for_another_mask_id_is_refused():
     with pytest.raises(ValueError, match=f"mask id {model.mask_token_id - 1} differs from the model's "
                                          f"mask_token_id {model.mask_token_id}"):
         generate(model, wrong, batch_size=1, seq_len=8, num_steps=4)
+
+
+@pytest.mark.parametrize("net", ["tadm", "mdlm"])
+@pytest.mark.parametrize("K", [1, 2])
+def test_skipping_unchanged_canvases_on_decoded_rows_samples_the_reference_tokens(net, K):
+    """T > L: many steps decode nothing; they reuse the last hidden states and run the head on their rows."""
+    model = _randomize(NETS[net]()).eval()
+    outs = []
+    for full in (True, False):
+        out = generate(model, get_sampler("mdlm", model.mask_token_id), batch_size=2, seq_len=8, num_steps=32,
+                       refresh_interval=K, skip_unchanged=True, generator=torch.Generator().manual_seed(3),
+                       full_output=full)
+        outs.append(out)
+    assert torch.equal(outs[0].tokens, outs[1].tokens)
+    assert outs[0].layer_calls.as_dict() == outs[1].layer_calls.as_dict()
+    assert outs[1].layer_calls.skipped_steps > 0

@@ -95,7 +95,8 @@ class MaskedDiffusionNetwork(nn.Module):
 
     config: MaskedDiffusionSizes
     head: FinalLayer  # built by the subclass
-    predicts_rows: ClassVar[bool] = True  # ``predict(..., rows=)`` computes x_theta on given positions only
+    # ``predict_hidden`` + ``output_log_probs(..., rows)``: x_theta on given positions only
+    predicts_rows: ClassVar[bool] = True
 
     def __init__(self, config: MaskedDiffusionSizes, layer_split: LayerSplit) -> None:
         super().__init__()
@@ -129,6 +130,18 @@ class MaskedDiffusionNetwork(nn.Module):
     def _output_layer(self) -> FinalLayer:
         """A DiT output layer from the hidden size to the vocabulary."""
         return FinalLayer(self.config.hidden_size, self.config.vocab_size, self.config.cond_dim)
+
+    def predict_hidden(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Everything of a prediction but the output layer: (last hidden states (B, L, D), conditioning (B, cond_dim))."""
+        raise NotImplementedError
+
+    def predict(
+        self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, rows: Tensor | None = None
+    ) -> Tensor:
+        """x_theta from the current c_t (B, L, D) and the (cached) anchor: (B, L, V) SUBS log-probabilities,
+        or (n, V) at the masked positions ``rows`` only (``predict_hidden`` then ``output_log_probs``)."""
+        hidden, cond = self.predict_hidden(z_t, c_t, anchor, t)
+        return self.output_log_probs(hidden, cond, z_t, rows)
 
     def output_log_probs(self, hidden: Tensor, cond: Tensor, z_t: Tensor, rows: Tensor | None = None) -> Tensor:
         """The output layer and SUBS on the last hidden states (B, L, D) -> (B, L, V) log-probabilities.

@@ -71,13 +71,10 @@ class MDLM(MaskedDiffusionNetwork, HubMixin, model_type="mdlm"):
         """No anchor network: returns ``c`` unchanged (zero layers)."""
         return c
 
-    def predict(
-        self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, rows: Tensor | None = None
-    ) -> Tensor:
-        """Full stack on the current embeddings ``c_t`` (``anchor`` is ignored) -> (B, L, V) log-probs
-        ((n, V) at the masked positions ``rows`` only, see ``output_log_probs``)."""
+    def predict_hidden(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Full stack on the current embeddings ``c_t`` (``anchor`` is ignored) -> (hidden (B, L, D), cond)."""
         cond = self._cond(t, c_t)  # (B, cond_dim)
-        return self.output_log_probs(self.blocks(c_t, cond), cond, z_t, rows)
+        return self.blocks(c_t, cond), cond
 
     def forward(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
         """z_t (B, L) -> SUBS log-probabilities (B, L, V)."""
@@ -129,13 +126,10 @@ class ADLM(MaskedDiffusionNetwork, HubMixin, model_type="adlm"):
         """The cacheable anchor: projected anchor distribution (B, L, D)."""
         return self.project_anchor(self.anchor_log_probs(c, t))
 
-    def predict(
-        self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, rows: Tensor | None = None
-    ) -> Tensor:
-        """Denoiser on the (possibly cached) projected anchor; ``c_t`` is unused (naive reuse);
-        (n, V) at the masked positions ``rows`` only when given."""
+    def predict_hidden(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Denoiser on the (possibly cached) projected anchor; ``c_t`` is unused (naive reuse) -> (hidden, cond)."""
         cond = self._cond(t, anchor)  # (B, cond_dim)
-        return self.output_log_probs(self.denoiser(anchor, cond), cond, z_t, rows)
+        return self.denoiser(anchor, cond), cond
 
     def forward(self, z_t: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """z_t (B, L) -> (SUBS log-probabilities (B, L, V), anchor log-probabilities (B, L, V))."""

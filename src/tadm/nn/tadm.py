@@ -78,17 +78,19 @@ class TADM(MaskedDiffusionNetwork, HubMixin, model_type="tadm"):
         """Phi: current c_t (B, L, D) and cached h_t' (B, L, D) -> fused h~_{t|t'} (B, L, D)."""
         return self.fusion(c, h)
 
+    def denoise_hidden(self, h_tilde: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """D's blocks on the fused anchor (B, L, D) -> (hidden (B, L, D), cond (B, cond_dim)), before the head."""
+        cond = self._cond(t, h_tilde)  # (B, cond_dim)
+        return self.denoiser(h_tilde, cond), cond
+
     def denoise(self, h_tilde: Tensor, z_t: Tensor, t: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
         """D: fused anchor (B, L, D) -> SUBS log-probabilities (B, L, V) of x_theta given z_t (B, L);
         (n, V) at the masked positions ``rows`` (n, 2) only when given (see ``output_log_probs``)."""
-        cond = self._cond(t, h_tilde)  # (B, cond_dim)
-        return self.output_log_probs(self.denoiser(h_tilde, cond), cond, z_t, rows)
+        return self.output_log_probs(*self.denoise_hidden(h_tilde, t), z_t, rows)
 
-    def predict(
-        self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, rows: Tensor | None = None
-    ) -> Tensor:
-        """Fusion + denoiser: ``denoise(fuse(c_t, anchor), z_t, t, rows)`` -> (B, L, V) (or (n, V)) log-probabilities."""
-        return self.denoise(self.fuse(c_t, anchor), z_t, t, rows)
+    def predict_hidden(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Fusion + denoiser blocks: ``denoise_hidden(fuse(c_t, anchor), t)``."""
+        return self.denoise_hidden(self.fuse(c_t, anchor), t)
 
     def anchor_log_probs(self, h: Tensor, t: Tensor | None = None) -> Tensor:
         """Training-only anchor LM head: h (B, L, D) -> (B, L, V) log-probabilities; the mask token gets NEG_INF."""
@@ -165,6 +167,14 @@ class NaiveReuse(nn.Module):
         """Compile the wrapped model's stacks and fusion (see ``MaskedDiffusionNetwork.compile_stacks``)."""
         self.model.compile_stacks(**options)
         return self
+
+    def predict_hidden(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """D's blocks on the cached denoiser input (``c_t`` unused) -> (hidden, cond)."""
+        return self.model.denoise_hidden(anchor, t)
+
+    def output_log_probs(self, hidden: Tensor, cond: Tensor, z_t: Tensor, rows: Tensor | None = None) -> Tensor:
+        """The wrapped model's output layer and SUBS (see ``MaskedDiffusionNetwork.output_log_probs``)."""
+        return self.model.output_log_probs(hidden, cond, z_t, rows)
 
     def predict(
         self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None, rows: Tensor | None = None

@@ -58,8 +58,8 @@ class LoopResult:
     """The canvas after the last step, the last network output, and the cache and counts."""
 
     z: Tensor
-    output: Tensor | None  # network output (B, L, V) of the last evaluated step ((n, V) decoded rows if
-    # the run stopped early, before its last step, on the rows-only path)
+    output: Tensor | None  # network output (B, L, V) of the last step (None if the run stopped early,
+    # before its last step, on the rows-only path)
     steps_run: int
     cache: AnchorCache
     layer_calls: LayerCallCounter
@@ -92,15 +92,15 @@ def network_pass(
     t: Tensor | None = None,
     context: Any = None,
     consumes: str = "log_probs",
-    rows: Tensor | None = None,
-) -> tuple[Tensor, Any]:
+    hidden_only: bool = False,
+) -> tuple[Any, Any]:
     """One evaluation of the split network on canvas z (B, L); returns (output (B, L, V), pass state).
 
     Refreshes the cached anchor first when ``refresh`` (the cache records the step index; -1 when
     rows are at different steps); ``consumes`` picks ``model.predict``
     (log-probabilities) or ``model.predict_logits`` (raw logits, for the entropy-bound sampler).
-    With ``rows`` (n, 2) the output is x_theta at those masked positions only, (n, V), from
-    ``model.predict(..., rows=rows)`` (models with ``predicts_rows``).
+    With ``hidden_only`` the output is ``model.predict_hidden``'s (last hidden states, conditioning)
+    pair, for ``model.output_log_probs`` on chosen rows (models with ``predicts_rows``).
     """
     split = model.layer_split
     state = pass_state(model, z, t, context)
@@ -113,8 +113,8 @@ def network_pass(
         raise ValueError("the refresh policy did not compute an anchor at the first step of the run")
     if consumes == "logits":
         output = model.predict_logits(z, c, cache.hidden, state)
-    elif rows is not None:
-        output = model.predict(z, c, cache.hidden, state, rows=rows)
+    elif hidden_only:
+        output = model.predict_hidden(z, c, cache.hidden, state)
     elif consumes == "log_probs":
         output = model.predict(z, c, cache.hidden, state)
     else:
@@ -138,12 +138,12 @@ def decodes_rows_only(model: Any, sampler: Any, policy: RefreshPolicy) -> bool:
     """Whether the loop can compute x_theta on the decoded rows only (the fast path, same tokens).
 
     It needs a sampler that decides its moves before the network runs (``plan_moves``, the masked
-    samplers), a network whose ``predict`` takes ``rows`` (``predicts_rows``), and a policy that
-    never reuses a previous prediction (a reused output would hold the previous step's rows).
+    samplers) and a network that stops before its output layer (``predicts_rows``: ``predict_hidden``
+    and ``output_log_probs``). A step that reuses the previous prediction (``skip_unchanged``)
+    reuses its hidden states and runs the output layer on its own rows.
     """
     return (hasattr(sampler, "plan_moves") and getattr(model, "predicts_rows", False)
-            and getattr(sampler, "consumes", "log_probs") == "log_probs"
-            and not getattr(policy, "skip_unchanged", False))
+            and getattr(sampler, "consumes", "log_probs") == "log_probs")
 
 
 @torch.no_grad()
@@ -185,7 +185,8 @@ def denoise(
     consumes = getattr(sampler, "consumes", "log_probs")
     policy.reset()
     cache = AnchorCache()
-    output: Tensor | None = None
+    output: Any = None  # the network output, or on the rows-only path its (hidden, cond) pair
+    last_output: Tensor | None = None
     state: Any = None
     previous_canvas: Tensor | None = None
     refresh_positions: list[int] = []
@@ -204,18 +205,22 @@ def denoise(
             if time_conditioned:
                 t = torch.full((z.shape[0],), sampler.time(int(i)), device=z.device)
             output, state = network_pass(model, z, refresh=plan.refresh, cache=cache, counter=counter, step_index=i,
-                                         t=t, context=context.pass_context(), consumes=consumes,
-                                         rows=None if moves is None else moves.rows)
+                                         t=t, context=context.pass_context(), consumes=consumes, hidden_only=rows_only)
             if plan.refresh:
                 refresh_positions.append(position)
         previous_canvas = z
-        if moves is None:
+        if not rows_only:
             sampled = sampler.step(output, i, z, generator)
+        elif moves is None:  # the last step: the full output, for the argmax of any mask left
+            last_output = model.output_log_probs(*output, z)
+            sampled = sampler.step(last_output, i, z, generator)
         else:
-            sampled = sampler.step_moves(output, moves, i, z, generator)
+            sampled = sampler.step_moves(model.output_log_probs(*output, z, moves.rows), moves, i, z, generator)
         z = context.after_step(position, i, z, sampled)
         steps_run += 1
         if context.finished():
             break
+    if rows_only:
+        output = last_output
     return LoopResult(z=z, output=output, steps_run=steps_run, cache=cache, layer_calls=counter,
                       last_state=state, refresh_positions=refresh_positions)
