@@ -57,3 +57,15 @@ def test_the_evaluating_process_is_untouched():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError, match="timeout"):
         run_program("pass", timeout=0)
+
+
+def test_the_raw_socket_module_cannot_reach_the_network_where_namespaces_are_allowed():
+    """With ``unshare -rn`` even ``_socket`` (past the prelude's block) finds no network."""
+    from tadm.tasks.sandbox import _network_namespace_prefix
+
+    if not _network_namespace_prefix():
+        pytest.skip("this machine does not allow an unprivileged network namespace")
+    code = "import _socket\ns = _socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))\nprint('connected')"
+    result = run_program(code, timeout=10)
+    assert not result.ok and "connected" not in result.stdout
+    assert "unreachable" in result.stderr.lower() or "errno" in result.stderr.lower()

@@ -8,19 +8,22 @@ directory not on ``sys.path``) in its own process group, with
   limit (``RLIMIT_CPU``) of the same length plus one second;
 * a memory limit: ``RLIMIT_AS`` set in the child before it starts (``preexec_fn``), so a program that
   allocates too much gets ``MemoryError`` or is killed;
-* no network, best effort: before the program runs, a prelude makes creating a ``socket.socket``
+* no network: where the machine allows it, the program runs in a network namespace of its own with
+  no interfaces (``unshare -rn``); in any case, before the program runs, a prelude makes creating a ``socket.socket``
   (and its subclasses, e.g. ``ssl``) raise ``OSError``, and replaces ``socket.create_connection``,
   ``create_server``, ``getaddrinfo``, ``socketpair`` and ``fromfd`` by a function that raises it;
 * a minimal environment (``HOME`` and ``TMPDIR`` in the temporary directory), which is removed
   afterwards with everything the program wrote.
 
 This keeps honest mistakes of a model's code (infinite loops, memory hogs, stray files, network
-calls) away from the evaluation; it is **not a security boundary**: code that imports ``_socket``
-or uses ``ctypes`` can get around it. Run untrusted models' code in a container or VM.
+calls) away from the evaluation; it is **not a security boundary**: without the namespace, code that
+imports ``_socket`` or uses ``ctypes`` can get around the socket block, and the file system is
+shared. Run untrusted models' code in a container or VM.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -75,6 +78,20 @@ def _limits(timeout: float, memory_mb: int):
     return apply
 
 
+@functools.lru_cache(maxsize=1)
+def _network_namespace_prefix() -> tuple[str, ...]:
+    """``unshare -rn`` when this machine lets an unprivileged process enter a network namespace of its own
+    (no interfaces: no network at all), else nothing (the prelude's socket block remains)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return ()
+    try:
+        probe = subprocess.run([unshare, "-rn", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return (unshare, "-rn") if probe.returncode == 0 else ()
+
+
 def _environment(workdir: str) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "TMPDIR": workdir,
             "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "no_proxy": "*"}
@@ -110,7 +127,8 @@ def run_program(code: str, *, stdin: str = "", timeout: float = 10.0, memory_mb:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
             handle.write(code)
         start = time.perf_counter()
-        process = subprocess.Popen([sys.executable, "-I", "-c", _PRELUDE], cwd=workdir, env=_environment(workdir),
+        command = [*_network_namespace_prefix(), sys.executable, "-I", "-c", _PRELUDE]
+        process = subprocess.Popen(command, cwd=workdir, env=_environment(workdir),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    preexec_fn=_limits(timeout, memory_mb), start_new_session=True)
         try:
