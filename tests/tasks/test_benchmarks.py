@@ -91,3 +91,14 @@ def test_livecodebench_programs_must_pass_every_test():
     bad = score(get_benchmark("livecodebench"), example, "```python\nprint(input())\n```", timeout=5)
     assert not bad.correct and bad.detail == "test 0: wrong output"
     assert extract_code("no fence") is None
+
+
+def test_the_laptop_addition_task_is_named_only():
+    bench = get_benchmark("addition")
+    assert "addition" not in [b.name for b in parse_task_list(None)]
+    assert [b.name for b in parse_task_list("addition")] == ["addition"]
+    prompt = build_prompt(bench, Example("0", "What is 47+385?", "432"))
+    assert prompt == "Give only the sum.\n\nQuestion: What is 47+385?\nAnswer:"
+    assert score(bench, Example("0", "What is 47+385?", "432"), "432").correct
+    assert not score(bench, Example("0", "What is 47+385?", "432"), "423").correct
+    assert not score(bench, Example("0", "What is 47+385?", "432"), "").correct

@@ -14,6 +14,10 @@ livecodebench      0      2,000   program (stdin/stdout)      pass@1
 aime               0      4,096   integer (math-verify)       accuracy
 =================  =====  ======  ==========================  =======
 
+Beside them, :data:`EXTRA_BENCHMARKS` holds tasks that are not in the paper's table and are only run
+when named: ``addition`` (0-shot, "What is 47+385?" -> ``432``, checked as math), the laptop-scale
+task of ``scripts/laptop_task.py`` that a tiny model learns on CPU.
+
 :func:`build_prompt` formats an :class:`Example` after its few-shot examples; :func:`score` checks a
 response: math answers through ``math-verify`` (``math_verify.parse`` / ``verify``), multiple choice by
 the final letter, code by running the program in :mod:`tadm.tasks.sandbox` (never in this process).
@@ -28,7 +32,7 @@ from typing import Any
 
 from tadm.tasks.sandbox import run_program
 
-__all__ = ["BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice", "check_math",
+__all__ = ["BENCHMARKS", "EXTRA_BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice", "check_math",
            "extract_choice", "extract_code", "extract_math_answer", "get_benchmark", "parse_task_list", "score"]
 
 
@@ -45,6 +49,7 @@ class Benchmark:
     fields: tuple[str, ...]  # required fields of a local JSONL record
     letters: str = ""  # valid letters of a multiple-choice benchmark
     until: tuple[str, ...] = ()  # stop strings
+    instruction: str | None = None  # replaces the answer type's instruction in the prompt
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
@@ -59,16 +64,24 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("aime", "AIME26", 0, 4096, "math", "accuracy", ("problem", "answer")),
 )}
 
+EXTRA_BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
+    # local data only: records {"problem": "What is 47+385?", "answer": "432"}
+    Benchmark("addition", "Addition", 0, 8, "math", "accuracy", ("problem", "answer"),
+              instruction="Give only the sum."),
+)}
+"""Tasks outside the paper's table (never in the default task list)."""
+
 
 def get_benchmark(name: str) -> Benchmark:
     """The benchmark called ``name``; an unknown name is a ValueError listing the known ones."""
-    if name not in BENCHMARKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(BENCHMARKS)}")
-    return BENCHMARKS[name]
+    known = {**BENCHMARKS, **EXTRA_BENCHMARKS}
+    if name not in known:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(known)}")
+    return known[name]
 
 
 def parse_task_list(text: str | Sequence[str] | None) -> list[Benchmark]:
-    """``"gsm8k,humaneval"`` (or a list, or None: all six) as benchmarks, in the given order, no repeats."""
+    """``"gsm8k,humaneval"`` (or a list, or None: the paper's six) as benchmarks, in the given order, no repeats."""
     names = list(BENCHMARKS) if text is None else (text.split(",") if isinstance(text, str) else list(text))
     names = [n.strip() for n in names if n.strip()]
     if not names:
@@ -126,7 +139,7 @@ def build_prompt(bench: Benchmark, example: Example, shots: Sequence[Example] = 
         return example.question
     if bench.answer_type == "stdio":
         return f"{_INSTRUCTIONS['stdio']}\n\n{example.question.strip()}\n"
-    parts = [_INSTRUCTIONS[bench.answer_type]]
+    parts = [bench.instruction if bench.instruction is not None else _INSTRUCTIONS[bench.answer_type]]
     parts += [f"{_question(bench, shot)} {_shot_answer(bench, shot)}" for shot in shots]
     parts.append(_question(bench, example))
     return "\n\n".join(parts)

@@ -1,0 +1,287 @@
+"""The post-training table on a laptop: multi-digit addition learned by a tiny DiffusionGemma on CPU.
+
+One command runs five resumable stages into ``--out`` (default ``runs/laptop-task``); a rerun skips
+the stages whose outputs exist (and the evaluation units already written), so a cut-off run continues:
+
+1. data: "What is 47+385?" -> "432" chat pairs, operands uniform in [0, 10^digits). A fixed seed draws
+   the held-out problems first; the training problems never contain a held-out pair (in either order).
+   Written as ``data/addition.jsonl`` (the ``addition`` task of ``tadm eval tasks``) and ``data/train.jsonl``.
+   The prompt is the benchmark's own (:func:`tadm.tasks.benchmarks.build_prompt`), so training and
+   evaluation see the same text through the same chat template.
+2. tokenizer: a byte-level BPE with digits kept as single tokens, wrapped with the Gemma-style chat template.
+3. pretrain: a random ``DiffusionGemmaForBlockDiffusion`` (6 layers) trained on (context, canvas) pairs
+   with the flat x0 cross-entropy under uniform noise (``pretrain`` of ``scripts/posttrain_demo.py``);
+   saved to ``base/`` with its held-out accuracy at K = 1 on a few problems.
+4. posttrain: the base frozen and split 1 / 3 / 2; only the paired-attention fusion is trained
+   (``PosttrainTrainer``, on-policy rollouts); saved to ``adapter/``.
+5. eval: ``tadm eval tasks`` (:func:`tadm.tasks.runner.run_tasks`) on the held-out problems: the base
+   at K = 1, TADM and naive reuse at K = 1, 2, 3, three seeds; tables in ``eval/``.
+
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py        # about 25 minutes on one CPU core
+    python scripts/laptop_task.py --until pretrain         # stop after a stage (e.g. a probe)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import time
+from pathlib import Path
+
+STAGES = ("data", "tokenizer", "pretrain", "posttrain", "eval")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/laptop-task")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is as fast as 2 at this size)")
+    p.add_argument("--digits", type=int, default=2, help="operands have at most this many digits")
+    p.add_argument("--train-examples", type=int, default=200_000)
+    p.add_argument("--eval-examples", type=int, default=200, help="held-out problems")
+    p.add_argument("--canvas-length", type=int, default=8, help="L; also the generation budget (one canvas)")
+    p.add_argument("--steps", type=int, default=12, help="denoising steps T per canvas")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--pretrain-steps", type=int, default=3000)
+    p.add_argument("--pretrain-batch", type=int, default=64)
+    p.add_argument("--posttrain-steps", type=int, default=600)
+    p.add_argument("--posttrain-batch", type=int, default=32)
+    p.add_argument("--posttrain-lr", type=float, default=2e-3)
+    p.add_argument("--refresh", default="1,2,3", help="K values")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--batch-size", type=int, default=50, help="evaluation batch size")
+    p.add_argument("--judge", default="none", help="none, local or local:PATH (the degeneration judge)")
+    p.add_argument("--eval-out", default="eval", help="folder (under --out) of the evaluation's units and tables")
+    p.add_argument("--until", choices=STAGES, default="eval", help="stop after this stage")
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------- data
+def addition_problem(a: int, b: int) -> dict[str, str]:
+    """One record of the ``addition`` task."""
+    return {"problem": f"What is {a}+{b}?", "answer": str(a + b)}
+
+
+def make_addition_data(digits: int, n_train: int, n_eval: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) records; held-out pairs are distinct and no training pair is one of them, in either order."""
+    top = 10 ** digits
+    if n_eval > top * top // 4:
+        raise ValueError(f"{n_eval} held-out problems is too many for {digits}-digit operands")
+    rng = random.Random(seed)
+    held: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    while len(held) < n_eval:
+        pair = (rng.randrange(top), rng.randrange(top))
+        if pair in seen or pair[::-1] in seen:
+            continue
+        seen.update((pair, pair[::-1]))
+        held.append(pair)
+    train: list[tuple[int, int]] = []
+    while len(train) < n_train:
+        pair = (rng.randrange(top), rng.randrange(top))
+        if pair not in seen:
+            train.append(pair)
+    eval_rows = [{"id": str(n), **addition_problem(a, b)} for n, (a, b) in enumerate(held)]
+    return [addition_problem(a, b) for a, b in train], eval_rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def chat_prompt(problem: str) -> str:
+    """The user turn of a problem: the ``addition`` benchmark's prompt."""
+    from tadm.tasks.benchmarks import Example, build_prompt, get_benchmark
+
+    return build_prompt(get_benchmark("addition"), Example("", problem))
+
+
+# -------------------------------------------------------------------------------------- tokenizer
+def digit_bpe(texts: list[str], vocab_size: int):
+    """A byte-level BPE whose merges never join digits (every digit stays its own token)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(texts, trainer=trainer)
+    return backend
+
+
+# ------------------------------------------------------------------------------------------ stages
+def _demo_module():
+    """``scripts/posttrain_demo.py`` (its pretraining loop and batching are reused as they are)."""
+    spec = importlib.util.spec_from_file_location("posttrain_demo", Path(__file__).with_name("posttrain_demo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def canvas_dataset(rows: list[dict], tokenizer, L: int):
+    from tadm.posttrain import ChatCanvasDataset, ChatExample
+
+    return ChatCanvasDataset([ChatExample(chat_prompt(r["problem"]), r["answer"]) for r in rows], tokenizer,
+                             canvas_length=L, pad_id=tokenizer.pad_token_id, canvases_per_example=1)
+
+
+def eval_config(args: argparse.Namespace, out: Path, **overrides):
+    from tadm.tasks.runner import TaskRunConfig
+
+    cfg = dict(tasks="addition", refresh=[int(k) for k in args.refresh.split(",")],
+               seeds=[int(s) for s in args.seeds.split(",")], naive=True, base=str(out / "base"),
+               adapter=str(out / "adapter"), data_dir=str(out / "data"), limit=args.eval_examples,
+               steps=args.steps, canvas_length=args.canvas_length, max_gen_toks=args.canvas_length,
+               batch_size=args.batch_size, device="cpu", dtype="float32", judge=args.judge,
+               out_dir=str(out / args.eval_out))
+    cfg.update(overrides)
+    return TaskRunConfig(**cfg)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wall = time.perf_counter()
+    timings_path = out / "timings.json"
+    timings = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - wall:7.1f}s] {message}", flush=True)
+
+    def done(stage: str, started: float) -> bool:
+        timings[stage] = round(time.perf_counter() - started, 1)
+        timings_path.write_text(json.dumps(timings, indent=1) + "\n")
+        log(f"stage {stage} done in {timings[stage]:.0f}s")
+        return stage == args.until
+
+    (out / "args.json").write_text(json.dumps(vars(args), indent=1) + "\n")
+
+    # 1. data --------------------------------------------------------------------------------------
+    data = out / "data"
+    if not (data / "addition.jsonl").is_file():
+        started = time.perf_counter()
+        train_rows, eval_rows = make_addition_data(args.digits, args.train_examples, args.eval_examples, args.seed)
+        write_jsonl(data / "train.jsonl", train_rows)
+        write_jsonl(data / "addition.jsonl", eval_rows)
+        if done("data", started):
+            return
+    train_rows = read_jsonl(data / "train.jsonl")
+    log(f"data: {len(train_rows)} training problems, {args.eval_examples} held-out ({data / 'addition.jsonl'})")
+
+    # 2. tokenizer ---------------------------------------------------------------------------------
+    from transformers import AutoTokenizer
+
+    from tadm.posttrain.data import make_chat_tokenizer
+
+    tok_dir = out / "tokenizer"
+    if not (tok_dir / "tokenizer.json").is_file():
+        started = time.perf_counter()
+        texts = [chat_prompt(r["problem"]) + " " + r["answer"] for r in train_rows[:20_000]]
+        make_chat_tokenizer(digit_bpe(texts, vocab_size=320)).save_pretrained(tok_dir)
+        if done("tokenizer", started):
+            return
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    L = args.canvas_length
+
+    # 3. pretrain ----------------------------------------------------------------------------------
+    demo = _demo_module()
+    base = out / "base"
+    if not (base / "pretrain.json").is_file():
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+
+        started = time.perf_counter()
+        train_set = canvas_dataset(train_rows[: args.pretrain_steps * args.pretrain_batch], tokenizer, L)
+        log(f"vocab {len(tokenizer)}; {len(train_set)} training canvases of {L} tokens "
+            f"(prompt {len(train_set[0].context_ids)} tokens)")
+        config = tiny_diffusion_gemma_config(
+            vocab_size=len(tokenizer), hidden_size=args.hidden, num_layers=6, canvas_length=L,
+            num_heads=args.heads, head_dim=args.hidden // args.heads, sliding_window=64,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id)
+        torch.manual_seed(args.seed)
+        model = DiffusionGemmaForBlockDiffusion(config)
+        log(f"DiffusionGemmaForBlockDiffusion: {sum(p.numel() for p in model.parameters()):,} parameters")
+        pre_args = argparse.Namespace(pretrain_steps=args.pretrain_steps, seed=args.seed, objective="ce")
+        batches = demo.batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, args.seed)
+        history = demo.pretrain(model, batches, pre_args, log)
+        model.save_pretrained(base)
+        tokenizer.save_pretrained(base)
+        (base / "pretrain.json").write_text(json.dumps({
+            "steps": args.pretrain_steps, "batch": args.pretrain_batch,
+            "loss_first_last": [sum(history[:20]) / 20, sum(history[-50:]) / len(history[-50:])],
+            "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+        del model
+        from tadm.tasks.runner import run_tasks
+
+        probe = run_tasks(eval_config(args, out, adapter=None, split="1:3", naive=False, refresh=[1], seeds=[0],
+                                      limit=min(100, args.eval_examples), judge=None,
+                                      out_dir=str(out / "eval-pretrained")), log=log)
+        log(f"pretrained base, held-out accuracy at K = 1: {probe.units[0]['accuracy']:.3f} "
+            f"({probe.units[0]['n']} problems)")
+        if done("pretrain", started):
+            return
+
+    # 4. post-train the fusion ---------------------------------------------------------------------
+    adapter = out / "adapter"
+    if not (adapter / "posttrain.json").is_file():
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        from tadm.posttrain import (AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, PosttrainTrainer,
+                                    SplitSpec, load_posttrain_config, save_adapter)
+
+        started = time.perf_counter()
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(base)).eval()
+        split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(1, 3), FusionSpec(rank=32, num_heads=4))
+        cfg = load_posttrain_config(None, [
+            f"rollout.sampler.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}",
+            f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.seed}",
+            "train.precision=fp32", "train.grad_accum_steps=1"])
+        trainer = PosttrainTrainer(split, cfg)
+        train_set = canvas_dataset(train_rows[: args.posttrain_steps * args.posttrain_batch * 2], tokenizer, L)
+        data_iter = demo.batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, args.seed + 7)
+        log(f"post-training {sum(p.numel() for p in split.fusion.parameters()):,} fusion parameters "
+            f"(split 1/3/2), {args.posttrain_steps} steps")
+        losses = []
+        for step in range(args.posttrain_steps):
+            metrics = trainer.train_step([next(data_iter)])
+            losses.append(metrics["loss"])
+            if (step + 1) % max(1, args.posttrain_steps // 6) == 0:
+                log(f"  post-train step {step + 1}/{args.posttrain_steps}: loss "
+                    f"{sum(losses[-25:]) / len(losses[-25:]):.3f} (kd {metrics['kd']:.4f})")
+        save_adapter(adapter, split, base_model=str(base), extra={"step": trainer.step})
+        (adapter / "posttrain.json").write_text(json.dumps({
+            "steps": args.posttrain_steps, "batch": args.posttrain_batch, "lr": args.posttrain_lr,
+            "loss_first_last": [sum(losses[:10]) / max(1, len(losses[:10])), sum(losses[-25:]) / max(1, len(losses[-25:]))],
+            "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+        if done("posttrain", started):
+            return
+
+    # 5. evaluate ----------------------------------------------------------------------------------
+    from tadm.tasks.runner import run_tasks
+
+    started = time.perf_counter()
+    result = run_tasks(eval_config(args, out), log=log)
+    log(f"{result.ran} units ran now; tables: " + ", ".join(str(p) for p in result.files.values()))
+    done("eval", started)
+
+
+if __name__ == "__main__":
+    main()

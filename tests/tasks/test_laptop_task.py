@@ -1,0 +1,58 @@
+"""scripts/laptop_task.py: the addition data is deterministic and its held-out problems never appear in training."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tadm.tasks.benchmarks import get_benchmark
+from tadm.tasks.datasets import load_task
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "laptop_task.py"
+
+
+@pytest.fixture(scope="module")
+def laptop_task():
+    spec = importlib.util.spec_from_file_location("laptop_task", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pairs(rows):
+    return {tuple(int(x) for x in r["problem"][len("What is "):-1].split("+")) for r in rows}
+
+
+def test_addition_data_is_deterministic_and_held_out_is_disjoint(laptop_task):
+    train, held = laptop_task.make_addition_data(2, 3000, 200, seed=0)
+    assert (train, held) == laptop_task.make_addition_data(2, 3000, 200, seed=0)
+    assert held != laptop_task.make_addition_data(2, 3000, 200, seed=1)[1]
+    assert len(train) == 3000 and len(held) == len(_pairs(held)) == 200
+    held_pairs = _pairs(held)
+    assert not _pairs(train) & (held_pairs | {(b, a) for a, b in held_pairs})
+    for row in train[:50] + held:
+        a, b = next(iter(_pairs([row])))
+        assert row["answer"] == str(a + b) and 0 <= a < 100 and 0 <= b < 100
+    with pytest.raises(ValueError, match="too many"):
+        laptop_task.make_addition_data(1, 10, 30, seed=0)
+
+
+def test_held_out_file_is_the_addition_task(laptop_task, tmp_path):
+    _, held = laptop_task.make_addition_data(3, 10, 5, seed=0)
+    laptop_task.write_jsonl(tmp_path / "addition.jsonl", held)
+    data = load_task(get_benchmark("addition"), tmp_path)
+    assert [e.answer for e in data.examples] == [r["answer"] for r in held] and data.shots == []
+    assert laptop_task.chat_prompt("What is 1+2?") == "Give only the sum.\n\nQuestion: What is 1+2?\nAnswer:"
+
+
+def test_digit_tokenizer_keeps_digits_apart(laptop_task):
+    from tadm.posttrain.data import make_chat_tokenizer
+
+    texts = [laptop_task.chat_prompt(f"What is {a}+{a + 11}?") + f" {2 * a + 11}" for a in range(10, 99)] * 5
+    tokenizer = make_chat_tokenizer(laptop_task.digit_bpe(texts, vocab_size=300))
+    ids = tokenizer("What is 47+385?", add_special_tokens=False)["input_ids"]
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert "".join(pieces) == "What is 47+385?"
+    assert [p for p in pieces if any(c.isdigit() for c in p)] == ["4", "7", "3", "8", "5"]
