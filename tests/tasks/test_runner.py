@@ -77,7 +77,7 @@ def test_accuracy_tables_and_resume(data_dir, tmp_path):
 
     table = (out / "table.md").read_text()
     assert "| TADM, K=2 | 100.0 ± 0.0 | 25.0 ± 0.0 | 100.0 ± 0.0 |" in table
-    assert "## Naive reuse vs TADM" in table and "| 1 | 33.3 | - | 100.0 | - |" in table
+    assert "## Naive reuse vs TADM" in table and "| 1 | 33.3 | - | - | - | 100.0 | - | - | - |" in table
     rows = list(csv.DictReader((out / "task_table.csv").open()))
     assert [r["method"] for r in rows] == ["Base, K=1", "TADM, K=1", "TADM, K=2"]
     assert float(rows[2]["compute"]) == 0.5 and float(rows[2]["GPQA-Diamond mean"]) == 0.25
@@ -118,7 +118,23 @@ def test_the_judge_adds_corruption(data_dir, tmp_path, monkeypatch):
     cells = {(c["task"], c["method"], c["K"]): c for c in json.loads((out / "results.json").read_text())["cells"]}
     assert cells["gsm8k", "naive", 1]["corruption"] == pytest.approx(1 / 3)
     assert cells["gsm8k", "tadm", 1]["corruption"] == 0.0 and cells["gsm8k", "tadm", 1]["judged"] == 3
-    assert "| 1 | 0.0 | 33.3 | 100.0 | 0.0 |" in (out / "table.md").read_text()
+    assert "| 1 | 0.0 | 33.3 | 0.0 | 0/3 | 100.0 | 0.0 | 0.0 | 0/3 |" in (out / "table.md").read_text()
+
+
+def test_a_judge_whose_answers_never_parse_is_reported_as_such(data_dir, tmp_path, monkeypatch):
+    from tadm.tasks import runner
+
+    class Chatty:
+        judge_id = "chatty-judge"
+
+        def complete(self, messages):
+            return "The answer is 42."
+
+    monkeypatch.setattr(runner, "_judge_client", lambda cfg: Chatty())
+    out = tmp_path / "out"
+    run_fake(config(data_dir, out, tasks="gsm8k", seeds=[0], judge="local"))
+    table = (out / "table.md").read_text()
+    assert "| 1 | 0.0 | no verdict parsed | - | 3/3 | 100.0 | no verdict parsed | - | 3/3 |" in table
 
 
 def test_bad_settings_are_errors(data_dir, tmp_path):

@@ -101,10 +101,20 @@ def naive_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]],
         row: dict[str, Any] = {"K": K}
         for method, title in (("naive", "naive"), ("tadm", "TADM")):
             row[f"{title} accuracy"] = _mean_accuracy(all_cells, method, K)
-            row[f"{title} corruption"] = _judged([u for u in units if u["method"] == method and u["K"] == K])[
-                "corruption"]
+            row.update(_judge_columns(title, _judged([u for u in units if u["method"] == method and u["K"] == K])))
         table.append(row)
     return table
+
+
+def _judge_columns(title: str, judged: dict[str, Any]) -> dict[str, Any]:
+    """Corruption with the null share and the unparsed verdicts beside it; "no verdict parsed" when the judge
+    answered but none of its answers parsed (None: not judged)."""
+    if not judged["judged"]:
+        return {f"{title} corruption": None, f"{title} null share": None, f"{title} unparsed": None}
+    parsed = judged["judged"] - judged["unparsed"]
+    return {f"{title} corruption": judged["corruption"] if parsed else "no verdict parsed",
+            f"{title} null share": judged["null_share"] if parsed else None,
+            f"{title} unparsed": f"{judged['unparsed']}/{judged['judged']}"}
 
 
 def _fmt(value: Any, key: str = "") -> str:
@@ -113,7 +123,7 @@ def _fmt(value: Any, key: str = "") -> str:
         return "-"
     if isinstance(value, tuple):
         return f"{100 * value[0]:.1f} ± {100 * value[1]:.1f}"
-    if isinstance(value, float) and ("accuracy" in key or "corruption" in key):
+    if isinstance(value, float) and ("accuracy" in key or "corruption" in key or "share" in key):
         return f"{100 * value:.1f}"
     if isinstance(value, float):
         return f"{value:.2f}" if key == "compute" else f"{value:.1f}"
@@ -152,7 +162,9 @@ def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], ben
     if naive:
         text += ("\n## Naive reuse vs TADM\n\nAccuracy (%): mean over benchmarks of the seed means; "
                  "corruption (%): share of parsed "
-                 "judge verdicts flagged incoherent or repetition_loop ('-': not judged).\n\n" + _markdown(naive))
+                 "judge verdicts flagged incoherent or repetition_loop, null share (%): parsed verdicts "
+                 "with no flag true and at least one null, unparsed: verdicts that did not parse "
+                 "('-': not judged).\n\n" + _markdown(naive))
     return text
 
 
