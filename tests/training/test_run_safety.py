@@ -53,6 +53,15 @@ def _dead_pid() -> int:
     return pid
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread_like_the_killed_runs():
+    """The killed runs use one thread (``ENV``); so do the in-process runs they are compared with bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, cache_dir: Path) -> TrainResult:
     """An uninterrupted 6-step run (saving every 2 steps) to compare interrupted ones with."""
