@@ -117,3 +117,23 @@ def test_same_seed_same_tokens_and_errors(gemma):
         generate_blocks(model, _prompt(), sampler=sampler, refresh_interval=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate_blocks(model, _prompt(), sampler=sampler, max_new_tokens=0)
+
+
+def test_a_stop_check_ends_rows_after_their_canvas(gemma):
+    """Rows the check declares done get padding afterwards; when all are done no further canvas runs."""
+    model, T = _model(gemma), 4
+    seen = []
+
+    def run(stop):
+        return generate_blocks(model, _prompt(), sampler=EntropyBoundSampler(V, num_steps=T), refresh_interval=2,
+                               max_new_tokens=3 * L, pad_token_id=0, generator=torch.Generator().manual_seed(3),
+                               stop=stop)
+
+    full = run(None)
+    row0 = run(lambda new: (seen.append(new.shape[1]), torch.tensor([True, False]))[1])
+    assert seen == [L, 2 * L]  # asked after each canvas but the last, with the tokens so far
+    assert torch.equal(row0.new_tokens[0, :L], full.new_tokens[0, :L]) and (row0.new_tokens[0, L:] == 0).all()
+    assert torch.equal(row0.new_tokens[1], full.new_tokens[1])  # the other row is untouched
+    both = run(lambda new: torch.ones(new.shape[0], dtype=torch.bool))
+    assert torch.equal(both.new_tokens, full.new_tokens[:, :L])  # one canvas only
+    assert both.layer_calls.total * 3 == full.layer_calls.total

@@ -35,7 +35,7 @@ class FakeGenerator:
     def _K(self) -> int:
         return self.settings.policy.config().get("interval", 1) if self.settings is not None else 1
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, generator: Any = None) -> BatchOutput:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, generator: Any = None, stop: Any = None) -> BatchOutput:
         tokens = []
         for row in prompts:
             text = self.answer(self.texts[row[0]], {"K": self._K(), "naive": self.naive})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 pytest.importorskip("lm_eval")
 
@@ -223,3 +224,14 @@ def test_stop_string_helpers():
         stop_strings(3)
     assert truncate_at_stops("abc. def\n\nQ:", ["Q:", "\n\n"]) == ("abc. def", True)
     assert truncate_at_stops("abc", ["x"]) == ("abc", False)
+
+
+def test_a_stop_string_ends_generation_early(adapter_lm):
+    """A row whose text holds a stop string gets no further canvas: fewer passes, same text up to the stop."""
+    prompts = [adapter_lm.generator.encode(p) for p in PROMPTS[:2]]
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    full = adapter_lm.generator.generate(prompts, 16, gen())
+    early = adapter_lm.generator.generate(prompts, 16, gen(), stop=lambda row, ids: True)
+    assert early.layer_calls["total"] * 2 == full.layer_calls["total"]  # one canvas of two
+    for a, b in zip(early.tokens, full.tokens):
+        assert a == b[:len(a)] and len(a) <= 8

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,6 +189,7 @@ def generate_blocks(
     pad_token_id: int | None = None,
     generator: torch.Generator | None = None,
     progress: bool = False,
+    stop: Callable[[Tensor], Tensor] | None = None,
 ) -> BlockGenerationOutput:
     """Generate ``ceil(max_new_tokens / L)`` canvases after ``prompt_ids`` with anchor caching.
 
@@ -206,6 +207,9 @@ def generate_blocks(
         stopping: adaptive stopping (paper: off, i.e. None).
         eos_token_id, pad_token_id: end-of-sequence ids and the padding written after them.
         generator: source of randomness (None: torch's global generator, like ``generate``).
+        stop: called after each canvas but the last with the tokens generated so far (B, n);
+            returns (B,) bool, True for rows that are done (e.g. a stop string appeared). Like EOS
+            rows, they get only padding afterwards, and generation ends when every row is done.
 
     Returns:
         BlockGenerationOutput.
@@ -232,6 +236,8 @@ def generate_blocks(
         state.refreshes.append(list(run.cache.history))
         state.sequences, state.finished = _finalize_canvas(torch.cat([state.sequences, canvas.greedy], dim=-1),
                                                            state.finished, L, max_length, eos, pad_token_id)
+        if block < num_blocks - 1 and stop is not None:
+            state.finished = state.finished | stop(state.sequences[:, P:]).to(device=device, dtype=torch.bool)
         if bool(state.finished.all()) or block == num_blocks - 1:
             break
         prompt = backbone.append(prompt, state.sequences[:, -L:])

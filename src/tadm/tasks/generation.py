@@ -18,7 +18,7 @@ when a generator is built (:class:`GenerationSettings`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,9 @@ class GenerationSettings:
     sampler_options: dict[str, Any] = field(default_factory=dict)
     self_conditioning: bool = True
     adaptive_stopping: bool = False
+
+
+StopCheck = Callable[[int, list[int]], bool]  # (row, generated ids before EOS) -> the row is done
 
 
 @dataclass
@@ -202,9 +205,24 @@ class BlockGenerator:
             mask[n, width - len(row):] = True
         return ids.to(self.device), mask.to(self.device)
 
+    def _row_stop(self, stop: StopCheck | None, budget: int) -> Callable[[Tensor], Tensor] | None:
+        """``stop`` (row, ids before EOS) -> done, as generate_blocks' check on the (B, n) tokens so far."""
+        if stop is None:
+            return None
+
+        def done(new: Tensor) -> Tensor:
+            rows = [cut_at_eos(row, self.eos_ids, budget)[0] for row in new.tolist()]
+            return torch.tensor([stop(n, row) for n, row in enumerate(rows)], dtype=torch.bool)
+
+        return done
+
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 generator: torch.Generator | None = None) -> BatchOutput:
-        """Generate ``ceil(max_new_tokens / L)`` canvases after each prompt (left-padded into one batch)."""
+                 generator: torch.Generator | None = None, stop: StopCheck | None = None) -> BatchOutput:
+        """Generate ``ceil(max_new_tokens / L)`` canvases after each prompt (left-padded into one batch).
+
+        ``stop(row, ids)`` is asked after each canvas; a row for which it is true (e.g. a stop string
+        appeared) gets no further canvas, and the batch ends when every row is done.
+        """
         from tadm.posttrain.generate import generate_blocks
         from tadm.sampling.entropy_bound import StableConfidentStopping
 
@@ -214,7 +232,8 @@ class BlockGenerator:
             self.model, ids, sampler=self.sampler, policy=self.settings.policy, max_new_tokens=max_new_tokens,
             canvas_length=self.canvas_length, attention_mask=mask, self_conditioning=self.settings.self_conditioning,
             stopping=StableConfidentStopping() if self.settings.adaptive_stopping else None,
-            eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, generator=generator)
+            eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, generator=generator,
+            stop=self._row_stop(stop, max_new_tokens))
         out, seconds = _timed(self.device, run)
         rows = [cut_at_eos(row, self.eos_ids, max_new_tokens) for row in out.new_tokens.tolist()]
         passes = out.decoder_forward_passes
@@ -318,8 +337,9 @@ class PrefixGenerator:
         return z, run.layer_calls
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 generator: torch.Generator | None = None) -> BatchOutput:
-        """Denoise ``min(max_new_tokens, max_seq_len - 1)`` positions after each prompt."""
+                 generator: torch.Generator | None = None, stop: StopCheck | None = None) -> BatchOutput:
+        """Denoise ``min(max_new_tokens, max_seq_len - 1)`` positions after each prompt (one canvas, so
+        ``stop`` has nothing to end early and is not used)."""
         budget = max(1, min(int(max_new_tokens), self.max_seq_len - 1))
         z, context, starts = self._canvas(prompts, budget, generator)
         (z, calls), seconds = _timed(self.device, lambda: self._denoise(z, context, generator))

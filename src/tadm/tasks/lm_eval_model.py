@@ -187,7 +187,7 @@ class TadmLM(LM):
         seed = batch_seed(self.args.seed, [job.context for job in batch])
         generator = torch.Generator(device=self.generator.device).manual_seed(seed)
         budget = batch[0].max_gen_toks
-        out = self.generator.generate([job.ids for job in batch], budget, generator)
+        out = self.generator.generate([job.ids for job in batch], budget, generator, stop=self._stop(batch))
         stats = BatchStats(index=len(self.batch_stats), size=len(batch), max_new_tokens=budget, seed=seed,
                            seconds=out.seconds, generated_tokens=sum(len(t) for t in out.tokens),
                            layer_calls=out.layer_calls, encoder_layer_calls=out.encoder_layer_calls)
@@ -198,6 +198,13 @@ class TadmLM(LM):
             texts.append(text)
             self.request_stats.append(self._request_stats(job, stats, out, row, cut))
         return texts
+
+    def _stop(self, batch: list[_Job]) -> Any:
+        """(row, ids) -> whether the row's text already holds one of its ``until`` strings (None: none has any)."""
+        if not any(job.until for job in batch):
+            return None
+        return lambda row, ids: bool(batch[row].until) and truncate_at_stops(
+            self.generator.decode(ids), batch[row].until)[1]
 
     @staticmethod
     def _request_stats(job: _Job, batch: BatchStats, out: Any, row: int, cut: bool) -> RequestStats:
