@@ -1,11 +1,21 @@
-"""The post-training table on a laptop: multi-digit addition learned by a tiny DiffusionGemma on CPU.
+"""The post-training table on a laptop: a small arithmetic task learned by a tiny DiffusionGemma on CPU.
 
-One command runs five resumable stages into ``--out`` (default ``runs/laptop-task``); a rerun skips
-the stages whose outputs exist (and the evaluation units already written), so a cut-off run continues:
+Two tasks (``--task``), both ``tadm eval tasks`` benchmarks (:data:`tadm.tasks.benchmarks.EXTRA_BENCHMARKS`):
 
-1. data: "What is 47+385?" -> "432" chat pairs, operands uniform in [0, 10^digits). A fixed seed draws
-   the held-out problems first; the training problems never contain a held-out pair (in either order).
-   Written as ``data/addition.jsonl`` (the ``addition`` task of ``tadm eval tasks``) and ``data/train.jsonl``.
+* ``split`` (default): "Write 137 as a sum of two numbers." -> any "a+b" with a + b = 137. Many answers
+  are right, so each generated token depends on the others, which is where a stale anchor can hurt;
+* ``addition``: "What is 47+385?" -> "432", one answer fixed by the prompt.
+
+One command runs five resumable stages into ``--out`` (default ``runs/laptop-task`` for addition,
+``runs/laptop-task-split`` for split); a rerun skips the stages whose outputs exist (and the
+evaluation units already written), so a cut-off run continues:
+
+1. data: chat pairs with operands uniform in [0, 10^digits), written as ``data/<task>.jsonl`` (the
+   held-out problems) and ``data/train.jsonl``. Addition: a fixed seed draws the held-out problems
+   first; the training problems never contain a held-out pair (in either order). Split: the held-out
+   totals are drawn like the training ones (a + b of uniform operands); every total also occurs in
+   training (there are only 2 * 10^digits - 1 of them), so the task measures whether a model writes
+   one consistent answer among many, not whether it generalizes to new totals.
    The prompt is the benchmark's own (:func:`tadm.tasks.benchmarks.build_prompt`), so training and
    evaluation see the same text through the same chat template.
 2. tokenizer: a byte-level BPE with digits kept as single tokens, wrapped with the Gemma-style chat template.
@@ -17,7 +27,8 @@ the stages whose outputs exist (and the evaluation units already written), so a 
 5. eval: ``tadm eval tasks`` (:func:`tadm.tasks.runner.run_tasks`) on the held-out problems: the base
    at K = 1, TADM and naive reuse at K = 1, 2, 3, three seeds; tables in ``eval/``.
 
-    OMP_NUM_THREADS=1 python scripts/laptop_task.py        # about 25 minutes on one CPU core
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py        # split; about 25 minutes on one CPU core
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py --task addition
     python scripts/laptop_task.py --until pretrain         # stop after a stage (e.g. a probe)
 """
 
@@ -31,11 +42,14 @@ import time
 from pathlib import Path
 
 STAGES = ("data", "tokenizer", "pretrain", "posttrain", "eval")
+TASKS = ("split", "addition")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/laptop-task")
+    p.add_argument("--task", choices=TASKS, default="split")
+    p.add_argument("--out", default=None,
+                   help="run folder (default: runs/laptop-task-split; runs/laptop-task for addition)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is as fast as 2 at this size)")
     p.add_argument("--digits", type=int, default=2, help="operands have at most this many digits")
@@ -53,10 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--refresh", default="1,2,3", help="K values")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--batch-size", type=int, default=50, help="evaluation batch size")
-    p.add_argument("--judge", default="none", help="none, local or local:PATH (the degeneration judge)")
+    p.add_argument("--judge", default="none", help="none, local, local:PATH or local-free:PATH (the degeneration judge)")
     p.add_argument("--eval-out", default="eval", help="folder (under --out) of the evaluation's units and tables")
     p.add_argument("--until", choices=STAGES, default="eval", help="stop after this stage")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = "runs/laptop-task" if args.task == "addition" else f"runs/laptop-task-{args.task}"
+    return args
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -88,6 +105,33 @@ def make_addition_data(digits: int, n_train: int, n_eval: int, seed: int) -> tup
     return [addition_problem(a, b) for a, b in train], eval_rows
 
 
+def split_problem(total: int) -> str:
+    """The question of a ``split`` record."""
+    return f"Write {total} as a sum of two numbers."
+
+
+def make_split_data(digits: int, n_train: int, n_eval: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) records of ``split``: operands a, b uniform in [0, 10^digits).
+
+    Training records answer "a+b"; held-out records hold the total as the gold answer (any a+b with that
+    sum is right). Totals are drawn the same way for both, and held-out totals are drawn first.
+    """
+    top = 10 ** digits
+    rng = random.Random(seed)
+    held = [rng.randrange(top) + rng.randrange(top) for _ in range(n_eval)]
+    train = []
+    for _ in range(n_train):
+        a, b = rng.randrange(top), rng.randrange(top)
+        train.append({"problem": split_problem(a + b), "answer": f"{a}+{b}"})
+    return train, [{"id": str(n), "problem": split_problem(t), "answer": str(t)} for n, t in enumerate(held)]
+
+
+def make_task_data(task: str, digits: int, n_train: int, n_eval: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) records of ``task`` (``split`` or ``addition``)."""
+    make = {"split": make_split_data, "addition": make_addition_data}[task]
+    return make(digits, n_train, n_eval, seed)
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -97,11 +141,11 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def chat_prompt(problem: str) -> str:
-    """The user turn of a problem: the ``addition`` benchmark's prompt."""
+def chat_prompt(problem: str, task: str = "addition") -> str:
+    """The user turn of a problem: the benchmark's own prompt."""
     from tadm.tasks.benchmarks import Example, build_prompt, get_benchmark
 
-    return build_prompt(get_benchmark("addition"), Example("", problem))
+    return build_prompt(get_benchmark(task), Example("", problem))
 
 
 # -------------------------------------------------------------------------------------- tokenizer
@@ -130,17 +174,17 @@ def _demo_module():
     return module
 
 
-def canvas_dataset(rows: list[dict], tokenizer, L: int):
+def canvas_dataset(rows: list[dict], tokenizer, L: int, task: str):
     from tadm.posttrain import ChatCanvasDataset, ChatExample
 
-    return ChatCanvasDataset([ChatExample(chat_prompt(r["problem"]), r["answer"]) for r in rows], tokenizer,
+    return ChatCanvasDataset([ChatExample(chat_prompt(r["problem"], task), r["answer"]) for r in rows], tokenizer,
                              canvas_length=L, pad_id=tokenizer.pad_token_id, canvases_per_example=1)
 
 
 def eval_config(args: argparse.Namespace, out: Path, **overrides):
     from tadm.tasks.runner import TaskRunConfig
 
-    cfg = dict(tasks="addition", refresh=[int(k) for k in args.refresh.split(",")],
+    cfg = dict(tasks=args.task, refresh=[int(k) for k in args.refresh.split(",")],
                seeds=[int(s) for s in args.seeds.split(",")], naive=True, base=str(out / "base"),
                adapter=str(out / "adapter"), data_dir=str(out / "data"), limit=args.eval_examples,
                steps=args.steps, canvas_length=args.canvas_length, max_gen_toks=args.canvas_length,
@@ -174,15 +218,16 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. data --------------------------------------------------------------------------------------
     data = out / "data"
-    if not (data / "addition.jsonl").is_file():
+    if not (data / f"{args.task}.jsonl").is_file():
         started = time.perf_counter()
-        train_rows, eval_rows = make_addition_data(args.digits, args.train_examples, args.eval_examples, args.seed)
+        train_rows, eval_rows = make_task_data(args.task, args.digits, args.train_examples, args.eval_examples,
+                                               args.seed)
         write_jsonl(data / "train.jsonl", train_rows)
-        write_jsonl(data / "addition.jsonl", eval_rows)
+        write_jsonl(data / f"{args.task}.jsonl", eval_rows)
         if done("data", started):
             return
     train_rows = read_jsonl(data / "train.jsonl")
-    log(f"data: {len(train_rows)} training problems, {args.eval_examples} held-out ({data / 'addition.jsonl'})")
+    log(f"data: {len(train_rows)} training problems, {args.eval_examples} held-out ({data / f'{args.task}.jsonl'})")
 
     # 2. tokenizer ---------------------------------------------------------------------------------
     from transformers import AutoTokenizer
@@ -192,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     tok_dir = out / "tokenizer"
     if not (tok_dir / "tokenizer.json").is_file():
         started = time.perf_counter()
-        texts = [chat_prompt(r["problem"]) + " " + r["answer"] for r in train_rows[:20_000]]
+        texts = [chat_prompt(r["problem"], args.task) + " " + r["answer"] for r in train_rows[:20_000]]
         make_chat_tokenizer(digit_bpe(texts, vocab_size=320)).save_pretrained(tok_dir)
         if done("tokenizer", started):
             return
@@ -208,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         from tadm.posttrain.backbone import tiny_diffusion_gemma_config
 
         started = time.perf_counter()
-        train_set = canvas_dataset(train_rows[: args.pretrain_steps * args.pretrain_batch], tokenizer, L)
+        train_set = canvas_dataset(train_rows[: args.pretrain_steps * args.pretrain_batch], tokenizer, L, args.task)
         log(f"vocab {len(tokenizer)}; {len(train_set)} training canvases of {L} tokens "
             f"(prompt {len(train_set[0].context_ids)} tokens)")
         config = tiny_diffusion_gemma_config(
@@ -255,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
             f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.seed}",
             "train.precision=fp32", "train.grad_accum_steps=1"])
         trainer = PosttrainTrainer(split, cfg)
-        train_set = canvas_dataset(train_rows[: args.posttrain_steps * args.posttrain_batch * 2], tokenizer, L)
+        train_set = canvas_dataset(train_rows[: args.posttrain_steps * args.posttrain_batch * 2], tokenizer, L,
+                                   args.task)
         data_iter = demo.batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, args.seed + 7)
         log(f"post-training {sum(p.numel() for p in split.fusion.parameters()):,} fusion parameters "
             f"(split 1/3/2), {args.posttrain_steps} steps")

@@ -102,3 +102,18 @@ def test_the_laptop_addition_task_is_named_only():
     assert score(bench, Example("0", "What is 47+385?", "432"), "432").correct
     assert not score(bench, Example("0", "What is 47+385?", "432"), "423").correct
     assert not score(bench, Example("0", "What is 47+385?", "432"), "").correct
+
+
+@pytest.mark.parametrize("response, correct, extracted", [
+    ("58+79", True, "58+79"), ("137+0", True, "137+0"), (" 70 + 67<eos>", True, "70+67"),
+    ("58+78", False, "58+78"), ("59+79", False, "59+79"), ("58+79+1", True, "58+79"),  # the first a+b counts
+    ("5879", False, None), ("", False, None), ("-1+138", True, "-1+138"),
+])
+def test_split_answers_any_pair_with_the_right_sum(response, correct, extracted):
+    bench = get_benchmark("split")
+    example = Example("0", "Write 137 as a sum of two numbers.", "137")
+    assert "split" not in [b.name for b in parse_task_list(None)]
+    checked = score(bench, example, response)
+    assert (checked.correct, checked.extracted) == (correct, extracted)
+    assert build_prompt(bench, example) == ("Give two numbers whose sum is the given number, as a+b.\n\n"
+                                            "Question: Write 137 as a sum of two numbers.\nAnswer:")

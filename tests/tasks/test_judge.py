@@ -15,7 +15,8 @@ import pytest
 
 from tadm.tasks.judge import (PROMPT_FILE, DegenerationJudge, JudgeError, judge_messages, load_judge_prompt,
                               make_judge_client)
-from tadm.tasks.judge_clients import JudgeRequestError, LocalChatClient, OpenAIChatClient
+from tadm.tasks.judge_clients import LABEL_CHOICES, JudgeRequestError, LocalChatClient, OpenAIChatClient
+from tadm.tasks.verdict import parse_verdict
 
 CLEAN = {"incoherent": False, "repetition_loop": False, "evidence": [], "brief_reason": "fine"}
 LOOP = {"incoherent": False, "repetition_loop": True, "evidence": ["a a a"], "brief_reason": "loops"}
@@ -268,7 +269,7 @@ def tiny_local_judge(tmp_path_factory):
 
 
 def test_local_judge_garbage_is_counted_unparsed(tiny_local_judge, tmp_path):
-    judge_client = make_judge_client(f"local:{tiny_local_judge}", max_new_tokens=6)
+    judge_client = make_judge_client(f"local-free:{tiny_local_judge}", max_new_tokens=6)
     assert isinstance(judge_client, LocalChatClient) and judge_client.judge_id.startswith("local:")
     judge = DegenerationJudge(judge_client, cache_dir=tmp_path, concurrency=2)
     result = judge.evaluate([("what is it", "the the the the"), ("hello", "a fine answer")])
@@ -276,3 +277,50 @@ def test_local_judge_garbage_is_counted_unparsed(tiny_local_judge, tmp_path):
     assert all(v.raw is not None and not v.parsed for v in result.verdicts)
     again = DegenerationJudge(judge_client, cache_dir=tmp_path).evaluate([("what is it", "the the the the")])
     assert again.requests == 0 and again.verdicts[0].raw == result.verdicts[0].raw  # greedy answers, cached
+
+
+def _direct_logprob(model, ids, start):
+    """log p(ids[start:] | ids[:start]) by one forward pass, summed token by token."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return sum(float(torch.log_softmax(logits[n - 1], -1)[ids[n]]) for n in range(start, len(ids)))
+
+
+def test_local_judge_labels_are_the_most_likely_choices_and_always_parse(tiny_local_judge, tmp_path):
+    client = make_judge_client(f"local:{tiny_local_judge}")
+    assert client.decoding == "labels" and client.judge_id.startswith("local-labels:")
+    messages = judge_messages("what is it", "the the the the", instructions="judge a")
+    text = client.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prefix = text + '{"incoherent": '
+    ids = client.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    direct = {}
+    for choice in LABEL_CHOICES:
+        full = client.tokenizer(prefix + choice, add_special_tokens=False)["input_ids"]
+        assert full[:len(ids)] == ids and len(full) == len(ids) + 1  # one word, one token
+        direct[choice] = _direct_logprob(client.model, full, len(ids))
+        assert client.continuation_logprob(prefix, choice) == pytest.approx(direct[choice], abs=1e-5)
+    assert len(set(direct.values())) == 3  # a random model still ranks them
+
+    raw = client.complete(messages)
+    verdict = parse_verdict(raw)
+    first = max(LABEL_CHOICES, key=direct.get)
+    assert verdict.parsed and raw.startswith('{"incoherent": ' + first + ', "repetition_loop": ')
+    assert verdict.incoherent == {"true": True, "false": False, "null": None}[first]
+    second = raw.split('"repetition_loop": ')[1].split(",")[0]
+    rest = prefix + first + ', "repetition_loop": '
+    assert second == max(LABEL_CHOICES, key=lambda c: client.continuation_logprob(rest, c))
+    assert "log-likelihood" in verdict.brief_reason and f"incoherent true {direct['true']:.3f}" in verdict.brief_reason
+
+    judge = DegenerationJudge(client, cache_dir=tmp_path, instructions="judge a")
+    result = judge.evaluate([("what is it", "the the the the"), ("hello", "a fine answer")])
+    assert result.summary.unparsed == 0 and result.summary.total == 2 and result.verdicts[0].raw == raw
+
+
+def test_local_judge_decoding_is_checked(tiny_local_judge):
+    with pytest.raises(ValueError, match="decoding"):
+        LocalChatClient(tiny_local_judge, decoding="beam")
+    with pytest.raises(ValueError, match="unknown judge"):
+        make_judge_client("remote")
+    assert make_judge_client(f"local-free:{tiny_local_judge}").decoding == "free"

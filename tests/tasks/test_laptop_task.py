@@ -56,3 +56,20 @@ def test_digit_tokenizer_keeps_digits_apart(laptop_task):
     pieces = [tokenizer.decode([i]) for i in ids]
     assert "".join(pieces) == "What is 47+385?"
     assert [p for p in pieces if any(c.isdigit() for c in p)] == ["4", "7", "3", "8", "5"]
+
+
+def test_split_data_is_deterministic_and_answers_add_up(laptop_task, tmp_path):
+    train, held = laptop_task.make_task_data("split", 2, 2000, 50, seed=0)
+    assert (train, held) == laptop_task.make_split_data(2, 2000, 50, seed=0)
+    assert held != laptop_task.make_split_data(2, 2000, 50, seed=1)[1]
+    for row in train:
+        total = int(row["problem"].split()[1])
+        a, b = (int(x) for x in row["answer"].split("+"))
+        assert row["problem"] == f"Write {total} as a sum of two numbers." and a + b == total and 0 <= a < 100 > b >= 0
+    assert len({row["answer"] for row in train if row["problem"] == train[0]["problem"]}) > 1  # many answers
+    laptop_task.write_jsonl(tmp_path / "split.jsonl", held)
+    data = load_task(get_benchmark("split"), tmp_path)
+    assert [e.answer for e in data.examples] == [r["problem"].split()[1] for r in held]
+    assert all(0 <= int(e.answer) <= 198 for e in data.examples)
+    assert laptop_task.parse_args([]).out == "runs/laptop-task-split"
+    assert laptop_task.parse_args(["--task", "addition"]).out == "runs/laptop-task"

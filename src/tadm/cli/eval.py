@@ -587,7 +587,8 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
                    help="cap every task's generation length (default: the paper's per task)")
     p.add_argument("--batch-size", type=positive_int, default=1, metavar="B")
     p.add_argument("--judge", default="none", metavar="JUDGE",
-                   help="degeneration judge: none (default), local, local:PATH or an OpenAI-compatible URL")
+                   help="degeneration judge: none (default), local, local:PATH (labels scored by likelihood), "
+                        "local-free:PATH (free text) or an OpenAI-compatible URL")
     p.add_argument("--judge-model", default=None, metavar="NAME", help="model name served at a --judge URL")
     p.add_argument("--code-timeout", type=float, default=10.0, metavar="S", help="seconds per program run")
     p.add_argument("--out", default="tadm-tasks", metavar="DIR")

@@ -15,8 +15,13 @@ aime               0      4,096   integer (math-verify)       accuracy
 =================  =====  ======  ==========================  =======
 
 Beside them, :data:`EXTRA_BENCHMARKS` holds tasks that are not in the paper's table and are only run
-when named: ``addition`` (0-shot, "What is 47+385?" -> ``432``, checked as math), the laptop-scale
-task of ``scripts/laptop_task.py`` that a tiny model learns on CPU.
+when named, the laptop-scale tasks of ``scripts/laptop_task.py`` that a tiny model learns on CPU:
+
+* ``addition`` (0-shot, "What is 47+385?" -> ``432``, checked as math): one right answer, fixed by the prompt;
+* ``split`` (0-shot, "Write 137 as a sum of two numbers." -> any ``a+b`` with a + b = 137, e.g. ``58+79``):
+  many right answers, so the tokens of an answer depend on each other, not only on the prompt. A
+  sampler that fixes ``a`` and ``b`` from predictions that did not see each other (a stale view of the
+  canvas) writes a sum that is wrong, which is what naive reuse of a stale anchor risks.
 
 :func:`build_prompt` formats an :class:`Example` after its few-shot examples; :func:`score` checks a
 response: math answers through ``math-verify`` (``math_verify.parse`` / ``verify``), multiple choice by
@@ -32,8 +37,8 @@ from typing import Any
 
 from tadm.tasks.sandbox import run_program
 
-__all__ = ["BENCHMARKS", "EXTRA_BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice", "check_math",
-           "extract_choice", "extract_code", "extract_math_answer", "get_benchmark", "parse_task_list", "score"]
+__all__ = ["BENCHMARKS", "EXTRA_BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice",
+           "check_math", "check_sum", "extract_choice", "extract_code", "extract_math_answer", "get_benchmark", "parse_task_list", "score"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class Benchmark:
     title: str  # as in the paper's table
     shots: int
     max_gen_toks: int
-    answer_type: str  # "math", "choice", "function" (HumanEval) or "stdio" (LiveCodeBench)
+    answer_type: str  # "math", "choice", "function" (HumanEval), "stdio" (LiveCodeBench) or "sum" (split)
     metric: str  # "accuracy" or "pass@1"
     fields: tuple[str, ...]  # required fields of a local JSONL record
     letters: str = ""  # valid letters of a multiple-choice benchmark
@@ -68,6 +73,9 @@ EXTRA_BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     # local data only: records {"problem": "What is 47+385?", "answer": "432"}
     Benchmark("addition", "Addition", 0, 8, "math", "accuracy", ("problem", "answer"),
               instruction="Give only the sum."),
+    # local data only: records {"problem": "Write 137 as a sum of two numbers.", "answer": "137"}
+    Benchmark("split", "Split", 0, 8, "sum", "accuracy", ("problem", "answer"),
+              instruction="Give two numbers whose sum is the given number, as a+b."),
 )}
 """Tasks outside the paper's table (never in the default task list)."""
 
@@ -203,6 +211,18 @@ def check_math(response: str, gold: str) -> Score:
     return Score(bool(pred_parsed) and bool(verify(gold_parsed, pred_parsed)), extracted)
 
 
+_SUM = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
+
+
+def check_sum(response: str, gold: str) -> Score:
+    """``split``: the response's first ``a+b`` (integers) adds up to ``gold``."""
+    found = _SUM.search(response)
+    if found is None:
+        return Score(False, None, "no a+b found")
+    a, b = int(found.group(1)), int(found.group(2))
+    return Score(a + b == int(str(gold).strip()), f"{a}+{b}")
+
+
 def extract_choice(text: str, letters: str) -> str | None:
     """The chosen letter: the last 'answer is (X)' / 'Answer: X', else the last '(X)', else the last lone X."""
     group = f"[{letters}]"
@@ -268,6 +288,8 @@ def score(bench: Benchmark, example: Example, response: str, *, timeout: float =
         return check_math(response, example.answer)
     if bench.answer_type == "choice":
         return check_choice(response, example.answer, bench.letters)
+    if bench.answer_type == "sum":
+        return check_sum(response, example.answer)
     if bench.answer_type == "function":
         return check_function(example, response, timeout=timeout, memory_mb=memory_mb)
     return check_stdio(example, response, timeout=timeout, memory_mb=memory_mb)

@@ -8,9 +8,19 @@ have a ``judge_id`` that names the judge in cache keys.
   environment variable whose name is configurable, a timeout per request, and retries with
   exponential backoff on connection errors, timeouts, HTTP 429 and 5xx (``Retry-After`` honoured).
   Standard library only (``urllib``).
-* :class:`LocalChatClient` - a ``transformers`` causal LM directory (``local:PATH``), loaded without
-  running code shipped with it, prompted through its chat template and decoded greedily. The offline
-  default is SmolLM2-135M-Instruct as prepared by ``tadm eval prepare-evaluator``.
+* :class:`LocalChatClient` - a ``transformers`` causal LM directory, loaded without running code
+  shipped with it and prompted through its chat template. The offline default is
+  SmolLM2-135M-Instruct as prepared by ``tadm eval prepare-evaluator``. Two ways to answer:
+
+  - ``decoding="labels"`` (``local:PATH``, the default): the answer is the verdict JSON with each
+    label chosen by the model's likelihood. After the chat prompt the text ``{"incoherent": `` is
+    fixed, ``true``, ``false`` and ``null`` are scored (sum of the log-probabilities of their tokens)
+    and the best one is written; then ``, "repetition_loop": `` and the same choice. Small models that
+    do not follow the prompt's output format (SmolLM2-135M answers the question instead) still give a
+    verdict that parses, and its ``brief_reason`` records the scores. This is constrained decoding, not
+    a judgement of its quality: how well a small model's choices agree with degeneration is a matter of
+    measurement (``scripts/judge_agreement.py``);
+  - ``decoding="free"`` (``local-free:PATH``): greedy free text, parsed like an endpoint's answer.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["ChatClient", "JudgeRequestError", "LocalChatClient", "OpenAIChatClient", "make_judge_client"]
+__all__ = ["LABEL_CHOICES", "LOCAL_DECODINGS", "ChatClient", "JudgeRequestError", "LocalChatClient", "OpenAIChatClient", "make_judge_client"]
 
 Messages = list[dict[str, str]]
 
@@ -139,13 +149,24 @@ class OpenAIChatClient:
         raise AssertionError("unreachable")
 
 
+LOCAL_DECODINGS = ("labels", "free")
+LABEL_CHOICES = ("true", "false", "null")
+
+
 class LocalChatClient:
-    """A local ``transformers`` causal LM directory answering through its chat template, greedily.
+    """A local ``transformers`` causal LM directory answering through its chat template.
+
+    Args:
+        decoding: ``"labels"`` (each verdict label chosen by likelihood among true / false / null, see
+            the module docstring) or ``"free"`` (greedy free text of up to ``max_new_tokens``).
 
     Requests are served one at a time (a lock), whatever the judge's concurrency.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_new_tokens: int = 256, device: str = "cpu") -> None:
+    def __init__(self, path: str | os.PathLike[str], *, max_new_tokens: int = 256, device: str = "cpu",
+                 decoding: str = "labels") -> None:
+        if decoding not in LOCAL_DECODINGS:
+            raise ValueError(f"unknown local judge decoding {decoding!r}; valid: {', '.join(LOCAL_DECODINGS)}")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         directory = Path(path).expanduser()
@@ -157,18 +178,50 @@ class LocalChatClient:
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"local judge {str(path)!r}: its tokenizer has no chat template")
         self.model = AutoModelForCausalLM.from_pretrained(str(directory), trust_remote_code=False).to(device).eval()
-        self.max_new_tokens, self.device = int(max_new_tokens), device
-        self.judge_id = f"local:{directory.resolve()}"
+        self.max_new_tokens, self.device, self.decoding = int(max_new_tokens), device, decoding
+        self.judge_id = f"local:{directory.resolve()}" if decoding == "free" else f"local-labels:{directory.resolve()}"
         self._lock = threading.Lock()
 
     def complete(self, messages: Messages) -> str:
+        """The answer to ``messages``: a verdict JSON with scored labels, or free text."""
+        with self._lock:
+            return self._labels(messages) if self.decoding == "labels" else self._free(messages)
+
+    def continuation_logprob(self, text: str, continuation: str) -> float:
+        """log p(continuation | text) under the model: the sum over the tokens of ``text + continuation``
+        after the longest run of ids it shares with ``text`` alone (so a merge across the boundary is scored)."""
+        import torch
+
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        full = self.tokenizer(text + continuation, add_special_tokens=False)["input_ids"]
+        start = next((n for n, (a, b) in enumerate(zip(ids, full)) if a != b), min(len(ids), len(full)))
+        start = max(start, 1)
+        with torch.no_grad():
+            logits = self.model(torch.tensor([full], device=self.device)).logits[0].float()
+        logprobs = torch.log_softmax(logits[:-1], dim=-1)  # row n predicts token n + 1
+        targets = torch.tensor(full[start:], device=self.device)
+        return float(logprobs[start - 1:].gather(-1, targets[:, None]).sum())
+
+    def _labels(self, messages: Messages) -> str:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        answer, reasons = "{", []
+        for n, label in enumerate(("incoherent", "repetition_loop")):
+            answer += f'{", " if n else ""}"{label}": '
+            scores = {choice: self.continuation_logprob(text + answer, choice) for choice in LABEL_CHOICES}
+            best = max(LABEL_CHOICES, key=lambda choice: scores[choice])
+            answer += best
+            reasons.append(f"{label} " + " ".join(f"{c} {scores[c]:.3f}" for c in LABEL_CHOICES))
+        reason = "labels chosen by log-likelihood: " + "; ".join(reasons)
+        return answer + ', "evidence": [], "brief_reason": ' + json.dumps(reason) + "}"
+
+    def _free(self, messages: Messages) -> str:
         import torch
 
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                      return_dict=True)
         inputs = {k: v.to(self.device) for k, v in encoded.items()}
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        with self._lock, torch.no_grad():
+        with torch.no_grad():
             out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
                                       temperature=None, top_p=None, top_k=None, pad_token_id=pad)
         return self.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -178,19 +231,23 @@ def make_judge_client(judge: str | None = None, *, url: str | None = None, model
                       **options: Any) -> ChatClient:
     """The judge named on the command line.
 
-    ``judge="local:PATH"`` is a local model; ``judge=None`` or ``"local"`` without ``url`` is the
+    ``judge="local:PATH"`` is a local model with scored labels, ``"local-free:PATH"`` the same model
+    answering in free text; ``judge=None``, ``"local"`` or ``"local-free"`` without ``url`` is the
     prepared SmolLM2-135M-Instruct (:func:`tadm.eval.evaluator.default_evaluator_path`); ``url`` with
     ``model`` is an OpenAI-compatible endpoint. ``options`` go to the client (timeout, max_attempts,
     api_key_env, ... or max_new_tokens, device).
     """
-    if judge is not None and judge.startswith("local:"):
-        return LocalChatClient(judge[len("local:"):], **options)
+    if judge is not None and judge.startswith(("local:", "local-free:")):
+        kind, path = judge.split(":", 1)
+        return LocalChatClient(path, **{"decoding": "free" if kind == "local-free" else "labels", **options})
     if url is not None:
         if judge not in (None, "openai"):
             raise ValueError(f"give --judge local:PATH or --judge-url with --judge-model, not both ({judge!r})")
         return OpenAIChatClient(url, model or "", **options)
-    if judge in (None, "local"):
+    if judge in (None, "local", "local-free"):
         from tadm.eval.evaluator import default_evaluator_path
 
-        return LocalChatClient(default_evaluator_path(), **options)
-    raise ValueError(f"unknown judge {judge!r}: use local:PATH, or --judge-url URL with --judge-model NAME")
+        decoding = "free" if judge == "local-free" else "labels"
+        return LocalChatClient(default_evaluator_path(), **{"decoding": decoding, **options})
+    raise ValueError(f"unknown judge {judge!r}: use local, local:PATH, local-free:PATH, or --judge-url URL with "
+                     "--judge-model NAME")

@@ -56,7 +56,7 @@ class TaskRunConfig:
     batch_size: int = 1
     device: str = "auto"
     dtype: str = "auto"
-    judge: str | None = None  # None / "none", "local", "local:PATH" or an http(s) URL
+    judge: str | None = None  # None / "none", "local", "local:PATH", "local-free:PATH" or an http(s) URL
     judge_model: str | None = None
     judge_concurrency: int = 4
     code_timeout: float = 10.0
