@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tadm.tasks import datasets as task_datasets
-from tadm.tasks.benchmarks import get_benchmark
+from tadm.tasks.benchmarks import build_prompt, get_benchmark
 from tadm.tasks.datasets import load_task
 
 
@@ -35,7 +35,30 @@ def test_a_fewshot_file_provides_the_shots(tmp_path):
         for n in range(7)])
     data = load_task(get_benchmark("mmlu_pro"), tmp_path)
     assert len(data.examples) == 1 and data.examples[0].answer == "J" and len(data.examples[0].choices) == 10
-    assert len(data.shots) == 5 and data.shots[0].solution == "Think. The answer is (B)."
+    assert len(data.shots_for(data.examples[0])) == 5 and data.shots[0].solution == "Think. The answer is (B)."
+
+
+def test_mmlu_pro_shots_are_those_of_the_question_s_category(tmp_path):
+    categories = ["law"] * 5 + ["math"] * 5 + ["physics"] * 3
+    write_jsonl(tmp_path / "mmlu_pro.fewshot.jsonl", [
+        {"question": f"{c} shot {n}?", "options": ["x", "y"], "answer": "A", "category": c}
+        for n, c in enumerate(categories)])
+    write_jsonl(tmp_path / "mmlu_pro.jsonl", [
+        {"question": f"Q {c}?", "options": ["x", "y"], "answer": "B", "category": c}
+        for c in ("math", "law", "physics", "history")] + [{"question": "Q?", "options": ["x", "y"], "answer": "B"}])
+    data = load_task(get_benchmark("mmlu_pro"), tmp_path)
+    picked = {ex.question: [shot.question for shot in data.shots_for(ex)] for ex in data.examples}
+    assert picked["Q math?"] == [f"math shot {n}?" for n in range(5, 10)]
+    assert picked["Q law?"] == [f"law shot {n}?" for n in range(5)]
+    # too few of its own: its three, then the first others in file order
+    assert picked["Q physics?"] == [f"physics shot {n}?" for n in (10, 11, 12)] + ["law shot 0?", "law shot 1?"]
+    assert picked["Q history?"] == picked["Q?"] == [f"law shot {n}?" for n in range(5)]  # no match: the first five
+    prompt = build_prompt(get_benchmark("mmlu_pro"), data.examples[0], data.shots_for(data.examples[0]))
+    assert "math shot 5?" in prompt and "law shot" not in prompt
+    # gsm8k keeps its first five for every question
+    write_jsonl(tmp_path / "gsm8k.jsonl", GSM)
+    gsm = load_task(get_benchmark("gsm8k"), tmp_path)
+    assert all(gsm.shots_for(ex) == gsm.shots for ex in gsm.examples) and len(gsm.shots) == 5
 
 
 def test_every_task_reads_its_documented_fields(tmp_path):
@@ -89,7 +112,32 @@ def test_the_hub_failing_is_one_line_pointing_to_data_dir(monkeypatch):
     with pytest.raises(ValueError) as err:
         load_task(get_benchmark("gsm8k"))
     assert "openai/gsm8k" in str(err.value) and "--data-dir" in str(err.value) and "\n" not in str(err.value)
-    with pytest.raises(ValueError, match="livecodebench cannot be loaded from the Hub"):
+    with pytest.raises(ValueError, match="split cannot be loaded from the Hub"):
+        load_task(get_benchmark("split"))
+
+
+def test_livecodebench_from_the_hub_is_its_raw_v6_file_converted(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from tests.tasks.test_livecodebench import raw_rows
+
+    asked = []
+
+    def download(repo_id, filename, repo_type=None, **kwargs):
+        asked.append((repo_id, filename, repo_type))
+        return str(write_jsonl(tmp_path / filename, raw_rows()))
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    data = load_task(get_benchmark("livecodebench"))
+    assert asked == [("livecodebench/code_generation_lite", "test6.jsonl", "dataset")]
+    assert data.source == "hub:livecodebench/code_generation_lite" and len(data.examples) == 2
+    assert data.examples[1].entry_point == "twoSum" and data.examples[1].starter_code.startswith("class Solution")
+
+    def unreachable(*args, **kwargs):
+        raise OSError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    with pytest.raises(ValueError, match="could not load livecodebench/code_generation_lite.*--data-dir"):
         load_task(get_benchmark("livecodebench"))
 
 

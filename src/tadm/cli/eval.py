@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _add_throughput(esub)
     _add_sweep(esub)
     _add_tasks(esub)
+    _add_convert_livecodebench(esub)
     p.set_defaults(func=run)
 
 
@@ -615,4 +616,43 @@ def _run_tasks(args: argparse.Namespace) -> int:
     print(f"{len(result.units)} units ({result.ran} run now); tables in {config.out_dir}:")
     for label, path in result.files.items():
         print(f"  {label}: {path}")
+    return 0
+
+
+def _add_convert_livecodebench(esub: argparse._SubParsersAction) -> None:
+    p = esub.add_parser("convert-livecodebench", help="released LiveCodeBench JSONL files -> livecodebench.jsonl",
+                        description="Convert LiveCodeBench's released files (test.jsonl ... test6.jsonl of "
+                                    "livecodebench/code_generation_lite) into the livecodebench.jsonl that "
+                                    "`tadm eval tasks --data-dir` reads; compressed private tests are decoded "
+                                    "as plain data only.")
+    p.add_argument("files", nargs="+", metavar="FILE", help="released JSONL file(s), e.g. test6.jsonl")
+    p.add_argument("--out", required=True, metavar="PATH", help="the livecodebench.jsonl to write")
+    p.add_argument("--since", default=None, metavar="YYYY-MM-DD", help="keep problems of contests on or after")
+    p.add_argument("--until", default=None, metavar="YYYY-MM-DD", help="keep problems of contests on or before")
+    p.set_defaults(eval_func=_run_convert_livecodebench)
+
+
+def _run_convert_livecodebench(args: argparse.Namespace) -> int:
+    from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
+
+    rows = []
+    for name in args.files:
+        if not Path(name).is_file():
+            raise CLIError(f"{name}: no such file")
+        try:
+            rows += read_raw_jsonl(name)
+        except ValueError as err:
+            raise CLIError(str(err)) from None
+    try:
+        records = convert_rows(rows, since=args.since, until=args.until)
+    except (ValueError, KeyError, TypeError) as err:
+        raise CLIError(f"not a LiveCodeBench file: {err}") from None
+    if not records:
+        raise CLIError(f"no problem left of {len(rows)} (check --since / --until)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    functional = sum(any(t["testtype"] == "functional" for t in r["tests"]) for r in records)
+    print(f"{len(records)} problems ({functional} functional, {len(records) - functional} stdin), "
+          f"{sum(len(r['tests']) for r in records)} tests -> {out}")
     return 0

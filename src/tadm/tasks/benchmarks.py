@@ -38,7 +38,8 @@ from typing import Any
 from tadm.tasks.sandbox import run_program
 
 __all__ = ["BENCHMARKS", "EXTRA_BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice",
-           "check_math", "check_sum", "extract_choice", "extract_code", "extract_math_answer", "get_benchmark", "parse_task_list", "score"]
+           "check_math", "check_sum", "extract_choice", "extract_code", "extract_math_answer", "get_benchmark", "parse_task_list", "score",
+           "select_shots"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Benchmark:
     letters: str = ""  # valid letters of a multiple-choice benchmark
     until: tuple[str, ...] = ()  # stop strings
     instruction: str | None = None  # replaces the answer type's instruction in the prompt
+    shots_by: str = ""  # "category": few-shot examples of the evaluated example's own category first
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
@@ -64,7 +66,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("gpqa", "GPQA-Diamond", 0, 2048, "choice", "accuracy", ("question", "choices", "answer"),
               letters="ABCD"),
     Benchmark("mmlu_pro", "MMLU-Pro", 5, 2048, "choice", "accuracy", ("question", "options", "answer"),
-              letters="ABCDEFGHIJ", until=("Question:",)),
+              letters="ABCDEFGHIJ", until=("Question:",), shots_by="category"),
     Benchmark("livecodebench", "LiveCodeBench-v6", 0, 2000, "stdio", "pass@1", ("question", "tests")),
     Benchmark("aime", "AIME26", 0, 4096, "math", "accuracy", ("problem", "answer")),
 )}
@@ -104,7 +106,10 @@ class Example:
     question: the problem text (HumanEval: the function's signature and docstring).
     answer: the gold answer (a number, or a letter); ``solution``: a worked answer for few-shot prompts.
     choices: the options of a multiple-choice item; ``tests``: HumanEval's test code, or
-    LiveCodeBench's ``[{"input": ..., "output": ...}]``; ``entry_point``: HumanEval's function name.
+    LiveCodeBench's ``[{"input": ..., "output": ..., "testtype": "stdin" or "functional"}]``;
+    ``entry_point``: HumanEval's function name, or a LiveCodeBench LeetCode method's (``func_name``);
+    ``starter_code``: LiveCodeBench's code to complete (LeetCode problems);
+    ``category``: MMLU-Pro's subject (its few-shot examples are taken from the same subject).
     """
 
     id: str
@@ -114,6 +119,8 @@ class Example:
     solution: str = ""
     tests: Any = None
     entry_point: str = ""
+    category: str = ""
+    starter_code: str = ""
 
 
 # ------------------------------------------------------------------------------------------ prompts
@@ -138,13 +145,30 @@ _INSTRUCTIONS = {
     "choice": "Think step by step, then end with 'The answer is (X).' where X is the letter of the correct option.",
     "stdio": ("Write a complete Python 3 program that reads the input from standard input and writes the answer "
               "to standard output. Give the program in one ```python code block."),
+    "starter": ("Complete the starter code below into a correct Python 3 solution of the problem. Give the whole "
+                "solution in one ```python code block."),
 }
+
+
+def select_shots(bench: Benchmark, example: Example, pool: Sequence[Example]) -> list[Example]:
+    """The ``bench.shots`` few-shot examples for ``example`` from ``pool``, in pool order.
+
+    A benchmark with ``shots_by="category"`` (MMLU-Pro, as in its own evaluation) takes the examples of
+    ``example.category`` first and fills up from the others when the category has too few.
+    """
+    if bench.shots_by == "category" and example.category:
+        same = [shot for shot in pool if shot.category == example.category]
+        pool = same + [shot for shot in pool if shot.category != example.category]
+    return list(pool[:bench.shots])
 
 
 def build_prompt(bench: Benchmark, example: Example, shots: Sequence[Example] = ()) -> str:
     """The prompt of ``example`` after ``shots`` (their worked answers); HumanEval is its code prompt."""
     if bench.answer_type == "function":
         return example.question
+    if bench.answer_type == "stdio" and example.starter_code:
+        return (f"{_INSTRUCTIONS['starter']}\n\n{example.question.strip()}\n\n"
+                f"```python\n{example.starter_code.rstrip()}\n```\n")
     if bench.answer_type == "stdio":
         return f"{_INSTRUCTIONS['stdio']}\n\n{example.question.strip()}\n"
     parts = [bench.instruction if bench.instruction is not None else _INSTRUCTIONS[bench.answer_type]]
@@ -271,12 +295,18 @@ def _same_output(actual: str, expected: str) -> bool:
 
 
 def check_stdio(example: Example, response: str, *, timeout: float, memory_mb: int) -> Score:
-    """LiveCodeBench: the program prints the expected output for every test input."""
+    """LiveCodeBench: every test passes - a ``stdin`` test prints the expected output for its input, a
+    ``functional`` one returns the expected JSON value from ``Solution().<entry_point>(*args)``."""
+    from tadm.tasks.livecodebench import functional_program, same_json_output
+
     code = extract_code(response)
     code = response if code is None else code
     for n, test in enumerate(example.tests or []):
-        result = run_program(code, stdin=str(test["input"]), timeout=timeout, memory_mb=memory_mb)
-        if result.status != "ok" or not _same_output(result.stdout, str(test["output"])):
+        functional = test.get("testtype") == "functional"
+        program = functional_program(code, example.entry_point) if functional else code
+        same = same_json_output if functional else _same_output
+        result = run_program(program, stdin=str(test["input"]), timeout=timeout, memory_mb=memory_mb)
+        if result.status != "ok" or not same(result.stdout, str(test["output"])):
             return Score(False, None, f"test {n}: {result.status if result.status != 'ok' else 'wrong output'}")
     return Score(bool(example.tests), None, "passed" if example.tests else "no tests")
 

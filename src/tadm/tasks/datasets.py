@@ -7,20 +7,26 @@ is downloaded. The fields each record must have (``id`` and ``solution`` are opt
 * ``humaneval``: ``prompt`` (signature + docstring), ``test`` (defines ``check(candidate)``), ``entry_point``;
 * ``gpqa``: ``question``, ``choices`` (a list of 4 strings), ``answer`` (the letter, A-D);
 * ``mmlu_pro``: ``question``, ``options`` (a list of up to 10 strings), ``answer`` (the letter, A-J),
-  optional ``cot_content`` (a worked answer, used in few-shot prompts);
-* ``livecodebench``: ``question``, ``tests`` (a list of ``{"input": str, "output": str}``, run on stdin/stdout);
+  optional ``cot_content`` (a worked answer, used in few-shot prompts) and ``category`` (the subject:
+  each question's shots are those of its own category, as in MMLU-Pro's evaluation);
+* ``livecodebench``: ``question``, ``tests`` (a list of ``{"input": str, "output": str}``, run on stdin/stdout,
+  or with ``"testtype": "functional"`` for LeetCode problems), optional ``starter_code`` and ``func_name``
+  (the method of ``class Solution`` a functional test calls). ``tadm eval convert-livecodebench`` writes
+  this file from the released JSONL files (:mod:`tadm.tasks.livecodebench`);
 * ``aime``: ``problem``, ``answer`` (an integer).
 
 Few-shot tasks (gsm8k, mmlu_pro: 5 shots) take their examples from ``DATA_DIR/<task>.fewshot.jsonl``
 (same fields) when it exists, else from the first records of ``<task>.jsonl``, which are then not
-evaluated. A ``solution`` (or gsm8k's worked ``answer``, mmlu_pro's ``cot_content``) is the shot's answer.
+evaluated. gsm8k uses the first 5 of them for every question; mmlu_pro picks 5 per question, those of
+the question's category first (:func:`~tadm.tasks.benchmarks.select_shots`). A ``solution`` (or gsm8k's worked ``answer``, mmlu_pro's ``cot_content``) is the shot's answer.
 
 Without ``data_dir``, tasks are loaded from the Hub with ``datasets`` (the pinned dependency of
 lm-eval): gsm8k ``openai/gsm8k`` (test; shots from train), humaneval ``openai/openai_humaneval``,
 gpqa ``Idavidrein/gpqa`` (gpqa_diamond; gated: log in first; options shuffled by a fixed hash),
-mmlu_pro ``TIGER-Lab/MMLU-Pro`` (test; shots from validation), aime ``MathArena/aime_2026``.
-livecodebench has no Hub loader (its dataset ships a loading script and pickled private tests):
-convert it to ``livecodebench.jsonl``. A failed download is a one-line error pointing to ``--data-dir``.
+mmlu_pro ``TIGER-Lab/MMLU-Pro`` (test; shots from validation), aime ``MathArena/aime_2026``,
+livecodebench the file ``test6.jsonl`` (the problems of release v6) of ``livecodebench/code_generation_lite``,
+downloaded with ``huggingface_hub`` and converted (its loading script is not run). A failed download is
+a one-line error pointing to ``--data-dir``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tadm.tasks.benchmarks import Benchmark, Example
+from tadm.tasks.benchmarks import Benchmark, Example, select_shots
 
 __all__ = ["HUB_SOURCES", "TaskData", "example_from_record", "load_task", "read_jsonl"]
 
@@ -50,18 +56,26 @@ HUB_SOURCES: dict[str, HubSource | None] = {
     "humaneval": HubSource("openai/openai_humaneval", None, "test"),
     "gpqa": HubSource("Idavidrein/gpqa", "gpqa_diamond", "train"),
     "mmlu_pro": HubSource("TIGER-Lab/MMLU-Pro", None, "test", "validation"),
-    "livecodebench": None,
+    "livecodebench": HubSource("livecodebench/code_generation_lite", None, "test6.jsonl"),
     "aime": HubSource("MathArena/aime_2026", None, "train"),
 }
 
 
 @dataclass
 class TaskData:
-    """A benchmark's evaluated examples, its few-shot examples and where they came from."""
+    """A benchmark's evaluated examples, its few-shot pool and where they came from.
+
+    ``shots`` is the pool; :meth:`shots_for` picks an example's own shots from it.
+    """
 
     examples: list[Example]
     shots: list[Example]
     source: str
+    bench: Benchmark | None = None
+
+    def shots_for(self, example: Example) -> list[Example]:
+        """The few-shot examples placed before ``example`` (:func:`~tadm.tasks.benchmarks.select_shots`)."""
+        return select_shots(self.bench, example, self.shots) if self.bench is not None else list(self.shots)
 
 
 def _fields_hint(bench: Benchmark) -> str:
@@ -118,9 +132,15 @@ def example_from_record(bench: Benchmark, record: dict[str, Any], index: int, wh
         if not 2 <= len(options) <= len(bench.letters):
             raise ValueError(f"{where}: {bench.name} needs 2 to {len(bench.letters)} options, got {len(options)}")
         return Example(ident, str(record["question"]), str(record["answer"]).strip().upper(), choices=options,
-                       solution=solution or str(record.get("cot_content", "") or ""))
+                       solution=solution or str(record.get("cot_content", "") or ""),
+                       category=str(record.get("category", "") or ""))
     if bench.name == "livecodebench":
-        return Example(ident, str(record["question"]), tests=_tests(record["tests"], where or ident))
+        tests = _tests(record["tests"], where or ident)
+        func_name = str(record.get("func_name", "") or "")
+        if func_name == "" and any(t.get("testtype") == "functional" for t in tests):
+            raise ValueError(f"{where or ident}: functional tests need 'func_name' (the method they call)")
+        return Example(ident, str(record["question"]), tests=tests, entry_point=func_name,
+                       starter_code=str(record.get("starter_code", "") or ""))
     return Example(ident, str(record["problem"]), str(record["answer"]).strip(), solution=solution)
 
 
@@ -128,18 +148,24 @@ def _examples(bench: Benchmark, records: list[dict[str, Any]], where: str) -> li
     return [example_from_record(bench, r, n, f"{where}:{n + 1}") for n, r in enumerate(records)]
 
 
+def _pool(bench: Benchmark, shots: list[Example]) -> list[Example]:
+    """The few-shot pool kept: all of it when shots are matched per example, else the first ``bench.shots``."""
+    return shots if bench.shots_by else shots[:bench.shots]
+
+
 def _local(bench: Benchmark, data_dir: Path) -> TaskData:
     path = data_dir / f"{bench.name}.jsonl"
     examples = _examples(bench, read_jsonl(path, bench), str(path))
     fewshot = data_dir / f"{bench.name}.fewshot.jsonl"
     if bench.shots == 0:
-        return TaskData(examples, [], str(path))
+        return TaskData(examples, [], str(path), bench)
     if fewshot.is_file():
-        return TaskData(examples, _examples(bench, read_jsonl(fewshot, bench), str(fewshot))[:bench.shots], str(path))
+        return TaskData(examples, _pool(bench, _examples(bench, read_jsonl(fewshot, bench), str(fewshot))), str(path),
+                        bench)
     if len(examples) <= bench.shots:
         raise ValueError(f"{path}: {bench.name} needs {bench.shots} few-shot examples ({fewshot.name}) or more than "
                          f"{bench.shots} records (the first {bench.shots} become the shots)")
-    return TaskData(examples[bench.shots:], examples[:bench.shots], str(path))
+    return TaskData(examples[bench.shots:], examples[:bench.shots], str(path), bench)
 
 
 def _gpqa_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -158,10 +184,20 @@ def _hub_record(bench: Benchmark, row: dict[str, Any]) -> dict[str, Any]:
     return dict(row)
 
 
-def _hub_split(bench: Benchmark, source: HubSource, split: str) -> list[Example]:
+def _hub_rows(source: HubSource, split: str) -> list[dict[str, Any]]:
+    if split.endswith(".jsonl"):  # a raw file of a dataset repository (LiveCodeBench)
+        from huggingface_hub import hf_hub_download
+
+        from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
+
+        return convert_rows(read_raw_jsonl(hf_hub_download(source.path, split, repo_type="dataset")))
     import datasets
 
-    rows = datasets.load_dataset(source.path, source.config, split=split)
+    return datasets.load_dataset(source.path, source.config, split=split)
+
+
+def _hub_split(bench: Benchmark, source: HubSource, split: str) -> list[Example]:
+    rows = _hub_rows(source, split)
     return [example_from_record(bench, _hub_record(bench, dict(row)), n) for n, row in enumerate(rows)]
 
 
@@ -172,13 +208,13 @@ def _hub(bench: Benchmark) -> TaskData:
         raise ValueError(f"{bench.name} cannot be loaded from the Hub; {hint}")
     try:
         examples = _hub_split(bench, source, source.split)
-        shots = _hub_split(bench, source, source.fewshot_split)[:bench.shots] if bench.shots else []
+        shots = _pool(bench, _hub_split(bench, source, source.fewshot_split)) if bench.shots else []
     except ImportError:
         raise ValueError(f"{bench.name}: the Hub needs the 'datasets' package; {hint}") from None
     except Exception as err:  # network, authentication, missing dataset: all end the same way
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"{bench.name}: could not load {source.path} from the Hub ({first}); {hint}") from None
-    return TaskData(examples, shots, f"hub:{source.path}")
+    return TaskData(examples, shots, f"hub:{source.path}", bench)
 
 
 def load_task(bench: Benchmark, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None) -> TaskData:

@@ -195,7 +195,7 @@ def run_unit(generator: Any, cfg: TaskRunConfig, bench: Benchmark, data: TaskDat
 
     tokens = budget(cfg, bench)
     lm = TadmLM(generator=generator, seed=seed, batch_size=cfg.batch_size, max_gen_toks=tokens)
-    prompts = [build_prompt(bench, ex, data.shots) for ex in data.examples]
+    prompts = [build_prompt(bench, ex, data.shots_for(ex)) for ex in data.examples]
     gen_kwargs = {"until": list(bench.until), "max_gen_toks": tokens}
     requests = [_Request((c, dict(gen_kwargs)), bench.name, n) for n, c in enumerate(_contexts(lm, prompts))]
     texts = lm.generate_until(requests, disable_tqdm=True)
