@@ -38,6 +38,7 @@ import argparse
 import importlib.util
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -324,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     from tadm.tasks.runner import run_tasks
 
     started = time.perf_counter()
-    result = run_tasks(eval_config(args, out), log=log)
+    result = run_tasks(eval_config(args, out), log=log,
+                       command=" ".join(["OMP_NUM_THREADS=1 python scripts/laptop_task.py", *sys.argv[1:]]))
     log(f"{result.ran} units ran now; tables: " + ", ".join(str(p) for p in result.files.values()))
     done("eval", started)
 

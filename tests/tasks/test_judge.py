@@ -300,8 +300,15 @@ def test_local_judge_labels_are_the_most_likely_choices_and_always_parse(tiny_lo
         full = client.tokenizer(prefix + choice, add_special_tokens=False)["input_ids"]
         assert full[:len(ids)] == ids and len(full) == len(ids) + 1  # one word, one token
         direct[choice] = _direct_logprob(client.model, full, len(ids))
-        assert client.continuation_logprob(prefix, choice) == pytest.approx(direct[choice], abs=1e-5)
+        assert client.continuation_logprob(prefix, choice) == pytest.approx(direct[choice], abs=1e-4)
     assert len(set(direct.values())) == 3  # a random model still ranks them
+    # the cached prefix is reused across calls and cropped back; a different prompt starts over
+    other = client.tokenizer.apply_chat_template(judge_messages("hello", "a the", "judge a"),
+                                                 add_generation_prompt=True, tokenize=False) + '{"incoherent": '
+    other_ids = client.tokenizer(other + "null", add_special_tokens=False)["input_ids"]
+    expected = _direct_logprob(client.model, other_ids, len(other_ids) - 1)
+    assert client.continuation_logprob(other, "null") == pytest.approx(expected, abs=1e-4)
+    assert client.continuation_logprob(prefix, "true") == pytest.approx(direct["true"], abs=1e-4)
 
     raw = client.complete(messages)
     verdict = parse_verdict(raw)

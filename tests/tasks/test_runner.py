@@ -52,7 +52,7 @@ def run_fake(cfg, loads=None):
             loads.append(with_adapter)
         return FakeGenerator(known_answers)
 
-    return run_tasks(cfg, load=load, log=lambda line: None)
+    return run_tasks(cfg, load=load, log=lambda line: None, command="tadm eval tasks --fake")
 
 
 def test_methods_per_model_kind():
@@ -85,6 +85,12 @@ def test_accuracy_tables_and_resume(data_dir, tmp_path):
     assert len(list(csv.DictReader((out / "naive_table.csv").open()))) == 2
     unit = json.loads((out / "units" / "gsm8k" / "naive-K1-seed0.json").read_text())
     assert unit["spec"]["K"] == 1 and unit["records"][0]["extracted"] == "1005" and not unit["records"][0]["correct"]
+    # the tables say how they were made: command, machine, commit, wall time
+    provenance = json.loads((out / "results.json").read_text())["provenance"]
+    assert provenance["command"] == "tadm eval tasks --fake" and provenance["machine"]["cpu_count"] >= 1
+    assert "commit" in provenance and provenance["wall_seconds"] >= 0
+    assert "- Command: `tadm eval tasks --fake` (a rerun skips finished units)" in table
+    assert "- Machine: " in table and "- Commit: `" in table and "s of generation over all units" in table
 
     again = []
     assert run_fake(config(data_dir, out), again).ran == 0 and again == []  # finished units are skipped

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -610,7 +611,8 @@ def _run_tasks(args: argparse.Namespace) -> int:
         max_gen_toks=args.max_gen_toks, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
         judge=args.judge, judge_model=args.judge_model, code_timeout=args.code_timeout, out_dir=os.fspath(args.out))
     try:
-        result = run_tasks(config, log=lambda line: print(f"[tasks] {line}", flush=True))
+        result = run_tasks(config, log=lambda line: print(f"[tasks] {line}", flush=True),
+                           command=" ".join(["tadm", *sys.argv[1:]]))
     except JudgeError as err:
         raise CLIError(str(err)) from None
     print(f"{len(result.units)} units ({result.ran} run now); tables in {config.out_dir}:")

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ __all__ = [
     "format_tps",
     "RESULT_FIELDS",
     "cell_key",
+    "git_commit",
     "machine_info",
     "markdown_report",
     "read_results",
@@ -101,6 +103,19 @@ def cell_key(row: dict[str, Any]) -> tuple[str, int | None, int | str | None]:
     """(model, T, K) of a result row; the data row has T = K = None; K names a non-fixed policy."""
     steps = row.get("steps")
     return (str(row["model"]), None if steps is None else int(steps), refresh_value(row.get("refresh")))
+
+
+def git_commit(where: Path | None = None) -> dict[str, Any]:
+    """The git commit of the tadm source tree (``None`` outside a checkout) and whether it has local changes."""
+    where = where or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        return {"commit": head, "dirty": bool(dirty)}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
 
 
 def machine_info() -> dict[str, Any]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from tadm.study.config import (
     refresh_policy_of,
 )
 
-__all__ = ["StudyLayout", "StudyOutput", "git_commit", "run_study"]
+__all__ = ["StudyLayout", "StudyOutput", "run_study"]
 
 UNIT_MARKER = "study_unit.json"
 
@@ -126,19 +125,6 @@ def _spec_json(spec: Any) -> Any:
 def _done(path: Path, spec: Any) -> bool:
     payload = _read_json(path)
     return isinstance(payload, dict) and payload.get("spec") == _spec_json(spec)
-
-
-def git_commit(where: Path | None = None) -> dict[str, Any]:
-    """The git commit of the tadm source tree (``None`` outside a checkout) and whether it has local changes."""
-    where = where or Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        return {"commit": head, "dirty": bool(dirty)}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
 
 
 def _device(name: str) -> torch.device:
@@ -564,7 +550,7 @@ def run_study(
     command: str | None = None,
 ) -> StudyOutput:
     """Run (or continue) the study ``cfg``; see the module docstring. ``stages`` limits what runs."""
-    from tadm.eval.report import machine_info
+    from tadm.eval.report import git_commit, machine_info
     from tadm.study.report import write_report
 
     start = time.perf_counter()

@@ -181,6 +181,8 @@ class LocalChatClient:
         self.max_new_tokens, self.device, self.decoding = int(max_new_tokens), device, decoding
         self.judge_id = f"local:{directory.resolve()}" if decoding == "free" else f"local-labels:{directory.resolve()}"
         self._lock = threading.Lock()
+        self._cache: Any = None  # key/value cache of the last sequence scored (labels decoding)
+        self._cached_ids: list[int] = []
 
     def complete(self, messages: Messages) -> str:
         """The answer to ``messages``: a verdict JSON with scored labels, or free text."""
@@ -189,18 +191,35 @@ class LocalChatClient:
 
     def continuation_logprob(self, text: str, continuation: str) -> float:
         """log p(continuation | text) under the model: the sum over the tokens of ``text + continuation``
-        after the longest run of ids it shares with ``text`` alone (so a merge across the boundary is scored)."""
-        import torch
+        after the longest run of ids it shares with ``text`` alone (so a merge across the boundary is scored).
 
+        The key/value cache of the last sequence scored is kept: a new one that shares its first tokens
+        (the chat prompt, for the three choices of a label and for the next label) runs only the rest.
+        """
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         full = self.tokenizer(text + continuation, add_special_tokens=False)["input_ids"]
         start = next((n for n, (a, b) in enumerate(zip(ids, full)) if a != b), min(len(ids), len(full)))
-        start = max(start, 1)
+        return self._logprob(full, max(start, 1))
+
+    def _logprob(self, full: list[int], start: int) -> float:
+        """Sum of log p(full[n] | full[:n]) for n >= start, reusing the cached prefix of ``full``."""
+        import torch
+        from transformers import DynamicCache
+
+        shared = next((n for n, (a, b) in enumerate(zip(self._cached_ids, full)) if a != b),
+                      min(len(self._cached_ids), len(full)))
+        keep = min(shared, start - 1)
+        if keep == 0 or self._cache is None:
+            self._cache, keep = DynamicCache(), 0
+        elif self._cache.get_seq_length() > keep:
+            self._cache.crop(keep - self._cache.get_seq_length())  # a negative count removes that many
         with torch.no_grad():
-            logits = self.model(torch.tensor([full], device=self.device)).logits[0].float()
-        logprobs = torch.log_softmax(logits[:-1], dim=-1)  # row n predicts token n + 1
+            logits = self.model(torch.tensor([full[keep:]], device=self.device), past_key_values=self._cache,
+                                use_cache=True).logits[0].float()
+        self._cached_ids = list(full)
+        logprobs = torch.log_softmax(logits[start - 1 - keep:-1], dim=-1)  # row r predicts token start + r
         targets = torch.tensor(full[start:], device=self.device)
-        return float(logprobs[start - 1:].gather(-1, targets[:, None]).sum())
+        return float(logprobs.gather(-1, targets[:, None]).sum())
 
     def _labels(self, messages: Messages) -> str:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -295,13 +296,16 @@ def _payload(unit: _Unit) -> dict[str, Any]:
 
 
 def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] | None = None,
-              log: Log = print) -> TaskRunResult:
+              log: Log = print, command: str | None = None) -> TaskRunResult:
     """Run (or resume) every unit of ``cfg``, judge them if asked, and write the tables into ``out_dir``.
 
     ``load(cfg, with_adapter)`` returns a generator (default: :func:`load_generator`); tests pass a fake.
+    ``command`` (the command line that runs this) is written with the machine, commit and wall time.
     """
+    from tadm.eval.report import git_commit, machine_info
     from tadm.tasks.task_tables import write_tables
 
+    started = time.perf_counter()
     benches = cfg.check()
     out = Path(cfg.out_dir)
     units = _units(cfg, benches, out)
@@ -309,5 +313,7 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     if cfg.judge not in (None, "", "none"):
         _judge_all(cfg, units, out, log)
     payloads = [_payload(u) for u in units]
-    files = write_tables(payloads, [b for b in benches], methods(cfg), out, config=asdict(cfg))
+    provenance = {"command": command, "machine": machine_info(), **git_commit(),
+                  "wall_seconds": round(time.perf_counter() - started, 1)}
+    files = write_tables(payloads, [b for b in benches], methods(cfg), out, config=asdict(cfg), provenance=provenance)
     return TaskRunResult(payloads, ran, files)

@@ -153,6 +153,26 @@ def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def provenance_lines(provenance: dict[str, Any] | None, cells_: Sequence[dict[str, Any]]) -> list[str]:
+    """The "How it was run" lines: command, machine, commit, wall time of this run and of all units."""
+    if not provenance:
+        return []
+    machine = provenance.get("machine") or {}
+    commit = provenance.get("commit")
+    lines = ["", "## How it was run", ""]
+    if provenance.get("command"):
+        lines.append(f"- Command: `{provenance['command']}` (a rerun skips finished units)")
+    lines.append(f"- Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, "
+                 f"torch {machine.get('torch', '?')} ({machine.get('torch_threads', '?')} threads)"
+                 + (f", {machine['gpu']}" if machine.get("gpu") else ", no GPU"))
+    lines.append(f"- Commit: `{commit[:10] if commit else 'unknown (not a git checkout)'}`"
+                 + (" with local changes" if provenance.get("dirty") else ""))
+    generation = sum(float(c.get("seconds") or 0.0) for c in cells_)
+    lines.append(f"- Wall time: {provenance.get('wall_seconds', float('nan')):.0f} s for this invocation; "
+                 f"{generation:.0f} s of generation over all units (some may come from earlier invocations)")
+    return lines
+
+
 def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], benches: Sequence[Any]) -> str:
     shots = ", ".join(f"{b.title} ({b.shots}-shot, {b.max_gen_toks} tokens, {b.metric})" for b in benches)
     text = ("# Task evaluation (TADM:Post-train)\n\n"
@@ -169,8 +189,11 @@ def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], ben
 
 
 def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: Sequence[Any], out: Path, *,
-                 config: dict[str, Any]) -> dict[str, Path]:
-    """Write both tables (Markdown, CSV), every cell (CSV) and everything (JSON) into ``out``."""
+                 config: dict[str, Any], provenance: dict[str, Any] | None = None) -> dict[str, Path]:
+    """Write both tables (Markdown, CSV), every cell (CSV) and everything (JSON) into ``out``.
+
+    ``provenance`` (command, machine, commit, wall time) is written under the Markdown tables and in the JSON.
+    """
     from tadm.eval.report import _json_ready, write_csv  # noqa: PLC2701
 
     all_cells = cells(units)
@@ -180,13 +203,15 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
     out.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out / "table.md", "task_csv": out / "task_table.csv", "cells_csv": out / "cells.csv",
              "json": out / "results.json"}
-    files["markdown"].write_text(_markdown_file(tasks, naive, benches), encoding="utf-8")
+    text = _markdown_file(tasks, naive, benches) + "\n".join(provenance_lines(provenance, all_cells))
+    files["markdown"].write_text(text.rstrip("\n") + "\n", encoding="utf-8")
     flat = _flat(tasks)
     write_csv(files["task_csv"], list(flat[0]) if flat else ["method"], flat)
     if naive:
         files["naive_csv"] = write_csv(out / "naive_table.csv", list(naive[0]), naive)
     write_csv(files["cells_csv"], CELL_FIELDS, all_cells)
-    payload = {"config": config, "cells": all_cells, "task_table": flat, "naive_table": naive}
+    payload = {"config": config, "provenance": provenance, "cells": all_cells, "task_table": flat,
+               "naive_table": naive}
     tmp = files["json"].with_name(f".results.json.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(_json_ready(payload), indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, files["json"])
