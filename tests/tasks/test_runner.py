@@ -124,7 +124,9 @@ def test_the_judge_adds_corruption(data_dir, tmp_path, monkeypatch):
     cells = {(c["task"], c["method"], c["K"]): c for c in json.loads((out / "results.json").read_text())["cells"]}
     assert cells["gsm8k", "naive", 1]["corruption"] == pytest.approx(1 / 3)
     assert cells["gsm8k", "tadm", 1]["corruption"] == 0.0 and cells["gsm8k", "tadm", 1]["judged"] == 3
-    assert "| 1 | 0.0 | 33.3 | 0.0 | 0/3 | 100.0 | 0.0 | 0.0 | 0/3 |" in (out / "table.md").read_text()
+    table = (out / "table.md").read_text()
+    assert "| 1 | 0.0 | 33.3 | 0.0 | 0/3 | 100.0 | 0.0 | 0.0 | 0/3 |" in table
+    assert "- Judge: `fake-judge` (the default local judge (SmolLM2-135M-Instruct) does not tell" in table
 
 
 def test_a_judge_whose_answers_never_parse_is_reported_as_such(data_dir, tmp_path, monkeypatch):

@@ -261,11 +261,18 @@ def _judge_client(cfg: TaskRunConfig) -> Any:
     return make_judge_client(judge)
 
 
-def _judge_all(cfg: TaskRunConfig, units: list[_Unit], out: Path, log: Log) -> None:
-    """Corruption of each unit's responses (degeneration judge), written beside the unit's result."""
+DEFAULT_JUDGE_WARNING = ("the default local judge (SmolLM2-135M-Instruct) does not tell degenerate from clean text "
+                         "(it flags every response of a labelled check; docs/results/judge-agreement-cpu.md): "
+                         "its corruption numbers are not evidence")
+
+
+def _judge_all(cfg: TaskRunConfig, units: list[_Unit], out: Path, log: Log) -> str:
+    """Corruption of each unit's responses (degeneration judge), written beside the unit's result; the judge's id."""
     from tadm.tasks.judge import DegenerationJudge
 
     judge = DegenerationJudge(_judge_client(cfg), cache_dir=out / "judge-cache", concurrency=cfg.judge_concurrency)
+    if cfg.judge in ("local", "local-free"):
+        log(f"note: {DEFAULT_JUDGE_WARNING}")
     for unit in units:
         path = unit.path.with_suffix(".judge.json")
         spec = {"unit": unit.spec, "judge": judge.client.judge_id}
@@ -276,6 +283,7 @@ def _judge_all(cfg: TaskRunConfig, units: list[_Unit], out: Path, log: Log) -> N
         _write_json(path, {"spec": spec, "summary": result.summary.as_dict(),
                            "verdicts": [v.as_dict() for v in result.verdicts]})
         log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: corruption {result.summary.corruption:.3f}")
+    return judge.client.judge_id
 
 
 @dataclass
@@ -310,10 +318,10 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     out = Path(cfg.out_dir)
     units = _units(cfg, benches, out)
     ran = _generate_all(cfg, units, load or load_generator, log)
-    if cfg.judge not in (None, "", "none"):
-        _judge_all(cfg, units, out, log)
+    judge_id = _judge_all(cfg, units, out, log) if cfg.judge not in (None, "", "none") else None
     payloads = [_payload(u) for u in units]
-    provenance = {"command": command, "machine": machine_info(), **git_commit(),
+    provenance = {"command": command, "machine": machine_info(), **git_commit(), "judge": judge_id,
+                  "judge_note": DEFAULT_JUDGE_WARNING if cfg.judge in ("local", "local-free") else None,
                   "wall_seconds": round(time.perf_counter() - started, 1)}
     files = write_tables(payloads, [b for b in benches], methods(cfg), out, config=asdict(cfg), provenance=provenance)
     return TaskRunResult(payloads, ran, files)

@@ -167,6 +167,9 @@ def provenance_lines(provenance: dict[str, Any] | None, cells_: Sequence[dict[st
                  + (f", {machine['gpu']}" if machine.get("gpu") else ", no GPU"))
     lines.append(f"- Commit: `{commit[:10] if commit else 'unknown (not a git checkout)'}`"
                  + (" with local changes" if provenance.get("dirty") else ""))
+    if provenance.get("judge"):
+        lines.append(f"- Judge: `{provenance['judge']}`" + (f" ({provenance['judge_note']})"
+                                                             if provenance.get("judge_note") else ""))
     generation = sum(float(c.get("seconds") or 0.0) for c in cells_)
     lines.append(f"- Wall time: {provenance.get('wall_seconds', float('nan')):.0f} s for this invocation; "
                  f"{generation:.0f} s of generation over all units (some may come from earlier invocations)")
