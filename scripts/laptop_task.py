@@ -51,7 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--task", choices=TASKS, default="split")
     p.add_argument("--out", default=None,
                    help="run folder (default: runs/laptop-task-split; runs/laptop-task for addition)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the data (and of the model, unless --model-seed)")
+    p.add_argument("--model-seed", type=int, default=None,
+                   help="seed of the model's initialisation and batch order (default: --seed); "
+                        "another model on the same data")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is as fast as 2 at this size)")
     p.add_argument("--digits", type=int, default=2, help="operands have at most this many digits")
     p.add_argument("--train-examples", type=int, default=200_000)
@@ -72,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-out", default="eval", help="folder (under --out) of the evaluation's units and tables")
     p.add_argument("--until", choices=STAGES, default="eval", help="stop after this stage")
     args = p.parse_args(argv)
+    if args.model_seed is None:
+        args.model_seed = args.seed
     if args.out is None:
         args.out = "runs/laptop-task" if args.task == "addition" else f"runs/laptop-task-{args.task}"
     return args
@@ -262,11 +267,11 @@ def main(argv: list[str] | None = None) -> None:
             num_heads=args.heads, head_dim=args.hidden // args.heads, sliding_window=64,
             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
             bos_token_id=tokenizer.bos_token_id)
-        torch.manual_seed(args.seed)
+        torch.manual_seed(args.model_seed)
         model = DiffusionGemmaForBlockDiffusion(config)
         log(f"DiffusionGemmaForBlockDiffusion: {sum(p.numel() for p in model.parameters()):,} parameters")
-        pre_args = argparse.Namespace(pretrain_steps=args.pretrain_steps, seed=args.seed, objective="ce")
-        batches = demo.batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, args.seed)
+        pre_args = argparse.Namespace(pretrain_steps=args.pretrain_steps, seed=args.model_seed, objective="ce")
+        batches = demo.batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, args.model_seed)
         history = demo.pretrain(model, batches, pre_args, log)
         model.save_pretrained(base)
         tokenizer.save_pretrained(base)
@@ -298,12 +303,12 @@ def main(argv: list[str] | None = None) -> None:
         split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(1, 3), FusionSpec(rank=32, num_heads=4))
         cfg = load_posttrain_config(None, [
             f"rollout.sampler.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}",
-            f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.seed}",
+            f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.model_seed}",
             "train.precision=fp32", "train.grad_accum_steps=1"])
         trainer = PosttrainTrainer(split, cfg)
         train_set = canvas_dataset(train_rows[: args.posttrain_steps * args.posttrain_batch * 2], tokenizer, L,
                                    args.task)
-        data_iter = demo.batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, args.seed + 7)
+        data_iter = demo.batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, args.model_seed + 7)
         log(f"post-training {sum(p.numel() for p in split.fusion.parameters()):,} fusion parameters "
             f"(split 1/3/2), {args.posttrain_steps} steps")
         losses = []
