@@ -56,6 +56,9 @@ def test_generate_until_with_an_adapter(adapter_lm):
     assert summary["requests"] == 3 and summary["batches"] == 2
     assert summary["generated_tokens"] == sum(s.generated_tokens for s in stats)
     assert summary["layer_calls"]["total"] == sum(b.layer_calls["total"] for b in adapter_lm.batch_stats)
+    # per request: the layer calls its own generation went through (its batch's), not the batch's share
+    assert summary["layer_calls_per_request"] == pytest.approx(sum(s.layer_calls["total"] for s in stats) / 3)
+    assert summary["layer_calls_per_request"] > summary["layer_calls"]["total"] / 3
     assert summary["tokens_per_second"] > 0
     assert summary["settings"]["refresh_policy"] == {"policy": "fixed", "skip_unchanged": False, "interval": 2}
     assert summary["settings"]["fusion_mode"] == "paired" and summary["settings"]["split"] == [1, 3, 2]

@@ -47,10 +47,11 @@ def _cost(units: list[dict[str, Any]]) -> dict[str, Any]:
     seconds = sum(u["stats"]["seconds"] for u in units)
     calls = sum(u["stats"]["layer_calls"].get("total", 0) for u in units)
     requests = sum(u["stats"]["requests"] for u in units)
+    per_request = sum(u["stats"]["layer_calls_per_request"] * u["stats"]["requests"] for u in units)
     return {"generated_tokens": tokens, "seconds": seconds,
             "tokens_per_second": tokens / seconds if seconds else 0.0,
             "layer_calls": calls, "requests": requests,
-            "layer_calls_per_request": calls / requests if requests else 0.0}
+            "layer_calls_per_request": per_request / requests if requests else 0.0}
 
 
 def cells(units: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -163,7 +164,7 @@ def provenance_lines(provenance: dict[str, Any] | None, cells_: Sequence[dict[st
     if provenance.get("command"):
         lines.append(f"- Command: `{provenance['command']}` (a rerun skips finished units)")
     lines.append(f"- Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, "
-                 f"torch {machine.get('torch', '?')} ({machine.get('torch_threads', '?')} threads)"
+                 f"torch {machine.get('torch', '?')}, torch threads: {machine.get('torch_threads', '?')}"
                  + (f", {machine['gpu']}" if machine.get("gpu") else ", no GPU"))
     lines.append(f"- Commit: `{commit[:10] if commit else 'unknown (not a git checkout)'}`"
                  + (" with local changes" if provenance.get("dirty") else ""))
