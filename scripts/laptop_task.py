@@ -200,140 +200,162 @@ def eval_config(args: argparse.Namespace, out: Path, **overrides):
     return TaskRunConfig(**cfg)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    import torch
+class Stages:
+    """The run folder, its logging and the wall time of each stage (``timings.json``)."""
 
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    wall = time.perf_counter()
-    timings_path = out / "timings.json"
-    timings = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.out = args, Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.wall = time.perf_counter()
+        self.timings_path = self.out / "timings.json"
+        self.timings = json.loads(self.timings_path.read_text()) if self.timings_path.is_file() else {}
 
-    def log(message: str) -> None:
-        print(f"[{time.perf_counter() - wall:7.1f}s] {message}", flush=True)
+    def log(self, message: str) -> None:
+        print(f"[{time.perf_counter() - self.wall:7.1f}s] {message}", flush=True)
 
-    def done(stage: str, started: float) -> bool:
-        timings[stage] = round(time.perf_counter() - started, 1)
-        timings_path.write_text(json.dumps(timings, indent=1) + "\n")
-        log(f"stage {stage} done in {timings[stage]:.0f}s")
-        return stage == args.until
+    def done(self, stage: str, started: float) -> bool:
+        """Record the stage's wall time; True when the run stops after it (``--until``)."""
+        self.timings[stage] = round(time.perf_counter() - started, 1)
+        self.timings_path.write_text(json.dumps(self.timings, indent=1) + "\n")
+        self.log(f"stage {stage} done in {self.timings[stage]:.0f}s")
+        return stage == self.args.until
 
-    (out / "args.json").write_text(json.dumps(vars(args), indent=1) + "\n")
 
-    # 1. data --------------------------------------------------------------------------------------
-    data = out / "data"
-    if not (data / f"{args.task}.jsonl").is_file():
-        started = time.perf_counter()
-        train_rows, eval_rows = make_task_data(args.task, args.digits, args.train_examples, args.eval_examples,
-                                               args.seed)
-        write_jsonl(data / "train.jsonl", train_rows)
-        write_jsonl(data / f"{args.task}.jsonl", eval_rows)
-        if done("data", started):
-            return
-    train_rows = read_jsonl(data / "train.jsonl")
-    log(f"data: {len(train_rows)} training problems, {args.eval_examples} held-out ({data / f'{args.task}.jsonl'})")
+def _mean(values: list[float]) -> float:
+    return sum(values) / max(1, len(values))
 
-    # 2. tokenizer ---------------------------------------------------------------------------------
-    from transformers import AutoTokenizer
 
+def stage_data(run: Stages) -> bool:
+    args, data = run.args, run.out / "data"
+    if (data / f"{args.task}.jsonl").is_file():
+        return False
+    started = time.perf_counter()
+    train_rows, eval_rows = make_task_data(args.task, args.digits, args.train_examples, args.eval_examples, args.seed)
+    write_jsonl(data / "train.jsonl", train_rows)
+    write_jsonl(data / f"{args.task}.jsonl", eval_rows)
+    return run.done("data", started)
+
+
+def stage_tokenizer(run: Stages, train_rows: list[dict]) -> bool:
     from tadm.posttrain.data import make_chat_tokenizer
 
-    tok_dir = out / "tokenizer"
-    if not (tok_dir / "tokenizer.json").is_file():
-        started = time.perf_counter()
-        texts = [chat_prompt(r["problem"], args.task) + " " + r["answer"] for r in train_rows[:20_000]]
-        make_chat_tokenizer(digit_bpe(texts, vocab_size=320)).save_pretrained(tok_dir)
-        if done("tokenizer", started):
-            return
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-    L = args.canvas_length
+    tok_dir = run.out / "tokenizer"
+    if (tok_dir / "tokenizer.json").is_file():
+        return False
+    started = time.perf_counter()
+    texts = [chat_prompt(r["problem"], run.args.task) + " " + r["answer"] for r in train_rows[:20_000]]
+    make_chat_tokenizer(digit_bpe(texts, vocab_size=320)).save_pretrained(tok_dir)
+    return run.done("tokenizer", started)
 
-    # 3. pretrain ----------------------------------------------------------------------------------
-    demo = _demo_module()
-    base = out / "base"
-    if not (base / "pretrain.json").is_file():
-        from transformers import DiffusionGemmaForBlockDiffusion
 
-        from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
+    """A random DiffusionGemma trained on the task's canvases, saved to ``base/``, then a K = 1 probe."""
+    import torch
+    from transformers import DiffusionGemmaForBlockDiffusion
 
-        started = time.perf_counter()
-        train_set = canvas_dataset(train_rows[: args.pretrain_steps * args.pretrain_batch], tokenizer, L, args.task)
-        log(f"vocab {len(tokenizer)}; {len(train_set)} training canvases of {L} tokens "
+    from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+    from tadm.tasks.runner import run_tasks
+
+    args, base, L = run.args, run.out / "base", run.args.canvas_length
+    if (base / "pretrain.json").is_file():
+        return False
+    demo, started = _demo_module(), time.perf_counter()
+    train_set = canvas_dataset(train_rows[: args.pretrain_steps * args.pretrain_batch], tokenizer, L, args.task)
+    run.log(f"vocab {len(tokenizer)}; {len(train_set)} training canvases of {L} tokens "
             f"(prompt {len(train_set[0].context_ids)} tokens)")
-        config = tiny_diffusion_gemma_config(
-            vocab_size=len(tokenizer), hidden_size=args.hidden, num_layers=6, canvas_length=L,
-            num_heads=args.heads, head_dim=args.hidden // args.heads, sliding_window=64,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id)
-        torch.manual_seed(args.model_seed)
-        model = DiffusionGemmaForBlockDiffusion(config)
-        log(f"DiffusionGemmaForBlockDiffusion: {sum(p.numel() for p in model.parameters()):,} parameters")
-        pre_args = argparse.Namespace(pretrain_steps=args.pretrain_steps, seed=args.model_seed, objective="ce")
-        batches = demo.batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, args.model_seed)
-        history = demo.pretrain(model, batches, pre_args, log)
-        model.save_pretrained(base)
-        tokenizer.save_pretrained(base)
-        (base / "pretrain.json").write_text(json.dumps({
-            "steps": args.pretrain_steps, "batch": args.pretrain_batch,
-            "loss_first_last": [sum(history[:20]) / 20, sum(history[-50:]) / len(history[-50:])],
-            "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
-        del model
-        from tadm.tasks.runner import run_tasks
-
-        probe = run_tasks(eval_config(args, out, adapter=None, split="1:3", naive=False, refresh=[1], seeds=[0],
-                                      limit=min(100, args.eval_examples), judge=None,
-                                      out_dir=str(out / "eval-pretrained")), log=log)
-        log(f"pretrained base, held-out accuracy at K = 1: {probe.units[0]['accuracy']:.3f} "
+    config = tiny_diffusion_gemma_config(
+        vocab_size=len(tokenizer), hidden_size=args.hidden, num_layers=6, canvas_length=L,
+        num_heads=args.heads, head_dim=args.hidden // args.heads, sliding_window=64,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(args.model_seed)
+    model = DiffusionGemmaForBlockDiffusion(config)
+    run.log(f"DiffusionGemmaForBlockDiffusion: {sum(p.numel() for p in model.parameters()):,} parameters")
+    pre_args = argparse.Namespace(pretrain_steps=args.pretrain_steps, seed=args.model_seed, objective="ce")
+    batches = demo.batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, args.model_seed)
+    history = demo.pretrain(model, batches, pre_args, run.log)
+    model.save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    (base / "pretrain.json").write_text(json.dumps({
+        "steps": args.pretrain_steps, "batch": args.pretrain_batch,
+        "loss_first_last": [_mean(history[:20]), _mean(history[-50:])],
+        "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+    probe = run_tasks(eval_config(args, run.out, adapter=None, split="1:3", naive=False, refresh=[1], seeds=[0],
+                                  limit=min(100, args.eval_examples), judge=None,
+                                  out_dir=str(run.out / "eval-pretrained")), log=run.log)
+    run.log(f"pretrained base, held-out accuracy at K = 1: {probe.units[0]['accuracy']:.3f} "
             f"({probe.units[0]['n']} problems)")
-        if done("pretrain", started):
-            return
+    return run.done("pretrain", started)
 
-    # 4. post-train the fusion ---------------------------------------------------------------------
-    adapter = out / "adapter"
-    if not (adapter / "posttrain.json").is_file():
-        from transformers import DiffusionGemmaForBlockDiffusion
 
-        from tadm.posttrain import (AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, PosttrainTrainer,
-                                    SplitSpec, load_posttrain_config, save_adapter)
+def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
+    """The base frozen and split 1 / 3 / 2; only its paired-attention fusion trained, saved to ``adapter/``."""
+    from transformers import DiffusionGemmaForBlockDiffusion
 
-        started = time.perf_counter()
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(base)).eval()
-        split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(1, 3), FusionSpec(rank=32, num_heads=4))
-        cfg = load_posttrain_config(None, [
-            f"rollout.sampler.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}",
-            f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.model_seed}",
-            "train.precision=fp32", "train.grad_accum_steps=1"])
-        trainer = PosttrainTrainer(split, cfg)
-        train_set = canvas_dataset(train_rows[: args.posttrain_steps * args.posttrain_batch * 2], tokenizer, L,
-                                   args.task)
-        data_iter = demo.batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, args.model_seed + 7)
-        log(f"post-training {sum(p.numel() for p in split.fusion.parameters()):,} fusion parameters "
+    from tadm.posttrain import (AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, PosttrainTrainer, SplitSpec,
+                                load_posttrain_config, save_adapter)
+
+    args, base, adapter = run.args, run.out / "base", run.out / "adapter"
+    if (adapter / "posttrain.json").is_file():
+        return False
+    started = time.perf_counter()
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(base)).eval()
+    split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(1, 3), FusionSpec(rank=32, num_heads=4))
+    cfg = load_posttrain_config(None, [
+        f"rollout.sampler.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}",
+        f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.model_seed}",
+        "train.precision=fp32", "train.grad_accum_steps=1"])
+    trainer = PosttrainTrainer(split, cfg)
+    train_set = canvas_dataset(train_rows[: args.posttrain_steps * args.posttrain_batch * 2], tokenizer,
+                               args.canvas_length, args.task)
+    demo = _demo_module()
+    data_iter = demo.batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, args.model_seed + 7)
+    run.log(f"post-training {sum(p.numel() for p in split.fusion.parameters()):,} fusion parameters "
             f"(split 1/3/2), {args.posttrain_steps} steps")
-        losses = []
-        for step in range(args.posttrain_steps):
-            metrics = trainer.train_step([next(data_iter)])
-            losses.append(metrics["loss"])
-            if (step + 1) % max(1, args.posttrain_steps // 6) == 0:
-                log(f"  post-train step {step + 1}/{args.posttrain_steps}: loss "
-                    f"{sum(losses[-25:]) / len(losses[-25:]):.3f} (kd {metrics['kd']:.4f})")
-        save_adapter(adapter, split, base_model=str(base), extra={"step": trainer.step})
-        (adapter / "posttrain.json").write_text(json.dumps({
-            "steps": args.posttrain_steps, "batch": args.posttrain_batch, "lr": args.posttrain_lr,
-            "loss_first_last": [sum(losses[:10]) / max(1, len(losses[:10])), sum(losses[-25:]) / max(1, len(losses[-25:]))],
-            "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
-        if done("posttrain", started):
-            return
+    losses = []
+    for step in range(args.posttrain_steps):
+        metrics = trainer.train_step([next(data_iter)])
+        losses.append(metrics["loss"])
+        if (step + 1) % max(1, args.posttrain_steps // 6) == 0:
+            run.log(f"  post-train step {step + 1}/{args.posttrain_steps}: loss {_mean(losses[-25:]):.3f} "
+                    f"(kd {metrics['kd']:.4f})")
+    save_adapter(adapter, split, base_model=str(base), extra={"step": trainer.step})
+    (adapter / "posttrain.json").write_text(json.dumps({
+        "steps": args.posttrain_steps, "batch": args.posttrain_batch, "lr": args.posttrain_lr,
+        "loss_first_last": [_mean(losses[:10]), _mean(losses[-25:])],
+        "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+    return run.done("posttrain", started)
 
-    # 5. evaluate ----------------------------------------------------------------------------------
+
+def stage_eval(run: Stages) -> None:
+    """``tadm eval tasks`` on the held-out problems: the base, TADM and naive reuse at each K and seed."""
     from tadm.tasks.runner import run_tasks
 
     started = time.perf_counter()
-    result = run_tasks(eval_config(args, out), log=log,
+    result = run_tasks(eval_config(run.args, run.out), log=run.log,
                        command=" ".join(["OMP_NUM_THREADS=1 python scripts/laptop_task.py", *sys.argv[1:]]))
-    log(f"{result.ran} units ran now; tables: " + ", ".join(str(p) for p in result.files.values()))
-    done("eval", started)
+    run.log(f"{result.ran} units ran now; tables: " + ", ".join(str(p) for p in result.files.values()))
+    run.done("eval", started)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import torch
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    run = Stages(args)
+    (run.out / "args.json").write_text(json.dumps(vars(args), indent=1) + "\n")
+    if stage_data(run):
+        return
+    train_rows = read_jsonl(run.out / "data" / "train.jsonl")
+    run.log(f"data: {len(train_rows)} training problems, {args.eval_examples} held-out "
+            f"({run.out / 'data' / f'{args.task}.jsonl'})")
+    if stage_tokenizer(run, train_rows):
+        return
+    tokenizer = AutoTokenizer.from_pretrained(str(run.out / "tokenizer"))
+    if stage_pretrain(run, train_rows, tokenizer) or stage_posttrain(run, train_rows, tokenizer):
+        return
+    stage_eval(run)
 
 
 if __name__ == "__main__":
