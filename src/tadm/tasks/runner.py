@@ -300,6 +300,7 @@ def _payload(unit: _Unit) -> dict[str, Any]:
     judged = read_json(unit.path.with_suffix(".judge.json"))
     return {"task": unit.bench.name, "method": unit.method.name, "K": unit.method.K, "seed": unit.seed,
             "accuracy": stored["accuracy"], "n": stored["n"], "stats": stored["stats"],
+            "correct": [bool(r["correct"]) for r in stored["records"]],
             "judge": judged.get("summary") if isinstance(judged, dict) else None}
 
 

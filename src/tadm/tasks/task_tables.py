@@ -95,14 +95,42 @@ def _mean_accuracy(all_cells: list[dict[str, Any]], method: str, K: int) -> floa
     return statistics.fmean(mine) if mine else None
 
 
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test of ``wins`` vs ``losses`` (ties left out): P(as unbalanced | p = 1/2)."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_outcomes(units: Sequence[dict[str, Any]], K: int) -> tuple[int, int] | None:
+    """(TADM right and naive wrong, naive right and TADM wrong) over the same problems and seeds at ``K``.
+
+    Units are paired by (task, seed); None when no pair has its per-problem checks (``correct``).
+    """
+    naive = {(u["task"], u["seed"]): u.get("correct") for u in units if u["method"] == "naive" and u["K"] == K}
+    tadm = {(u["task"], u["seed"]): u.get("correct") for u in units if u["method"] == "tadm" and u["K"] == K}
+    pairs = [(tadm[key], naive[key]) for key in tadm.keys() & naive.keys() if tadm[key] and naive[key]]
+    if not pairs:
+        return None
+    tadm_only = sum(t and not n for a, b in pairs for t, n in zip(a, b))
+    naive_only = sum(n and not t for a, b in pairs for t, n in zip(a, b))
+    return tadm_only, naive_only
+
+
 def naive_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], Ks: Sequence[int]) -> list[dict]:
-    """The naive-reuse comparison: per K, accuracy and corruption of naive reuse and of TADM."""
+    """The naive-reuse comparison: per K, accuracy and corruption of naive reuse and of TADM, and the paired
+    count of problems only one of them got right, with its sign test."""
     table = []
     for K in Ks:
         row: dict[str, Any] = {"K": K}
         for method, title in (("naive", "naive"), ("tadm", "TADM")):
             row[f"{title} accuracy"] = _mean_accuracy(all_cells, method, K)
             row.update(_judge_columns(title, _judged([u for u in units if u["method"] == method and u["K"] == K])))
+        paired = paired_outcomes(units, K)
+        row["only TADM / only naive right"] = f"{paired[0]} / {paired[1]}" if paired else None
+        row["sign test p"] = f"{sign_test(*paired):.2g}" if paired else None
         table.append(row)
     return table
 
@@ -188,7 +216,9 @@ def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], ben
                  "corruption (%): share of parsed "
                  "judge verdicts flagged incoherent or repetition_loop, null share (%): parsed verdicts "
                  "with no flag true and at least one null, unparsed: verdicts that did not parse "
-                 "('-': not judged).\n\n" + _markdown(naive))
+                 "('-': not judged); only TADM / only naive right: problems x seeds that one of the two "
+                 "got right and the other not, with the two-sided exact sign test of that split.\n\n"
+                 + _markdown(naive))
     return text
 
 
