@@ -2,8 +2,9 @@
 
 Two tasks (``--task``), both ``tadm eval tasks`` benchmarks (:data:`tadm.tasks.benchmarks.EXTRA_BENCHMARKS`):
 
-* ``split`` (default): "Write 137 as a sum of two numbers." -> any "a+b" with a + b = 137. Many answers
-  are right, so each generated token depends on the others, which is where a stale anchor can hurt;
+* ``split`` (default): "Write 13 as a sum of two numbers." -> any "a+b" with a + b = 13 (one-digit
+  operands by default). Many answers are right, so each generated token depends on the others, which
+  is where a stale anchor hurts;
 * ``addition``: "What is 47+385?" -> "432", one answer fixed by the prompt.
 
 One command runs five resumable stages into ``--out`` (default ``runs/laptop-task`` for addition,
@@ -27,8 +28,8 @@ evaluation units already written), so a cut-off run continues:
 5. eval: ``tadm eval tasks`` (:func:`tadm.tasks.runner.run_tasks`) on the held-out problems: the base
    at K = 1, TADM and naive reuse at K = 1, 2, 3, three seeds; tables in ``eval/``.
 
-    OMP_NUM_THREADS=1 python scripts/laptop_task.py        # split; about 25 minutes on one CPU core
-    OMP_NUM_THREADS=1 python scripts/laptop_task.py --task addition
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py                   # split; about 35 minutes on one CPU core
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py --task addition   # about 25 minutes
     python scripts/laptop_task.py --until pretrain         # stop after a stage (e.g. a probe)
 """
 
@@ -44,6 +45,10 @@ from pathlib import Path
 
 STAGES = ("data", "tokenizer", "pretrain", "posttrain", "eval")
 TASKS = ("split", "addition")
+TASK_DEFAULTS = {  # the settings of the published runs (docs/results/laptop-task-*.md)
+    "split": {"digits": 1, "pretrain_steps": 5000, "posttrain_steps": 2400},
+    "addition": {"digits": 2, "pretrain_steps": 3000, "posttrain_steps": 600},
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,16 +61,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seed of the model's initialisation and batch order (default: --seed); "
                         "another model on the same data")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is as fast as 2 at this size)")
-    p.add_argument("--digits", type=int, default=2, help="operands have at most this many digits")
+    p.add_argument("--digits", type=int, default=None, help="operands have at most this many digits "
+                   "(default: 1 for split, 2 for addition)")
     p.add_argument("--train-examples", type=int, default=200_000)
     p.add_argument("--eval-examples", type=int, default=200, help="held-out problems")
     p.add_argument("--canvas-length", type=int, default=8, help="L; also the generation budget (one canvas)")
     p.add_argument("--steps", type=int, default=12, help="denoising steps T per canvas")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--pretrain-steps", type=int, default=3000)
+    p.add_argument("--pretrain-steps", type=int, default=None, help="default: 5000 for split, 3000 for addition")
     p.add_argument("--pretrain-batch", type=int, default=64)
-    p.add_argument("--posttrain-steps", type=int, default=600)
+    p.add_argument("--posttrain-steps", type=int, default=None, help="default: 2400 for split, 600 for addition")
     p.add_argument("--posttrain-batch", type=int, default=32)
     p.add_argument("--posttrain-lr", type=float, default=2e-3)
     p.add_argument("--refresh", default="1,2,3", help="K values")
@@ -75,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-out", default="eval", help="folder (under --out) of the evaluation's units and tables")
     p.add_argument("--until", choices=STAGES, default="eval", help="stop after this stage")
     args = p.parse_args(argv)
+    for name, value in TASK_DEFAULTS[args.task].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.model_seed is None:
         args.model_seed = args.seed
     if args.out is None:

@@ -73,5 +73,9 @@ def test_split_data_is_deterministic_and_answers_add_up(laptop_task, tmp_path):
     assert all(0 <= int(e.answer) <= 198 for e in data.examples)
     assert laptop_task.parse_args([]).out == "runs/laptop-task-split"
     assert laptop_task.parse_args(["--task", "addition"]).out == "runs/laptop-task"
+    split, addition = laptop_task.parse_args([]), laptop_task.parse_args(["--task", "addition"])
+    assert (split.digits, split.pretrain_steps, split.posttrain_steps) == (1, 5000, 2400)
+    assert (addition.digits, addition.pretrain_steps, addition.posttrain_steps) == (2, 3000, 600)
+    assert laptop_task.parse_args(["--digits", "2"]).digits == 2
     assert laptop_task.parse_args(["--seed", "3"]).model_seed == 3  # the model follows the data seed...
     assert laptop_task.parse_args(["--seed", "3", "--model-seed", "1"]).model_seed == 1  # ...unless given
