@@ -84,6 +84,8 @@ def test_accuracy_tables_and_resume(data_dir, tmp_path):
     assert float(rows[2]["compute"]) == 0.5 and float(rows[2]["GPQA-Diamond mean"]) == 0.25
     assert len(list(csv.DictReader((out / "cells.csv").open()))) == 3 * 5
     assert len(list(csv.DictReader((out / "naive_table.csv").open()))) == 2
+    assert result.files["plot"] == out / "accuracy_vs_k.png"
+    assert (out / "accuracy_vs_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     unit = json.loads((out / "units" / "gsm8k" / "naive-K1-seed0.json").read_text())
     assert unit["spec"]["K"] == 1 and unit["records"][0]["extracted"] == "1005" and not unit["records"][0]["correct"]
     # the paired column counts, over the same problems and seeds, who alone got each one right

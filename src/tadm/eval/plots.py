@@ -7,6 +7,8 @@
   point labelled "K, T", with the Pareto front of all points (faster and better) drawn through.
 * :func:`plot_nelbo_vs_age`: the stale-anchor likelihood bound against the cache age k, one panel
   per T, one curve per model (the mean over seeds, with their range as error bars).
+* :func:`plot_task_accuracy_vs_refresh`: task accuracy against K (``tadm eval tasks``), one panel per
+  task, TADM and naive reuse as curves (mean ± std over seeds), the base at K = 1 as a line.
 
 matplotlib is imported inside the functions, with the non-interactive Agg backend, so that
 plotting works without a display and importing this module costs nothing.
@@ -28,6 +30,7 @@ __all__ = [
     "plot_genppl_vs_throughput",
     "plot_nelbo_vs_age",
     "plot_pareto",
+    "plot_task_accuracy_vs_refresh",
     "write_plots",
 ]
 
@@ -170,6 +173,37 @@ def plot_nelbo_vs_age(records: Sequence[dict[str, Any]], path: str | os.PathLike
         ax.set_ylabel("NELBO increase over k = 0 (%)")
         ax.set_title(f"T = {T}: t' = t + k / {T}")
         ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def plot_task_accuracy_vs_refresh(cells: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Accuracy (%) against K per task: one curve per method (``tadm``, ``naive``), the base as a dashed line.
+
+    ``cells`` are :func:`tadm.tasks.task_tables.cells` rows (task, method, K, accuracy_mean, accuracy_std).
+    """
+    plt = _pyplot()
+    tasks = list(dict.fromkeys(c["task"] for c in cells))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.8 * len(tasks), 3.6), squeeze=False)
+    styles = {"tadm": ("TADM (fusion)", "o", "C0"), "naive": ("naive reuse", "s", "C3")}
+    for ax, task in zip(axes[0], tasks):
+        mine = [c for c in cells if c["task"] == task]
+        for method, (label, marker, color) in styles.items():
+            points = sorted((c["K"], 100 * c["accuracy_mean"], 100 * c["accuracy_std"]) for c in mine
+                            if c["method"] == method)
+            if points:
+                ks, means, stds = zip(*points)
+                ax.errorbar(ks, means, yerr=stds, marker=marker, color=color, capsize=3, label=label)
+        for c in mine:
+            if c["method"] == "baseline":
+                ax.axhline(100 * c["accuracy_mean"], color="0.4", linestyle="--", label="base, K = 1")
+        ax.set_xscale("log", base=2)
+        ks = sorted({c["K"] for c in mine})
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("refresh interval K")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _save(plt, fig, path)
 

@@ -8,7 +8,8 @@
   (share of parsed judge verdicts flagged incoherent or repetition_loop, pooled) for naive reuse and TADM.
 
 Written as ``table.md``, ``task_table.csv``, ``naive_table.csv``, ``cells.csv`` (every task x method
-x K cell) and ``results.json`` (the run's settings, cells and both tables).
+x K cell), ``results.json`` (the run's settings, cells and both tables) and, with more than one K,
+``accuracy_vs_k.png`` (:func:`tadm.eval.plots.plot_task_accuracy_vs_refresh`).
 """
 
 from __future__ import annotations
@@ -244,6 +245,10 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
     if naive:
         files["naive_csv"] = write_csv(out / "naive_table.csv", list(naive[0]), naive)
     write_csv(files["cells_csv"], CELL_FIELDS, all_cells)
+    if len({c["K"] for c in all_cells}) > 1:
+        from tadm.eval.plots import plot_task_accuracy_vs_refresh
+
+        files["plot"] = plot_task_accuracy_vs_refresh(all_cells, out / "accuracy_vs_k.png")
     payload = {"config": config, "provenance": provenance, "cells": all_cells, "task_table": flat,
                "naive_table": naive}
     tmp = files["json"].with_name(f".results.json.tmp-{os.getpid()}")
