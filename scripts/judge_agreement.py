@@ -109,12 +109,13 @@ def main(argv: list[str] | None = None) -> None:
     result = DegenerationJudge(client, cache_dir=args.cache, concurrency=1).evaluate([(q, r) for _, q, r in pairs])
     seconds = time.perf_counter() - started
     rows = agreement_table(pairs, result.verdicts)
-    print(f"judge {client.judge_id}: {len(pairs)} items, {result.requests} asked now, {seconds:.0f} s\n")
+    judge_id = client.judge_id.replace(str(Path.home()), "~")  # no machine-local path in result files
+    print(f"judge {judge_id}: {len(pairs)} items, {result.requests} asked now, {seconds:.0f} s\n")
     print(markdown(rows))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
-            "judge": client.judge_id, "seconds": round(seconds, 1), "table": rows,
+            "judge": judge_id, "seconds": round(seconds, 1), "table": rows,
             "items": [{"kind": k, "question": q, "response": r, **v.as_dict()}
                       for (k, q, r), v in zip(pairs, result.verdicts)]}, indent=1) + "\n")
 

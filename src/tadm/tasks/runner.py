@@ -321,7 +321,9 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     ran = _generate_all(cfg, units, load or load_generator, log)
     judge_id = _judge_all(cfg, units, out, log) if cfg.judge not in (None, "", "none") else None
     payloads = [_payload(u) for u in units]
-    provenance = {"command": command, "machine": machine_info(), **git_commit(), "judge": judge_id,
+    home = str(Path.home())
+    provenance = {"command": command, "machine": machine_info(), **git_commit(),
+                  "judge": judge_id.replace(home, "~") if judge_id and home not in ("", "/") else judge_id,
                   "judge_note": DEFAULT_JUDGE_WARNING if cfg.judge in ("local", "local-free") else None,
                   "wall_seconds": round(time.perf_counter() - started, 1)}
     files = write_tables(payloads, [b for b in benches], methods(cfg), out, config=asdict(cfg), provenance=provenance)
