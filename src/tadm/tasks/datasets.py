@@ -40,7 +40,7 @@ from typing import Any
 
 from tadm.tasks.benchmarks import Benchmark, Example, select_shots
 
-__all__ = ["HUB_SOURCES", "TaskData", "example_from_record", "load_task", "read_jsonl"]
+__all__ = ["HUB_SOURCES", "TaskData", "example_from_record", "json_lines", "load_task", "read_jsonl"]
 
 
 @dataclass(frozen=True)
@@ -82,23 +82,29 @@ def _fields_hint(bench: Benchmark) -> str:
     return f"{bench.name} expects JSON lines with fields: {', '.join(bench.fields)}"
 
 
+def json_lines(path: str | os.PathLike[str]) -> list[tuple[int, Any]]:
+    """(line number, value) of every non-blank line of a JSON-lines file; a malformed line is a one-line error."""
+    values = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    values.append((number, json.loads(line)))
+                except ValueError as err:
+                    raise ValueError(f"{path}:{number}: not valid JSON ({err})") from None
+    return values
+
+
 def read_jsonl(path: Path, bench: Benchmark) -> list[dict[str, Any]]:
     """The records of ``path``; a missing file, a malformed line or a missing field is a one-line error."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file ({_fields_hint(bench)})")
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err})") from None
-            missing = [f for f in bench.fields if not isinstance(record, dict) or f not in record]
-            if missing:
-                raise ValueError(f"{path}:{number}: missing field(s) {', '.join(missing)} ({_fields_hint(bench)})")
-            records.append(record)
+    for number, record in json_lines(path):
+        missing = [f for f in bench.fields if not isinstance(record, dict) or f not in record]
+        if missing:
+            raise ValueError(f"{path}:{number}: missing field(s) {', '.join(missing)} ({_fields_hint(bench)})")
+        records.append(record)
     return records
 
 

@@ -93,15 +93,9 @@ def record_from_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def read_raw_jsonl(path: str) -> list[dict[str, Any]]:
     """The rows of a released LiveCodeBench JSONL file; a malformed line is an error naming it."""
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as err:
-                    raise ValueError(f"{path}:{number}: not valid JSON ({err})") from None
-    return rows
+    from tadm.tasks.datasets import json_lines
+
+    return [row for _, row in json_lines(path)]
 
 
 def convert_rows(rows: Iterable[dict[str, Any]], *, since: str | None = None,
