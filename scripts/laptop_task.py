@@ -21,7 +21,7 @@ evaluation units already written), so a cut-off run continues:
    evaluation see the same text through the same chat template.
 2. tokenizer: a byte-level BPE with digits kept as single tokens, wrapped with the Gemma-style chat template.
 3. pretrain: a random ``DiffusionGemmaForBlockDiffusion`` (6 layers) trained on (context, canvas) pairs
-   with the flat x0 cross-entropy under uniform noise (``pretrain`` of ``scripts/posttrain_demo.py``);
+   with the flat x0 cross-entropy under uniform noise (:func:`tadm.posttrain.base_training.pretrain_block_diffusion`);
    saved to ``base/`` with its held-out accuracy at K = 1 on a few problems.
 4. posttrain: the base frozen and split 1 / 3 / 2; only the paired-attention fusion is trained
    (``PosttrainTrainer``, on-policy rollouts); saved to ``adapter/``.
@@ -36,7 +36,6 @@ evaluation units already written), so a cut-off run continues:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import sys
@@ -46,8 +45,8 @@ from pathlib import Path
 STAGES = ("data", "tokenizer", "pretrain", "posttrain", "eval")
 TASKS = ("split", "addition")
 TASK_DEFAULTS = {  # the settings of the published runs (docs/results/laptop-task-*.md)
-    "split": {"digits": 1, "pretrain_steps": 5000, "posttrain_steps": 2400},
-    "addition": {"digits": 2, "pretrain_steps": 3000, "posttrain_steps": 600},
+    "split": {"digits": 2, "pretrain_steps": 9000, "posttrain_steps": 2400, "eval_examples": 199},
+    "addition": {"digits": 2, "pretrain_steps": 3000, "posttrain_steps": 600, "eval_examples": 200},
 }
 
 
@@ -64,7 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--digits", type=int, default=None, help="operands have at most this many digits "
                    "(default: 1 for split, 2 for addition)")
     p.add_argument("--train-examples", type=int, default=200_000)
-    p.add_argument("--eval-examples", type=int, default=200, help="held-out problems")
+    p.add_argument("--eval-examples", type=int, default=None,
+                   help="held-out problems (default: split, every distinct total: 199 for two digits; addition, 200)")
     p.add_argument("--canvas-length", type=int, default=8, help="L; also the generation budget (one canvas)")
     p.add_argument("--steps", type=int, default=12, help="denoising steps T per canvas")
     p.add_argument("--hidden", type=int, default=64)
@@ -125,15 +125,24 @@ def split_problem(total: int) -> str:
     return f"Write {total} as a sum of two numbers."
 
 
+def split_totals(digits: int) -> int:
+    """How many distinct totals (hence distinct ``split`` prompts) operands of ``digits`` digits give."""
+    return 2 * 10 ** digits - 1
+
+
 def make_split_data(digits: int, n_train: int, n_eval: int, seed: int) -> tuple[list[dict], list[dict]]:
     """(train, held-out) records of ``split``: operands a, b uniform in [0, 10^digits).
 
-    Training records answer "a+b"; held-out records hold the total as the gold answer (any a+b with that
-    sum is right). Totals are drawn the same way for both, and held-out totals are drawn first.
+    Training records answer "a+b". Held-out records are ``n_eval`` *distinct* totals (so distinct
+    prompts), drawn without replacement and uniformly among the 2 * 10^digits - 1 possible ones, each
+    holding the total as the gold answer (any a+b with that sum is right).
     """
-    top = 10 ** digits
+    top, totals = 10 ** digits, split_totals(digits)
+    if n_eval > totals:
+        raise ValueError(f"{n_eval} held-out problems is too many for {digits}-digit operands: "
+                         f"there are only {totals} distinct totals")
     rng = random.Random(seed)
-    held = [rng.randrange(top) + rng.randrange(top) for _ in range(n_eval)]
+    held = rng.sample(range(totals), n_eval)
     train = []
     for _ in range(n_train):
         a, b = rng.randrange(top), rng.randrange(top)
@@ -181,14 +190,6 @@ def digit_bpe(texts: list[str], vocab_size: int):
 
 
 # ------------------------------------------------------------------------------------------ stages
-def _demo_module():
-    """``scripts/posttrain_demo.py`` (its pretraining loop and batching are reused as they are)."""
-    spec = importlib.util.spec_from_file_location("posttrain_demo", Path(__file__).with_name("posttrain_demo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def canvas_dataset(rows: list[dict], tokenizer, L: int, task: str):
     from tadm.posttrain import ChatCanvasDataset, ChatExample
 
@@ -262,13 +263,15 @@ def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
     import torch
     from transformers import DiffusionGemmaForBlockDiffusion
 
+    from tadm.posttrain import canvas_batches
     from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+    from tadm.posttrain.base_training import pretrain_block_diffusion
     from tadm.tasks.runner import run_tasks
 
     args, base, L = run.args, run.out / "base", run.args.canvas_length
     if (base / "pretrain.json").is_file():
         return False
-    demo, started = _demo_module(), time.perf_counter()
+    started = time.perf_counter()
     train_set = canvas_dataset(train_rows[: args.pretrain_steps * args.pretrain_batch], tokenizer, L, args.task)
     run.log(f"vocab {len(tokenizer)}; {len(train_set)} training canvases of {L} tokens "
             f"(prompt {len(train_set[0].context_ids)} tokens)")
@@ -279,9 +282,9 @@ def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
     torch.manual_seed(args.model_seed)
     model = DiffusionGemmaForBlockDiffusion(config)
     run.log(f"DiffusionGemmaForBlockDiffusion: {sum(p.numel() for p in model.parameters()):,} parameters")
-    pre_args = argparse.Namespace(pretrain_steps=args.pretrain_steps, seed=args.model_seed, objective="ce")
-    batches = demo.batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, args.model_seed)
-    history = demo.pretrain(model, batches, pre_args, run.log)
+    batches = canvas_batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, seed=args.model_seed)
+    history = pretrain_block_diffusion(model, batches, steps=args.pretrain_steps, seed=args.model_seed,
+                                       objective="ce", log=run.log)
     model.save_pretrained(base)
     tokenizer.save_pretrained(base)
     (base / "pretrain.json").write_text(json.dumps({
@@ -301,7 +304,7 @@ def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
     from transformers import DiffusionGemmaForBlockDiffusion
 
     from tadm.posttrain import (AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, PosttrainTrainer, SplitSpec,
-                                load_posttrain_config, save_adapter)
+                                canvas_batches, load_posttrain_config, save_adapter)
 
     args, base, adapter = run.args, run.out / "base", run.out / "adapter"
     if (adapter / "posttrain.json").is_file():
@@ -316,8 +319,7 @@ def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
     trainer = PosttrainTrainer(split, cfg)
     train_set = canvas_dataset(train_rows[: args.posttrain_steps * args.posttrain_batch * 2], tokenizer,
                                args.canvas_length, args.task)
-    demo = _demo_module()
-    data_iter = demo.batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, args.model_seed + 7)
+    data_iter = canvas_batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, seed=args.model_seed + 7)
     run.log(f"post-training {sum(p.numel() for p in split.fusion.parameters()):,} fusion parameters "
             f"(split 1/3/2), {args.posttrain_steps} steps")
     losses = []

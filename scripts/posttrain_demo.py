@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import re
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 
 def parse_args() -> argparse.Namespace:
@@ -86,60 +84,6 @@ def batches(dataset, batch_size: int, pad_id: int, seed: int):
     from tadm.posttrain import canvas_batches
 
     return canvas_batches(dataset, batch_size, pad_id, seed=seed)
-
-
-# -------------------------------------------------------------------------------------- pretrain
-def pretrain(model, data_iter, args, log) -> list[float]:
-    """Uniform-state diffusion (usdm_loss) on canvases given their context, with self-conditioning p = 0.5."""
-    from tadm.diffusion import get_schedule, sample_t, uniform_corrupt, usdm_loss
-
-    V = model.config.text_config.vocab_size
-    schedule = get_schedule("loglinear")
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), weight_decay=0.0)
-    warmup = max(1, args.pretrain_steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.pretrain_steps)))),
-    )
-    model.train()
-    history = []
-    start = time.perf_counter()
-    for step in range(args.pretrain_steps):
-        batch = next(data_iter)
-        B = batch.batch_size
-        t = sample_t(B, eps=1e-3, generator=generator)  # (B,)
-        z_t = uniform_corrupt(batch.targets, schedule.alpha(t.double()).float(), V, generator)  # (B, L)
-        inputs = dict(
-            input_ids=batch.context_ids,
-            attention_mask=batch.context_mask,
-            decoder_input_ids=z_t,
-            decoder_attention_mask=F.pad(batch.context_mask, (0, z_t.shape[1]), value=True),
-        )
-        sc_rows = torch.rand(B, generator=generator) < 0.5
-        sc_logits = None
-        if bool(sc_rows.any()):
-            with torch.no_grad():
-                sc_logits = model(**inputs).logits.detach()
-        logits = model(**inputs, self_conditioning_logits=sc_logits,
-                       self_conditioning_mask=sc_rows if sc_logits is not None else None).logits
-        if args.objective == "usdm":
-            per_token = usdm_loss(logits.float().softmax(-1), batch.targets, z_t, t, schedule, V)  # (B, L)
-        else:
-            per_token = F.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")  # (B, L)
-        mask = batch.target_mask.float()
-        loss = (per_token * mask).sum() / mask.sum()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        sched.step()
-        optimizer.zero_grad(set_to_none=True)
-        history.append(loss.item())
-        if (step + 1) % max(1, args.pretrain_steps // 10) == 0:
-            recent = sum(history[-50:]) / len(history[-50:])
-            log(f"  pretrain step {step + 1}/{args.pretrain_steps}: {args.objective} loss {recent:.3f} ({time.perf_counter() - start:.0f}s)")
-    model.eval()
-    return history
 
 
 # ------------------------------------------------------------------------------------------ eval
@@ -223,6 +167,7 @@ def main() -> None:
         save_adapter,
     )
     from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+    from tadm.posttrain.base_training import pretrain_block_diffusion
     from tadm.posttrain.data import make_chat_tokenizer
     from tadm.sampling.entropy_bound import EntropyBoundSampler
     from tadm.training.data import load_texts
@@ -257,7 +202,8 @@ def main() -> None:
     model = DiffusionGemmaForBlockDiffusion(config)
     log(f"DiffusionGemmaForBlockDiffusion: {sum(p.numel() for p in model.parameters()):,} parameters, "
         f"layers {config.text_config.layer_types}")
-    history = pretrain(model, batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, args.seed), args, log)
+    history = pretrain_block_diffusion(model, batches(train_set, args.pretrain_batch, tokenizer.pad_token_id, args.seed),
+                                       steps=args.pretrain_steps, seed=args.seed, objective=args.objective, log=log)
     model.save_pretrained(out / "base")
     tokenizer.save_pretrained(out / "base")
     log(f"pretrained: {args.objective} loss {sum(history[:20]) / 20:.3f} -> {sum(history[-50:]) / len(history[-50:]):.3f}; "
@@ -267,7 +213,7 @@ def main() -> None:
     split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(1, 3), FusionSpec(rank=32, num_heads=4))
     trainable = sum(p.numel() for p in split.fusion.parameters())
     cfg = load_posttrain_config(None, [
-        f"rollout.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}", f"optim.lr={args.posttrain_lr}",
+        f"rollout.sampler.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}", f"optim.lr={args.posttrain_lr}",
         "optim.warmup_steps=20", f"train.seed={args.seed}", "train.precision=fp32", "train.grad_accum_steps=1",
     ])
     trainer = PosttrainTrainer(split, cfg)
