@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tadm.tasks.sandbox import CodeLimits
 from tadm.tasks.benchmarks import (BENCHMARKS, Example, build_prompt, check_choice, check_math, extract_choice,
                                    extract_code, extract_math_answer, get_benchmark, parse_task_list, score)
 
@@ -77,7 +78,7 @@ HUMANEVAL = Example("he/0", 'def add(a, b):\n    """Sum."""\n', tests="def check
     ("Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n", True),
 ])
 def test_humaneval_completions_run_in_the_sandbox(completion, passed):
-    result = score(get_benchmark("humaneval"), HUMANEVAL, completion, timeout=2)
+    result = score(get_benchmark("humaneval"), HUMANEVAL, completion, limits=CodeLimits(timeout=2, allow_execution=True))
     assert result.correct is passed
     if "while True" in completion:
         assert result.detail == "timeout"
@@ -87,8 +88,8 @@ def test_livecodebench_programs_must_pass_every_test():
     example = Example("lcb/0", "Reverse the line.", tests=[{"input": "abc\n", "output": "cba\n"},
                                                           {"input": "xy\n", "output": "yx"}])
     good = "```python\nprint(input()[::-1])\n```"
-    assert score(get_benchmark("livecodebench"), example, good, timeout=5).correct
-    bad = score(get_benchmark("livecodebench"), example, "```python\nprint(input())\n```", timeout=5)
+    assert score(get_benchmark("livecodebench"), example, good, limits=CodeLimits(timeout=5, allow_execution=True)).correct
+    bad = score(get_benchmark("livecodebench"), example, "```python\nprint(input())\n```", limits=CodeLimits(timeout=5, allow_execution=True))
     assert not bad.correct and bad.detail == "test 0: wrong output"
     assert extract_code("no fence") is None
 

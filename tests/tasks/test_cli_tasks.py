@@ -25,7 +25,8 @@ def test_unknown_task(capsys, tmp_path):
 
 
 def test_missing_data_file(capsys, tmp_path):
-    err = one_line_error(capsys, ["eval", "tasks", "--base", "B", "--tasks", "humaneval", "--data-dir", str(tmp_path)])
+    err = one_line_error(capsys, ["eval", "tasks", "--base", "B", "--tasks", "humaneval", "--data-dir", str(tmp_path),
+                                       "--allow-code-execution"])
     assert str(tmp_path / "humaneval.jsonl") in err and "prompt, test, entry_point" in err
 
 

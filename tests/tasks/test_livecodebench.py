@@ -9,6 +9,7 @@ import zlib
 
 import pytest
 
+from tadm.tasks.sandbox import CodeLimits
 from tadm.tasks.benchmarks import build_prompt, get_benchmark, score
 from tadm.tasks.datasets import example_from_record
 from tadm.tasks.livecodebench import (convert_rows, decode_test_cases, functional_program, record_from_row,
@@ -74,17 +75,17 @@ def _examples():
 
 def test_stdin_and_functional_solutions_are_run_against_every_test():
     stdin_ex, leet_ex = _examples()
-    assert score(LCB, stdin_ex, "```python\nprint(input()[::-1])\n```", timeout=5).correct
-    assert not score(LCB, stdin_ex, "```python\nprint(input())\n```", timeout=5).correct
+    assert score(LCB, stdin_ex, "```python\nprint(input()[::-1])\n```", limits=CodeLimits(timeout=5, allow_execution=True)).correct
+    assert not score(LCB, stdin_ex, "```python\nprint(input())\n```", limits=CodeLimits(timeout=5, allow_execution=True)).correct
     good = ("```python\nclass Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
             "        seen = {}\n        for i, x in enumerate(nums):\n            if target - x in seen:\n"
             "                return [seen[target - x], i]\n            seen[x] = i\n```")
-    assert score(LCB, leet_ex, good, timeout=5).correct
+    assert score(LCB, leet_ex, good, limits=CodeLimits(timeout=5, allow_execution=True)).correct
     first_only = good.replace("return [seen[target - x], i]", "return [0, 1] if len(nums) > 3 else [1, 0]")
-    wrong = score(LCB, leet_ex, first_only, timeout=5)
+    wrong = score(LCB, leet_ex, first_only, limits=CodeLimits(timeout=5, allow_execution=True))
     assert not wrong.correct and wrong.detail == "test 1: wrong output"  # passes the public test only
     loops = good.replace("seen = {}", "while True: pass")
-    assert score(LCB, leet_ex, loops, timeout=1).detail == "test 0: timeout"
+    assert score(LCB, leet_ex, loops, limits=CodeLimits(timeout=1, allow_execution=True)).detail == "test 0: timeout"
 
 
 def test_prompts_show_the_starter_code_when_there_is_one():

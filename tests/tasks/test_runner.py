@@ -43,7 +43,7 @@ def known_answers(prompt: str, run: dict) -> str:
 
 def config(data_dir, out, **overrides):
     settings = dict(tasks="gsm8k,gpqa,humaneval", base="BASE", adapter="ADAPTER", naive=True, refresh=[1, 2],
-                    seeds=[0, 1], data_dir=str(data_dir), out_dir=str(out))
+                    seeds=[0, 1], data_dir=str(data_dir), out_dir=str(out), allow_code_execution=True)
     return TaskRunConfig(**{**settings, **overrides})
 
 

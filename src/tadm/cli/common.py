@@ -29,6 +29,17 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
+def positive_float(value: str) -> float:
+    """An argparse type accepting finite numbers > 0 (NaN and inf are refused by name)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not (0 < number < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value!r}")
+    return number
+
+
 def fidelity_args(p: argparse.ArgumentParser) -> None:
     """--nucleus and --time-grid: fidelity to the released ReMDM sampler (see tadm.sampling.remdm)."""
     from tadm.sampling.base import TIME_GRIDS

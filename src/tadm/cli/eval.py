@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tadm.cli.common import (CLIError, device_arg, dtype_arg, fidelity_args, nonnegative_int,
-                             positive_int, refresh_arg, sampler_args, sampler_from_args, steps_arg)
+                             positive_float, positive_int, refresh_arg, sampler_args, sampler_from_args, steps_arg)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +68,11 @@ def _sample_args(p: argparse.ArgumentParser) -> None:
 def _read_sample_records(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise CLIError(f"--samples {path}: no such file")
-    text = path.read_text().strip()
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as err:
+        raise CLIError(f"--samples {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                       f"{err.start}): expected JSON from `tadm sample --json`") from None
     if not text:
         raise ValueError(f"--samples {path} is empty: the sample set is empty")
     try:
@@ -575,7 +579,8 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
     model.add_argument("--model", metavar="SPEC", help="one of tadm's own models (checkpoint, Hub id or builder)")
     p.add_argument("--adapter", metavar="DIR", help="fusion adapter of --base (the TADM rows)")
     p.add_argument("--split", default=None, metavar="S:A", help="shared:anchor layers of a --base without --adapter")
-    p.add_argument("--tasks", default=None, metavar="A,B", help="comma-separated tasks (default: all six)")
+    p.add_argument("--tasks", default=None, metavar="A,B", help="comma-separated tasks (default: the paper's six; the code tasks "
+                   "only with --allow-code-execution)")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="local DIR/<task>.jsonl files (default: the Hub)")
     p.add_argument("-K", "--refresh", type=_int_list(1), nargs="+", default=[[1, 2, 3]], metavar="K,K",
                    help="anchor refresh intervals (default: 1,2,3)")
@@ -592,7 +597,12 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
                    help="degeneration judge: none (default), local, local:PATH (labels scored by likelihood), "
                         "local-free:PATH (free text) or an OpenAI-compatible URL")
     p.add_argument("--judge-model", default=None, metavar="NAME", help="model name served at a --judge URL")
-    p.add_argument("--code-timeout", type=float, default=10.0, metavar="S", help="seconds per program run")
+    p.add_argument("--code-timeout", type=positive_float, default=10.0, metavar="S", help="seconds per program run")
+    p.add_argument("--allow-code-execution", action="store_true",
+                   help="run the code tasks (humaneval, livecodebench): their checks run model-written programs "
+                        "in tadm's sandbox (also: TADM_ALLOW_CODE_EXEC=1 or HF_ALLOW_CODE_EVAL=1)")
+    p.add_argument("--allow-code-network", action="store_true",
+                   help="run code tasks even where the sandbox cannot block the network (no network namespace)")
     p.add_argument("--out", default="tadm-tasks", metavar="DIR")
     device_arg(p)
     dtype_arg(p)
@@ -609,7 +619,9 @@ def _run_tasks(args: argparse.Namespace) -> int:
         model=args.model, split=args.split, data_dir=args.data_dir, limit=args.limit, steps=args.steps,
         canvas_length=args.canvas_length,
         max_gen_toks=args.max_gen_toks, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-        judge=args.judge, judge_model=args.judge_model, code_timeout=args.code_timeout, out_dir=os.fspath(args.out))
+        judge=args.judge, judge_model=args.judge_model, code_timeout=args.code_timeout,
+        allow_code_execution=args.allow_code_execution, allow_code_network=args.allow_code_network,
+        out_dir=os.fspath(args.out))
     try:
         result = run_tasks(config, log=lambda line: print(f"[tasks] {line}", flush=True),
                            command=" ".join(["tadm", *sys.argv[1:]]))

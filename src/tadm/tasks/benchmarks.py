@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tadm.tasks.sandbox import run_program
+from tadm.tasks.sandbox import CodeLimits, run_program
 
 __all__ = ["BENCHMARKS", "EXTRA_BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice",
            "check_math", "check_sum", "extract_choice", "extract_code", "extract_math_answer", "get_benchmark", "parse_task_list", "score",
@@ -57,6 +57,11 @@ class Benchmark:
     until: tuple[str, ...] = ()  # stop strings
     instruction: str | None = None  # replaces the answer type's instruction in the prompt
     shots_by: str = ""  # "category": few-shot examples of the evaluated example's own category first
+
+    @property
+    def runs_code(self) -> bool:
+        """Its check runs model-written programs (HumanEval, LiveCodeBench): the user must opt in."""
+        return self.answer_type in ("function", "stdio")
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
@@ -283,10 +288,10 @@ def humaneval_program(example: Example, completion: str) -> str:
     return f"{body}\n\n{example.tests}\n\ncheck({example.entry_point})\n"
 
 
-def check_function(example: Example, completion: str, *, timeout: float, memory_mb: int) -> Score:
-    """HumanEval: the program with its tests exits 0 within the limits."""
-    result = run_program(humaneval_program(example, completion), timeout=timeout, memory_mb=memory_mb)
-    return Score(result.status == "ok", None, result.status)
+def check_function(example: Example, completion: str, *, limits: CodeLimits) -> Score:
+    """HumanEval: the program with its tests runs to its end (``check(...)`` returned) and exits 0."""
+    result = run_program(humaneval_program(example, completion), mode="tests", **limits.run_kwargs())
+    return Score(result.ok, None, result.status)
 
 
 def _same_output(actual: str, expected: str) -> bool:
@@ -294,9 +299,10 @@ def _same_output(actual: str, expected: str) -> bool:
     return lines(actual) == lines(expected)
 
 
-def check_stdio(example: Example, response: str, *, timeout: float, memory_mb: int) -> Score:
-    """LiveCodeBench: every test passes - a ``stdin`` test prints the expected output for its input, a
-    ``functional`` one returns the expected JSON value from ``Solution().<entry_point>(*args)``."""
+def check_stdio(example: Example, response: str, *, limits: CodeLimits) -> Score:
+    """LiveCodeBench: every test passes - a ``stdin`` test prints the expected output for its input and
+    ends normally (``SystemExit`` 0 included), a ``functional`` one returns the expected JSON value from
+    ``Solution().<entry_point>(*args)`` with the driver run to its end."""
     from tadm.tasks.livecodebench import functional_program, same_json_output
 
     code = extract_code(response)
@@ -305,21 +311,26 @@ def check_stdio(example: Example, response: str, *, timeout: float, memory_mb: i
         functional = test.get("testtype") == "functional"
         program = functional_program(code, example.entry_point) if functional else code
         same = same_json_output if functional else _same_output
-        result = run_program(program, stdin=str(test["input"]), timeout=timeout, memory_mb=memory_mb)
+        result = run_program(program, stdin=str(test["input"]), mode="tests" if functional else "script",
+                             **limits.run_kwargs())
         if result.status != "ok" or not same(result.stdout, str(test["output"])):
             return Score(False, None, f"test {n}: {result.status if result.status != 'ok' else 'wrong output'}")
     return Score(bool(example.tests), None, "passed" if example.tests else "no tests")
 
 
-def score(bench: Benchmark, example: Example, response: str, *, timeout: float = 10.0,
-          memory_mb: int = 1024) -> Score:
-    """Check ``response`` to ``example`` the benchmark's way (code runs in a sandboxed subprocess)."""
+def score(bench: Benchmark, example: Example, response: str, *, limits: CodeLimits | None = None) -> Score:
+    """Check ``response`` to ``example`` the benchmark's way.
+
+    Code benchmarks run the program in the sandbox (:mod:`tadm.tasks.sandbox`) with ``limits``, which
+    carries the user's opt-in; without it they raise :class:`~tadm.tasks.sandbox.CodeExecutionNotAllowed`.
+    """
     if bench.answer_type == "math":
         return check_math(response, example.answer)
     if bench.answer_type == "choice":
         return check_choice(response, example.answer, bench.letters)
     if bench.answer_type == "sum":
         return check_sum(response, example.answer)
+    limits = CodeLimits() if limits is None else limits
     if bench.answer_type == "function":
-        return check_function(example, response, timeout=timeout, memory_mb=memory_mb)
-    return check_stdio(example, response, timeout=timeout, memory_mb=memory_mb)
+        return check_function(example, response, limits=limits)
+    return check_stdio(example, response, limits=limits)

@@ -31,6 +31,8 @@ from typing import Any
 
 from tadm.tasks.benchmarks import Benchmark, build_prompt, parse_task_list, score
 from tadm.tasks.datasets import TaskData, load_task
+from tadm.tasks.sandbox import (CodeLimits, code_execution_allowed, containment,
+                                 not_allowed_message)
 
 __all__ = ["Method", "TaskRunConfig", "TaskRunResult", "methods", "run_tasks"]
 
@@ -62,11 +64,37 @@ class TaskRunConfig:
     judge_concurrency: int = 4
     code_timeout: float = 10.0
     code_memory_mb: int = 1024
+    allow_code_execution: bool = False  # the opt-in to run model-written code (the environment can grant it)
+    allow_code_network: bool = False  # run code where the sandbox cannot block the network
     out_dir: str = "tadm-tasks"
 
-    def check(self) -> list[Benchmark]:
-        """The benchmarks; a ValueError for settings that cannot run."""
+    def code_limits(self) -> CodeLimits:
+        return CodeLimits(self.code_timeout, self.code_memory_mb, self.allow_code_execution, self.allow_code_network)
+
+    def check(self, log: Log | None = None) -> list[Benchmark]:
+        """The benchmarks to run; a ValueError for settings that cannot run.
+
+        Code benchmarks need the opt-in (:func:`~tadm.tasks.sandbox.code_execution_allowed`): named
+        ones without it are an error; with no task list they are skipped, and ``log`` says so.
+        """
         benches = parse_task_list(self.tasks)
+        code = [b.name for b in benches if b.runs_code]
+        if code and not code_execution_allowed(self.allow_code_execution):
+            if self.tasks is not None:
+                raise ValueError(not_allowed_message(f"{', '.join(code)} (its check)"))
+            benches = [b for b in benches if not b.runs_code]
+            if log is not None:
+                log(f"skipped {', '.join(code)}: they run model-written code; add --allow-code-execution "
+                    f"(or set TADM_ALLOW_CODE_EXEC=1) to run them in the sandbox")
+        elif code and not containment().network_blocked and not self.allow_code_network:
+            raise ValueError(f"{', '.join(code)}: this machine does not allow a network namespace, so generated "
+                             "code could reach the network; run in a container, or add --allow-code-network")
+        self.code_limits()
+        judge = self.judge
+        if judge not in (None, "", "none", "local", "local-free") and not judge.startswith(
+                ("local:", "local-free:", "http://", "https://")):
+            raise ValueError(f"unknown judge {judge!r}: use none, local, local:PATH, local-free:PATH, or an "
+                             "http(s):// URL with --judge-model NAME")
         if (self.model is None) == (self.base is None):
             raise ValueError("give exactly one of --base (a post-training base) and --model (a tadm model)")
         if self.model is not None and (self.adapter or self.naive or self.split):
@@ -202,7 +230,7 @@ def run_unit(generator: Any, cfg: TaskRunConfig, bench: Benchmark, data: TaskDat
     texts = lm.generate_until(requests, disable_tqdm=True)
     records = []
     for ex, prompt, text in zip(data.examples, prompts, texts):
-        checked = score(bench, ex, text, timeout=cfg.code_timeout, memory_mb=cfg.code_memory_mb)
+        checked = score(bench, ex, text, limits=cfg.code_limits())
         records.append({"id": ex.id, "prompt": prompt, "response": text, "gold": ex.answer,
                         "correct": checked.correct, "extracted": checked.extracted, "detail": checked.detail})
     accuracy = sum(r["correct"] for r in records) / len(records)
@@ -315,7 +343,7 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     from tadm.tasks.task_tables import write_tables
 
     started = time.perf_counter()
-    benches = cfg.check()
+    benches = cfg.check(log)
     out = Path(cfg.out_dir)
     units = _units(cfg, benches, out)
     ran = _generate_all(cfg, units, load or load_generator, log)
@@ -325,6 +353,7 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     provenance = {"command": command, "machine": machine_info(), **git_commit(),
                   "judge": judge_id.replace(home, "~") if judge_id and home not in ("", "/") else judge_id,
                   "judge_note": DEFAULT_JUDGE_WARNING if cfg.judge in ("local", "local-free") else None,
+                  "sandbox": containment().describe() if any(b.runs_code for b in benches) else None,
                   "wall_seconds": round(time.perf_counter() - started, 1)}
     files = write_tables(payloads, [b for b in benches], methods(cfg), out, config=asdict(cfg), provenance=provenance)
     return TaskRunResult(payloads, ran, files)
