@@ -42,45 +42,108 @@ import sys
 import time
 from pathlib import Path
 
-STAGES = ("data", "tokenizer", "pretrain", "posttrain", "eval")
+from tadm.cli import OneLineErrorParser
+from tadm.cli.common import nonnegative_int, positive_float, positive_int
+from tadm.posttrain import load_posttrain_config
+
+STAGES = ("data", "tokenizer", "pretrain", "posttrain", "diagnose", "eval")
 TASKS = ("split", "addition")
 TASK_DEFAULTS = {  # the settings of the published runs (docs/results/laptop-task-*.md)
     "split": {"digits": 2, "pretrain_steps": 9000, "posttrain_steps": 2400, "eval_examples": 199},
     "addition": {"digits": 2, "pretrain_steps": 3000, "posttrain_steps": 600, "eval_examples": 200},
 }
+POSTTRAIN_DEFAULTS = ("fusion.rank=32", "fusion.num_heads=4")  # the script's fusion size, before --posttrain-set
+MAX_DIGITS = 6
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _int_list(minimum: int):
+    """An argparse type: comma-separated integers >= ``minimum``."""
+    def parse(value: str) -> list[int]:
+        try:
+            numbers = [int(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+        if not numbers or min(numbers) < minimum:
+            raise argparse.ArgumentTypeError(f"expected integers >= {minimum}, got {value!r}")
+        return numbers
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineErrorParser(prog="laptop_task.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", choices=TASKS, default="split")
     p.add_argument("--out", default=None,
                    help="run folder (default: runs/laptop-task-split; runs/laptop-task for addition)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the data (and of the model, unless --model-seed)")
-    p.add_argument("--model-seed", type=int, default=None,
+    p.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="seed of the data (and of the model, unless --model-seed)")
+    p.add_argument("--model-seed", type=nonnegative_int, default=None,
                    help="seed of the model's initialisation and batch order (default: --seed); "
                         "another model on the same data")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is as fast as 2 at this size)")
-    p.add_argument("--digits", type=int, default=None, help="operands have at most this many digits "
-                   "(default: 1 for split, 2 for addition)")
-    p.add_argument("--train-examples", type=int, default=200_000)
-    p.add_argument("--eval-examples", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (1 is as fast as 2 at this size)")
+    p.add_argument("--digits", type=positive_int, default=None,
+                   help=f"operands have at most this many digits (1-{MAX_DIGITS}; default: 2)")
+    p.add_argument("--train-examples", type=positive_int, default=200_000)
+    p.add_argument("--eval-examples", type=positive_int, default=None,
                    help="held-out problems (default: split, every distinct total: 199 for two digits; addition, 200)")
-    p.add_argument("--canvas-length", type=int, default=8, help="L; also the generation budget (one canvas)")
-    p.add_argument("--steps", type=int, default=12, help="denoising steps T per canvas")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--pretrain-steps", type=int, default=None, help="default: 5000 for split, 3000 for addition")
-    p.add_argument("--pretrain-batch", type=int, default=64)
-    p.add_argument("--posttrain-steps", type=int, default=None, help="default: 2400 for split, 600 for addition")
-    p.add_argument("--posttrain-batch", type=int, default=32)
-    p.add_argument("--posttrain-lr", type=float, default=2e-3)
-    p.add_argument("--refresh", default="1,2,3", help="K values")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--batch-size", type=int, default=50, help="evaluation batch size")
+    p.add_argument("--canvas-length", type=positive_int, default=8, help="L; also the generation budget (one canvas)")
+    p.add_argument("--steps", type=positive_int, default=12, help="denoising steps T per canvas")
+    p.add_argument("--hidden", type=positive_int, default=64)
+    p.add_argument("--heads", type=positive_int, default=2)
+    p.add_argument("--pretrain-steps", type=positive_int, default=None,
+                   help="default: 9000 for split, 3000 for addition")
+    p.add_argument("--pretrain-batch", type=positive_int, default=64)
+    p.add_argument("--posttrain-steps", type=positive_int, default=None,
+                   help="default: 2400 for split, 600 for addition")
+    p.add_argument("--posttrain-batch", type=positive_int, default=32)
+    p.add_argument("--posttrain-lr", type=positive_float, default=2e-3)
+    p.add_argument("--posttrain-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a post-training config setting (repeatable): fusion.rank=64, loss.kd_weight=0.5, "
+                        "rollout.cache_ages=[0,1,2,3], rollout.mode=forward, fusion.gate_bias=0, ...")
+    p.add_argument("--variant", default=None, metavar="NAME",
+                   help="post-train, diagnose and evaluate into variants/NAME/ (on the same base)")
+    p.add_argument("--refresh", type=_int_list(1), default=[1, 2, 3], metavar="K,K", help="K values (default: 1,2,3)")
+    p.add_argument("--seeds", type=_int_list(0), default=[0, 1, 2], metavar="S,S",
+                   help="sampling seeds (default: 0,1,2)")
+    p.add_argument("--batch-size", type=positive_int, default=50, help="evaluation batch size")
     p.add_argument("--judge", default="none", help="none, local, local:PATH or local-free:PATH (the degeneration judge)")
-    p.add_argument("--eval-out", default="eval", help="folder (under --out) of the evaluation's units and tables")
+    p.add_argument("--eval-out", default=None,
+                   help="folder (under --out) of the evaluation's units and tables (default: eval, or the variant's)")
     p.add_argument("--until", choices=STAGES, default="eval", help="stop after this stage")
-    args = p.parse_args(argv)
+    return p
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments taken together (one line), or None."""
+    if args.digits > MAX_DIGITS:
+        return f"argument --digits: at most {MAX_DIGITS}, got {args.digits}"
+    most = split_totals(args.digits) if args.task == "split" else 10 ** args.digits * 10 ** args.digits // 4
+    if args.eval_examples > most:
+        what = "distinct totals" if args.task == "split" else "held-out pairs"
+        return (f"argument --eval-examples: {args.digits}-digit operands give only {most} {what}; use at most "
+                f"{most}, or more --digits (got {args.eval_examples})")
+    answer = 2 * args.digits + 1 if args.task == "split" else args.digits + 1
+    if args.canvas_length < answer + 1:
+        return (f"argument --canvas-length: an answer of {args.digits}-digit operands needs {answer} tokens and the "
+                f"end of turn; use at least {answer + 1} (got {args.canvas_length})")
+    if args.hidden % args.heads:
+        return f"argument --hidden: {args.hidden} must be divisible by --heads {args.heads}"
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return f"argument --out: {args.out} is an existing file, not a folder"
+    if args.variant is not None and (not args.variant or "/" in args.variant or args.variant.startswith(".")):
+        return f"argument --variant: a plain folder name, got {args.variant!r}"
+    if args.judge not in ("none", "local", "local-free") and not args.judge.startswith(("local:", "local-free:")):
+        return f"argument --judge: none, local, local:PATH or local-free:PATH, got {args.judge!r}"
+    try:
+        posttrain_config(args)
+    except ValueError as err:
+        return f"argument --posttrain-set: {err}"
+    return None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     for name, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -88,7 +151,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.model_seed = args.seed
     if args.out is None:
         args.out = "runs/laptop-task" if args.task == "addition" else f"runs/laptop-task-{args.task}"
+    if args.eval_out is None:
+        args.eval_out = "eval" if args.variant is None else f"variants/{args.variant}/eval"
+    problem = check_args(args)
+    if problem is not None:
+        parser.error(problem)
     return args
+
+
+def posttrain_config(args: argparse.Namespace):
+    """The post-training config: the script's settings, then ``--posttrain-set`` (validated by the library)."""
+    return load_posttrain_config(None, [
+        f"rollout.sampler.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}",
+        f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.model_seed}",
+        "train.precision=fp32", "train.grad_accum_steps=1", *POSTTRAIN_DEFAULTS, *args.posttrain_set])
+
+
+def variant_dir(args: argparse.Namespace) -> Path:
+    """Where the post-trained fusion and its diagnosis go: the run folder, or ``variants/NAME``."""
+    return Path(args.out) if args.variant is None else Path(args.out) / "variants" / args.variant
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -200,9 +281,8 @@ def canvas_dataset(rows: list[dict], tokenizer, L: int, task: str):
 def eval_config(args: argparse.Namespace, out: Path, **overrides):
     from tadm.tasks.runner import TaskRunConfig
 
-    cfg = dict(tasks=args.task, refresh=[int(k) for k in args.refresh.split(",")],
-               seeds=[int(s) for s in args.seeds.split(",")], naive=True, base=str(out / "base"),
-               adapter=str(out / "adapter"), data_dir=str(out / "data"), limit=args.eval_examples,
+    cfg = dict(tasks=args.task, refresh=list(args.refresh), seeds=list(args.seeds), naive=True,
+               base=str(out / "base"), adapter=str(variant_dir(args) / "adapter"), data_dir=str(out / "data"), limit=args.eval_examples,
                steps=args.steps, canvas_length=args.canvas_length, max_gen_toks=args.canvas_length,
                batch_size=args.batch_size, device="cpu", dtype="float32", judge=args.judge,
                out_dir=str(out / args.eval_out))
@@ -300,28 +380,30 @@ def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
 
 
 def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
-    """The base frozen and split 1 / 3 / 2; only its paired-attention fusion trained, saved to ``adapter/``."""
+    """The base frozen and split 1 / 3 / 2; only its paired-attention fusion trained, saved to ``adapter/``
+    (``variants/NAME/adapter`` with ``--variant``)."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
     from tadm.posttrain import (AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, PosttrainTrainer, SplitSpec,
-                                canvas_batches, load_posttrain_config, save_adapter)
+                                canvas_batches, save_adapter)
 
-    args, base, adapter = run.args, run.out / "base", run.out / "adapter"
+    args, base = run.args, run.out / "base"
+    adapter = variant_dir(args) / "adapter"
     if (adapter / "posttrain.json").is_file():
         return False
     started = time.perf_counter()
+    cfg = posttrain_config(args)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(base)).eval()
-    split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(1, 3), FusionSpec(rank=32, num_heads=4))
-    cfg = load_posttrain_config(None, [
-        f"rollout.sampler.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}",
-        f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.model_seed}",
-        "train.precision=fp32", "train.grad_accum_steps=1"])
+    f = cfg.fusion
+    split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(1, 3),
+                             FusionSpec(rank=f.rank, num_heads=f.num_heads, eps=f.eps, gate_bias=f.gate_bias))
     trainer = PosttrainTrainer(split, cfg)
     train_set = canvas_dataset(train_rows[: args.posttrain_steps * args.posttrain_batch * 2], tokenizer,
                                args.canvas_length, args.task)
     data_iter = canvas_batches(train_set, args.posttrain_batch, tokenizer.pad_token_id, seed=args.model_seed + 7)
     run.log(f"post-training {sum(p.numel() for p in split.fusion.parameters()):,} fusion parameters "
-            f"(split 1/3/2), {args.posttrain_steps} steps")
+            f"(split 1/3/2, rank {f.rank}, {f.num_heads} heads), {args.posttrain_steps} steps"
+            + (f", settings {' '.join(args.posttrain_set)}" if args.posttrain_set else ""))
     losses = []
     for step in range(args.posttrain_steps):
         metrics = trainer.train_step([next(data_iter)])
@@ -329,12 +411,48 @@ def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
         if (step + 1) % max(1, args.posttrain_steps // 6) == 0:
             run.log(f"  post-train step {step + 1}/{args.posttrain_steps}: loss {_mean(losses[-25:]):.3f} "
                     f"(kd {metrics['kd']:.4f})")
-    save_adapter(adapter, split, base_model=str(base), extra={"step": trainer.step})
+    save_adapter(adapter, split, base_model=str(base), extra={"step": trainer.step, "config": cfg.to_dict()})
     (adapter / "posttrain.json").write_text(json.dumps({
         "steps": args.posttrain_steps, "batch": args.posttrain_batch, "lr": args.posttrain_lr,
+        "settings": list(args.posttrain_set), "fusion_parameters": sum(p.numel() for p in split.fusion.parameters()),
         "loss_first_last": [_mean(losses[:10]), _mean(losses[-25:])],
         "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
     return run.done("posttrain", started)
+
+
+def stage_diagnose(run: Stages, tokenizer) -> bool:
+    """KL(fresh || stale) of the fused and the naive stale predictions on the held-out prompts, per K > 1
+    (:func:`tadm.posttrain.diagnostics.stale_fresh_divergence`), written to ``kl.json`` beside the adapter."""
+    import torch
+
+    from tadm.posttrain import collate_canvases, load_backbone
+    from tadm.posttrain.adapter_io import attach_adapter
+    from tadm.posttrain.diagnostics import stale_fresh_divergence
+    from tadm.sampling.entropy_bound import EntropyBoundSampler
+
+    args = run.args
+    out = variant_dir(args) / "kl.json"
+    intervals = [K for K in args.refresh if K > 1]
+    if out.is_file() or not intervals:
+        return False
+    started = time.perf_counter()
+    model = attach_adapter(load_backbone("diffusion-gemma", run.out / "base"), variant_dir(args) / "adapter")
+    rows = read_jsonl(run.out / "data" / f"{args.task}.jsonl")
+    items = list(canvas_dataset([{"problem": r["problem"], "answer": r["answer"]} for r in rows], tokenizer,
+                                args.canvas_length, args.task))
+    sampler = EntropyBoundSampler(model.vocab_size, num_steps=args.steps)
+
+    def batches():
+        generator = torch.Generator().manual_seed(1234)
+        for b in range(0, len(items), args.batch_size):
+            yield collate_canvases(items[b:b + args.batch_size], tokenizer.pad_token_id), generator
+
+    result = stale_fresh_divergence(model, batches(), sampler, intervals)
+    out.write_text(json.dumps({"prompts": len(items), "steps": args.steps, "by_K": {str(K): v for K, v in result.items()},
+                               "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+    for K, r in result.items():
+        run.log(f"  K = {K}: KL(fresh || naive) {r['kl_naive']:.4f}, KL(fresh || fused) {r['kl_fused']:.4f} nats/token")
+    return run.done("diagnose", started)
 
 
 def stage_eval(run: Stages) -> None:
@@ -364,7 +482,8 @@ def main(argv: list[str] | None = None) -> None:
     if stage_tokenizer(run, train_rows):
         return
     tokenizer = AutoTokenizer.from_pretrained(str(run.out / "tokenizer"))
-    if stage_pretrain(run, train_rows, tokenizer) or stage_posttrain(run, train_rows, tokenizer):
+    if (stage_pretrain(run, train_rows, tokenizer) or stage_posttrain(run, train_rows, tokenizer)
+            or stage_diagnose(run, tokenizer)):
         return
     stage_eval(run)
 

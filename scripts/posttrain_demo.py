@@ -86,61 +86,6 @@ def batches(dataset, batch_size: int, pad_id: int, seed: int):
     return canvas_batches(dataset, batch_size, pad_id, seed=seed)
 
 
-# ------------------------------------------------------------------------------------------ eval
-@torch.no_grad()
-def stale_vs_fresh(model, eval_batches, sampler, intervals=(2, 3)) -> dict:
-    """KL(fresh || stale) and greedy agreement of fused and naive stale predictions on the base sampler's states."""
-    from tadm.posttrain import StackContext
-
-    T = sampler.num_steps
-    sums = {K: {"kl_fused": 0.0, "kl_naive": 0.0, "agree_fused": 0.0, "agree_naive": 0.0, "tokens": 0} for K in intervals}
-    for batch, generator in eval_batches:
-        prompt = model.backbone.prefill(batch.context_ids, batch.context_mask)
-        B, L = batch.targets.shape
-        z = sampler.initial_canvas(B, L, generator, torch.device("cpu"))
-        sc = None
-        states = {}  # step i -> (prepared, C, anchor)
-        for i in range(T, 0, -1):
-            prepared = model.prepare(z, StackContext(prompt=prompt, self_conditioning_logits=sc))
-            c = model.encode(z, prepared=prepared)
-            anchor = model.compute_anchor(c, prepared=prepared)
-            states[i] = (prepared, c, anchor)
-            logits = model.predict_logits(z, c, anchor, prepared=prepared)  # fresh: the base model
-            out = sampler.step(logits, i, z, generator)
-            z, sc = out.prev_sample, out.scaled_logits
-        for i, (prepared, c, _) in states.items():
-            fresh = None
-            for K in intervals:
-                age = (T - i) % K
-                if age == 0:
-                    continue
-                if fresh is None:
-                    fresh = model.fresh_logits(c, prepared).log_softmax(-1)  # (B, L, V)
-                anchor = states[i + age][2]  # computed `age` steps earlier on the trajectory
-                model.fusion_mode = "paired"
-                fused = model.predict_logits(z, c, anchor, prepared=prepared).log_softmax(-1)
-                model.fusion_mode = "naive"
-                naive = model.predict_logits(z, c, anchor, prepared=prepared).log_softmax(-1)
-                model.fusion_mode = "paired"
-                p = fresh.exp()
-                s = sums[K]
-                s["kl_fused"] += float((p * (fresh - fused)).sum())
-                s["kl_naive"] += float((p * (fresh - naive)).sum())
-                s["agree_fused"] += float((fused.argmax(-1) == fresh.argmax(-1)).sum())
-                s["agree_naive"] += float((naive.argmax(-1) == fresh.argmax(-1)).sum())
-                s["tokens"] += B * L
-    return {
-        K: {
-            "kl_naive": s["kl_naive"] / s["tokens"],
-            "kl_fused": s["kl_fused"] / s["tokens"],
-            "agreement_naive": s["agree_naive"] / s["tokens"],
-            "agreement_fused": s["agree_fused"] / s["tokens"],
-            "stale_tokens": s["tokens"],
-        }
-        for K, s in sums.items()
-    }
-
-
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -169,6 +114,7 @@ def main() -> None:
     from tadm.posttrain.backbone import tiny_diffusion_gemma_config
     from tadm.posttrain.base_training import pretrain_block_diffusion
     from tadm.posttrain.data import make_chat_tokenizer
+    from tadm.posttrain.diagnostics import stale_fresh_divergence
     from tadm.sampling.entropy_bound import EntropyBoundSampler
     from tadm.training.data import load_texts
     from tadm.training.tokenization import train_bpe_tokenizer
@@ -228,7 +174,7 @@ def main() -> None:
         for b in range(0, len(items), 32):
             yield collate_canvases(items[b : b + 32], tokenizer.pad_token_id), g
 
-    before = stale_vs_fresh(split, eval_batches(), sampler)
+    before = stale_fresh_divergence(split, eval_batches(), sampler)
     log(f"post-training {trainable:,} fusion parameters (split 1/3/2, rank 32, 4 heads), {args.posttrain_steps} steps")
     losses = []
     for step in range(args.posttrain_steps):
@@ -240,7 +186,7 @@ def main() -> None:
     save_adapter(out / "adapter", split, base_model=str(out / "base"), extra={"step": trainer.step})
 
     # 4. evaluate ---------------------------------------------------------------------------------
-    after = stale_vs_fresh(split, eval_batches(), sampler)
+    after = stale_fresh_divergence(split, eval_batches(), sampler)
     results = {
         "seed": args.seed,
         "steps_T": args.steps,

@@ -14,6 +14,7 @@ from tadm.posttrain import (
     MDLMBackbone,
     SplitSpec,
     StackContext,
+    forward_rollout,
     on_policy_rollout,
     rollout_indices,
     sample_cache_ages,
@@ -159,3 +160,31 @@ def test_rollout_refuses_masked_backbones():
     with pytest.raises(ValueError, match="prior 'mask'"):
         on_policy_rollout(model, torch.zeros(1, 4, dtype=torch.long), sampler=EntropyBoundSampler(65),
                           schedule=get_schedule("loglinear"))
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_forward_rollout_draws_both_canvases_from_the_forward_process(gemma, k):
+    """The ablation: z_t ~ q(. | x0) at t = t' - k/T, z_t' ~ q(z_t' | z_t) with keep alpha_t'/alpha_t; no model step."""
+    model = _model(gemma)
+    sampler = EntropyBoundSampler(V, num_steps=T)
+    schedule = get_schedule("loglinear")
+    B = 3
+    x0, t_anchor, ages = _x0(B), torch.tensor([0.9, 0.31, 0.03]), torch.full((B,), k)
+    prompt = model.backbone.prefill(torch.randint(3, V, (B, 4), generator=torch.Generator().manual_seed(1)))
+    state = forward_rollout(model, x0, sampler=sampler, schedule=schedule, prompt=prompt, cache_age=ages,
+                            t_anchor=t_anchor, self_conditioning_prob=0.0, generator=torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    t_now = torch.clamp(t_anchor.double() - k / T, min=0.0)
+    z_t = uniform_corrupt(x0, schedule.alpha(t_now).float(), V, g)
+    keep = (schedule.alpha(t_anchor.double()) / schedule.alpha(t_now)).clamp(0, 1)
+    z_anchor = uniform_corrupt(z_t, keep.float(), V, g)
+    assert torch.equal(state.z_current, z_t) and torch.equal(state.z_anchor, z_anchor)
+    ctx = StackContext(prompt=prompt)
+    p0 = model.prepare(z_anchor, ctx)
+    assert torch.equal(state.anchor, model.compute_anchor(model.encode(z_anchor, prepared=p0), prepared=p0))
+    assert torch.equal(state.c_current, model.encode(z_t, prepared=model.prepare(z_t, ctx)))
+    assert torch.equal(state.i_a - state.i_s, ages)
+    if k == 0:
+        assert torch.equal(state.z_current, state.z_anchor)
+    else:  # the anchor's canvas is noisier: it keeps fewer of x0's tokens
+        assert int((state.z_anchor == x0).sum()) < int((state.z_current == x0).sum())

@@ -74,8 +74,23 @@ def test_split_data_is_deterministic_and_answers_add_up(laptop_task, tmp_path):
     assert laptop_task.parse_args([]).out == "runs/laptop-task-split"
     assert laptop_task.parse_args(["--task", "addition"]).out == "runs/laptop-task"
     split, addition = laptop_task.parse_args([]), laptop_task.parse_args(["--task", "addition"])
-    assert (split.digits, split.pretrain_steps, split.posttrain_steps) == (1, 5000, 2400)
+    assert (split.digits, split.pretrain_steps, split.posttrain_steps, split.eval_examples) == (2, 9000, 2400, 199)
     assert (addition.digits, addition.pretrain_steps, addition.posttrain_steps) == (2, 3000, 600)
     assert laptop_task.parse_args(["--digits", "2"]).digits == 2
     assert laptop_task.parse_args(["--seed", "3"]).model_seed == 3  # the model follows the data seed...
     assert laptop_task.parse_args(["--seed", "3", "--model-seed", "1"]).model_seed == 1  # ...unless given
+
+
+@pytest.mark.parametrize("digits", [1, 2])
+def test_split_held_out_prompts_are_distinct(laptop_task, digits):
+    totals = laptop_task.split_totals(digits)
+    assert totals == 2 * 10 ** digits - 1
+    for seed in range(3):
+        _, held = laptop_task.make_split_data(digits, 10, totals, seed=seed)
+        prompts = [row["problem"] for row in held]
+        assert len(prompts) == len(set(prompts)) == totals  # every total exactly once
+        assert sorted(int(row["answer"]) for row in held) == list(range(totals))
+    _, few = laptop_task.make_split_data(digits, 10, 7, seed=0)
+    assert len({row["problem"] for row in few}) == 7
+    with pytest.raises(ValueError, match=f"only {totals} distinct totals"):
+        laptop_task.make_split_data(digits, 10, totals + 1, seed=0)

@@ -40,7 +40,9 @@ from tadm.sampling.refresh import FixedRefresh
 __all__ = [
     "CACHE_AGES",
     "CACHE_AGE_PROBS",
+    "ROLLOUT_MODES",
     "RolloutState",
+    "forward_rollout",
     "on_policy_rollout",
     "rollout_indices",
     "sample_cache_ages",
@@ -48,6 +50,7 @@ __all__ = [
 
 CACHE_AGES: tuple[int, ...] = (0, 1, 2)
 CACHE_AGE_PROBS: tuple[float, ...] = (0.34, 0.33, 0.33)
+ROLLOUT_MODES = ("on-policy", "forward")  # the paper's rollouts; canvases of the forward process (an ablation)
 
 
 def rollout_indices(t_anchor: Tensor, cache_age: Tensor, num_steps: int) -> tuple[Tensor, Tensor]:
@@ -250,6 +253,63 @@ def on_policy_rollout(
         z_current=z,
         anchor=anchor,
         c_current=c,
+        prepared=prepared,
+        t_anchor=t_anchor,
+        cache_age=k,
+        i_a=i_a,
+        i_s=i_s,
+        self_conditioning=rollout.sc_rows,
+    )
+
+
+def forward_rollout(
+    model: AnchoredBackbone,
+    x0: Tensor,
+    *,
+    sampler: EntropyBoundSampler,
+    schedule: NoiseSchedule,
+    prompt: PromptCache | None = None,
+    cache_ages: Sequence[int] = CACHE_AGES,
+    cache_age_probs: Sequence[float] = CACHE_AGE_PROBS,
+    self_conditioning_prob: float = 0.5,
+    antithetic: bool = True,
+    cache_age: Tensor | None = None,
+    t_anchor: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> RolloutState:
+    """The ablation of :func:`on_policy_rollout`: both canvases drawn from the forward process, no model steps.
+
+    With t' and k drawn as there and t = max(t' - k / T, 0), the current canvas is
+    ``z_t ~ q(. | x0)`` of Eq. (fwd) and the anchor's canvas is ``z_t'`` corrupted further from it,
+    ``q(z_t' | z_t)`` with keep probability alpha_t' / alpha_t (the uniform-noise analogue of
+    Eq. (fwd_t_t'), as in pretraining). The current canvas is thus synthesised from the clean target
+    (teacher-forced) instead of sampled by the student. Self-conditioning rows get the frozen model's
+    fresh prediction on z_t' as their signal. Arguments and result as :func:`on_policy_rollout`.
+    """
+    _check_rollout(model, self_conditioning_prob)
+    B, _ = x0.shape
+    device = x0.device
+    T = sampler.num_steps
+    k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None else cache_age.to(device)
+    if t_anchor is None:
+        t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
+    t_anchor = t_anchor.to(device)
+    i_a, i_s = rollout_indices(t_anchor, k, T)
+    t_current = torch.clamp(t_anchor.double() - k.double() / T, min=0.0)  # (B,)
+    alpha_current = schedule.alpha(t_current)  # (B,)
+    keep = (schedule.alpha(t_anchor.double()) / alpha_current.clamp_min(1e-12)).clamp(0.0, 1.0)  # (B,)
+    z_current = uniform_corrupt(x0, alpha_current.float(), model.vocab_size, generator)  # (B, L)
+    z_anchor = uniform_corrupt(z_current, keep.float(), model.vocab_size, generator)  # (B, L)
+    rollout = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
+    anchor_state = model.prepare(z_anchor, rollout.pass_context())
+    anchor = model.compute_anchor(model.encode(z_anchor, anchor_state), anchor_state)  # (B, L, 2d)
+    prepared = model.prepare(z_current, rollout.pass_context())
+    return RolloutState(
+        x0=x0,
+        z_anchor=z_anchor,
+        z_current=z_current,
+        anchor=anchor,
+        c_current=model.encode(z_current, prepared),
         prepared=prepared,
         t_anchor=t_anchor,
         cache_age=k,

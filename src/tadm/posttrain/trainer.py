@@ -37,7 +37,7 @@ from tadm.config import ConfigError, check_range, load_structured
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
-from tadm.posttrain.rollout import RolloutState, on_policy_rollout
+from tadm.posttrain.rollout import ROLLOUT_MODES, RolloutState, forward_rollout, on_policy_rollout
 from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
 from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
 from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
@@ -107,6 +107,7 @@ class RolloutSection:
     schedule: str = "loglinear"  # alpha_t of the uniform forward process for z_t'
     antithetic: bool = True
     self_conditioning_prob: float = 0.5
+    mode: str = "on-policy"  # "on-policy" (the paper's rollouts) or "forward" (canvases of the forward process)
 
 
 @dataclass
@@ -206,6 +207,8 @@ def _validate(cfg: PosttrainConfig) -> None:
         raise PosttrainConfigError(f"rollout.cache_age_probs must be >= 0 with a positive sum, got {probs}")
     check_range("rollout.self_conditioning_prob", cfg.rollout.self_conditioning_prob, 0.0, 1.0,
                 error=PosttrainConfigError)
+    if cfg.rollout.mode not in ROLLOUT_MODES:
+        raise PosttrainConfigError(f"rollout.mode {cfg.rollout.mode!r} is unknown; valid: {', '.join(ROLLOUT_MODES)}")
     try:
         get_schedule(cfg.rollout.schedule)
     except ValueError as err:
@@ -345,7 +348,8 @@ class PosttrainTrainer:
             if hasattr(backbone, "prefill"):
                 with torch.no_grad():
                     prompt = backbone.prefill(batch.context_ids, batch.context_mask)
-            state = on_policy_rollout(
+            rollout = on_policy_rollout if r.mode == "on-policy" else forward_rollout
+            state = rollout(
                 self.model,
                 batch.targets,
                 sampler=self.sampler,
