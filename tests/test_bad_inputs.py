@@ -20,6 +20,14 @@ import torch
 from tadm.cli import main
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "brown_slice.jsonl"
+LAPTOP_TASK = Path(__file__).resolve().parents[1] / "scripts" / "laptop_task.py"
+
+
+@pytest.fixture(autouse=True)
+def no_code_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The opt-in to run model-written code is absent unless a case gives it."""
+    monkeypatch.delenv("TADM_ALLOW_CODE_EXEC", raising=False)
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
 
 
 class Payload:
@@ -47,6 +55,10 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "bad.json").write_text("{not json")
     (d / "data.csv").write_text("a,b\n1,2\n")
     (d / "afile").write_text("user data")
+    (d / "binary.json").write_bytes(b"\xff\xfe\x00binary")
+    (d / "tasks").mkdir()
+    (d / "tasks" / "aime.jsonl").write_bytes(b'{"problem": "p", "answer": 1}\n{"problem": "caf\xe9", "answer": 2}\n')
+    (d / "tasks" / "gsm8k.jsonl").write_text('{"question": "q", "answer": "1"}\n' * 6)
     docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
     train_bpe_tokenizer(docs, vocab_size=300, save_dir=d / "tok")
     (d / "tiny.yaml").write_text(
@@ -156,6 +168,27 @@ CLI_CASES = [
     pytest.param(["eval", "sweep", "--models", "noequals", "-T", "8"], "'noequals' must look like NAME=PATH",
                  id="eval-sweep-model-spec"),
     pytest.param(["eval", "frobnicate"], "invalid choice: 'frobnicate'", id="eval-unknown-action"),
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/binary.json"], "--samples {d}/binary.json is not UTF-8 text",
+                 id="eval-samples-binary"),
+    # ------------------------------------------------------------------------- tadm eval tasks
+    pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "humaneval", "--data-dir", "{d}/tasks"],
+                 "humaneval (its check) runs model-written code; allow it with --allow-code-execution or "
+                 "TADM_ALLOW_CODE_EXEC=1", id="tasks-code-without-opt-in"),
+    pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "gsm8k", "--code-timeout", "nan"],
+                 "--code-timeout: must be a finite number > 0, got 'nan'", id="tasks-code-timeout-nan"),
+    pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "gsm8k", "--data-dir", "{d}/tasks", "--judge",
+                  "foo"], "unknown judge 'foo': use none, local, local:PATH, local-free:PATH, or an http(s):// URL",
+                 id="tasks-unknown-judge"),
+    pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "aime", "--data-dir", "{d}/tasks"],
+                 "{d}/tasks/aime.jsonl:2: not UTF-8 (byte 0xe9", id="tasks-file-not-utf8"),
+    # ---------------------------------------------------------------------- refresh policies
+    pytest.param(["sample", "--refresh-policy", "adaptive", "--tau", "1.5"],
+                 "tau 1.5 > 1 never refreshes the anchor again", id="sample-adaptive-tau-above-1"),
+    pytest.param(["sample", "-T", "8", "--length", "8", "--refresh-policy", "schedule", "--refresh-steps",
+                  "6,4"], "did not compute an anchor at the first step of the run (i = 8); a refresh schedule must "
+                 "list the first step, i = T", id="sample-schedule-without-T"),
+    pytest.param(["compute", "--anchor-layers", "0", "--denoiser-layers", "0", "--steps", "8"],
+                 "--shared-layers, --anchor-layers and --denoiser-layers are all 0", id="compute-all-zero"),
     # -------------------------------------------------------------------------- tadm posttrain
     pytest.param(["posttrain", "train", "{d}/missing.yaml"], "'{d}/missing.yaml'", id="posttrain-missing-config"),
     pytest.param(["posttrain", "train", "posttrain-tiny", "train.nope=1"], "train.nope", id="posttrain-unknown-key"),
@@ -218,7 +251,8 @@ def test_train_on_a_locked_out_dir(bad: Path, capsys: pytest.CaptureFixture[str]
 def _api_cases() -> list[Any]:
     from tadm.config import ConfigError, load_config
     from tadm.nn import build_model, load_model
-    from tadm.sampling import get_sampler
+    from tadm.sampling import AdaptiveRefresh, generate, get_sampler
+    from tadm.tasks.sandbox import CodeExecutionNotAllowed, run_program
     from tadm.specs import resolve_device, resolve_dtype
     from tadm.training.checkpoint import CorruptStateError, UnsafeStateError, load_training_state
     from tadm.training.data import BlockSampler, build_packed_dataset, load_texts
@@ -265,6 +299,14 @@ def _api_cases() -> list[Any]:
         pytest.param(lambda d: check_provenance(d / "tok", d / "bad.jsonl", 300), TokenizerMismatchError,
                      "no record of what it was trained on", id="api-tokenizer-without-provenance"),
         pytest.param(lambda d: load_model(d / "trunc"), ValueError, "model.safetensors", id="api-truncated-weights"),
+        pytest.param(lambda d: load_model(None), TypeError, "load_model needs a checkpoint directory or a Hub id",
+                     id="api-load-model-none"),
+        pytest.param(lambda d: generate(None, get_sampler("mdlm", 1), batch_size=1, seq_len=4, num_steps=2), TypeError,
+                     "model must be a CacheableDenoiser", id="api-generate-model-none"),
+        pytest.param(lambda d: AdaptiveRefresh(tau=1.5), ValueError, "tau 1.5 > 1 never refreshes",
+                     id="api-adaptive-tau-above-1"),
+        pytest.param(lambda d: run_program("print(1)"), CodeExecutionNotAllowed, "--allow-code-execution",
+                     id="api-code-without-opt-in"),
     ]
 
 
@@ -290,3 +332,128 @@ def test_debug_shows_the_traceback(how: str, bad: Path, capsys: pytest.CaptureFi
     monkeypatch.setenv("TADM_DEBUG", "0")
     assert main(argv[:3] if how != "flag-first" else argv[1:]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- more front doors
+def test_out_of_memory_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tadm.cli import sample
+
+    def allocate(args: Any) -> int:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 1638400000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(sample, "run", allocate)
+    code = main(["sample", "-B", "200000"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err
+    assert err == ("tadm sample: error: out of memory (an allocation of 1638400000 bytes failed); use a smaller batch "
+                   "(-B/--batch-size), shorter sequences, or another --device")
+
+
+def test_study_on_a_locked_out_dir(bad: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tadm.training.rundir import RunDirLock
+
+    out = bad / "study-locked"
+    out.mkdir(exist_ok=True)
+    with RunDirLock(out):
+        code = main(["study", "study-tiny", f"out_dir={out}", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert f"study out_dir '{out}' is in use by another run (PID {os.getpid()}" in err
+
+
+def test_overrides_may_follow_the_flags() -> None:
+    from tadm.cli import _parse, build_parser
+
+    args = _parse(build_parser(), ["study", "study-tiny", "--no-progress", "out_dir=x", "seeds=[1]"])
+    assert args.overrides == ["out_dir=x", "seeds=[1]"] and args.no_progress
+    with pytest.raises(SystemExit):
+        _parse(build_parser(), ["study", "study-tiny", "--no-progress", "--bogus"])
+
+
+def _laptop_task() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("laptop_task_bad", LAPTOP_TASK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LAPTOP_CASES = [
+    pytest.param(["--digits", "-1"], "argument --digits: must be >= 1, got -1", id="laptop-digits-negative"),
+    pytest.param(["--digits", "0"], "argument --digits: must be >= 1, got 0", id="laptop-digits-zero"),
+    pytest.param(["--threads", "0"], "argument --threads: must be >= 1, got 0", id="laptop-threads-zero"),
+    pytest.param(["--out", "{d}/afile"], "argument --out: {d}/afile is an existing file", id="laptop-out-is-a-file"),
+    pytest.param(["--seeds", "abc"], "argument --seeds: expected comma-separated integers, got 'abc'",
+                 id="laptop-seeds-abc"),
+    pytest.param(["--refresh", "0"], "argument --refresh: expected integers >= 1, got '0'", id="laptop-refresh-zero"),
+    pytest.param(["--canvas-length", "0"], "argument --canvas-length: must be >= 1, got 0", id="laptop-canvas-zero"),
+    pytest.param(["--canvas-length", "4"], "argument --canvas-length: an answer of 2-digit operands needs 5 tokens",
+                 id="laptop-canvas-too-short"),
+    pytest.param(["--digits", "1", "--eval-examples", "200"],
+                 "argument --eval-examples: 1-digit operands give only 19 distinct totals", id="laptop-too-many-eval"),
+    pytest.param(["--eval-examples", "0"], "argument --eval-examples: must be >= 1, got 0", id="laptop-eval-zero"),
+    pytest.param(["--train-examples", "-5"], "argument --train-examples: must be >= 1, got -5",
+                 id="laptop-train-negative"),
+    pytest.param(["--posttrain-lr", "nan"], "argument --posttrain-lr: must be a finite number > 0, got 'nan'",
+                 id="laptop-lr-nan"),
+    pytest.param(["--posttrain-set", "fusion.rank=0"], "argument --posttrain-set: fusion.rank must be > 0, got 0",
+                 id="laptop-posttrain-set"),
+    pytest.param(["--posttrain-set", "rollout.mode=backward"], "rollout.mode 'backward' is unknown",
+                 id="laptop-rollout-mode"),
+    pytest.param(["--hidden", "63"], "argument --hidden: 63 must be divisible by --heads 2", id="laptop-hidden-heads"),
+    pytest.param(["--judge", "gpt"], "argument --judge: none, local, local:PATH or local-free:PATH, got 'gpt'",
+                 id="laptop-judge"),
+]
+
+
+@pytest.mark.parametrize("argv, needle", LAPTOP_CASES)
+def test_laptop_task_bad_input(argv: list[str], needle: str, bad: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = _laptop_task()
+    with pytest.raises(SystemExit) as stopped:
+        module.parse_args([a.format(d=bad) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert stopped.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert needle.format(d=bad) in lines[0], lines[0]
+
+
+LM_EVAL_CASES = [
+    pytest.param("model=tadm-tiny,K=0", "K must be an integer >= 1, got 0", id="lm-eval-K-zero"),
+    pytest.param("model=tadm-tiny,flavour=1", "unknown model_args flavour", id="lm-eval-unknown-key"),
+    pytest.param("K=2", "give exactly one of model=", id="lm-eval-no-model"),
+    pytest.param("model={d}/nomodel", "model '{d}/nomodel' is neither a checkpoint directory", id="lm-eval-missing-model"),
+    pytest.param("base={d}/nobase", "base '{d}/nobase' does not exist", id="lm-eval-missing-base"),
+    pytest.param("base={d}/ckpt,adapter={d}/noadapter", "adapter '{d}/noadapter' does not exist",
+                 id="lm-eval-missing-adapter"),
+    pytest.param("model=tadm-tiny,refresh_policy=adaptive,tau=nan", "tau (share of changed positions) must be a "
+                 "finite number", id="lm-eval-tau-nan"),
+    pytest.param("model=tadm-tiny,top_p=2", "top_p must be a finite number in (0, 1], got 2", id="lm-eval-top-p"),
+    pytest.param("model=tadm-tiny,steps=0", "steps must be an integer >= 1, got 0", id="lm-eval-steps-zero"),
+    pytest.param("model=tadm-tiny,dtype=banana", "unknown dtype 'banana'", id="lm-eval-dtype"),
+    pytest.param("model=tadm-tiny,canvas_length=-3", "canvas_length must be an integer >= 1, got -3",
+                 id="lm-eval-canvas"),
+    pytest.param("model=tadm-tiny,max_gen_toks=0", "max_gen_toks must be an integer >= 1, got 0", id="lm-eval-budget"),
+    pytest.param("model=tadm-tiny,seed=-1", "seed must be an integer >= 0", id="lm-eval-seed"),
+    pytest.param("model=tadm-tiny,batch_size=0", "batch_size must be >= 1, got 0", id="lm-eval-batch"),
+    pytest.param("model=tadm-tiny,sampler=ddim", "unknown sampler 'ddim'", id="lm-eval-sampler"),
+    pytest.param("model=tadm-tiny,naive=true", "adapter, naive and split apply to a post-training base",
+                 id="lm-eval-naive-own-model"),
+    pytest.param("model=tadm-tiny,refresh_policy=adaptive,tau=1.5", "tau 1.5 > 1 never refreshes",
+                 id="lm-eval-tau-above-1"),
+    pytest.param("model=tadm-tiny,self_conditioning=maybe", "self_conditioning must be true or false",
+                 id="lm-eval-bool"),
+]
+
+
+@pytest.mark.parametrize("model_args, needle", LM_EVAL_CASES)
+def test_tadm_lm_eval_bad_model_args(model_args: str, needle: str, bad: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from tadm.tasks.lm_eval_cli import main as lm_eval_main
+
+    code = lm_eval_main(["--model", "tadm", "--model_args", model_args.format(d=bad), "--tasks", "gsm8k"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and "tadm-lm-eval" in line]
+    assert code == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and needle.format(d=bad) in lines[0], err

@@ -59,3 +59,18 @@ class CacheableDenoiser(Protocol):
     def predict(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> Tensor:
         """Fusion + denoiser: (z_t, c_t, cached h_{t'}) -> log-probabilities (B, L, V) of x_theta."""
         ...
+
+
+def check_denoiser(model: object, needs: tuple[str, ...] = ("predict",)) -> None:
+    """Raise a one-line TypeError unless ``model`` has the stages the loop calls (and ``needs``).
+
+    The loop calls ``encode``, ``compute_anchor``, one of ``needs`` (``predict`` for log-probabilities,
+    ``predict_logits`` for raw logits) and reads ``layer_split``.
+    """
+    required = ("encode", "compute_anchor", *needs)
+    missing = [name for name in required if not callable(getattr(model, name, None))]
+    if not isinstance(getattr(model, "layer_split", None), LayerSplit):
+        missing.append("layer_split")
+    if missing:
+        raise TypeError(f"model must be a CacheableDenoiser (a tadm model, or a backbone split by "
+                        f"tadm.posttrain.AnchoredBackbone); {type(model).__name__} lacks {', '.join(missing)}")

@@ -28,6 +28,7 @@ __all__ = [
     "DTYPE_NAMES",
     "DTYPE_SPELLINGS",
     "check_hf_source",
+    "check_model_source",
     "find_tokenizer",
     "find_tokenizer_dir",
     "load_hf",
@@ -104,6 +105,24 @@ def resolve_model(spec: str | os.PathLike[str], *, device: torch.device | str = 
             f"(builders: {', '.join(sorted(MODEL_BUILDERS))})"
         )
     return model.to(device).eval()
+
+
+def check_model_source(spec: str | os.PathLike[str]) -> None:
+    """Raise the FileNotFoundError :func:`resolve_model` would, without loading anything."""
+    from tadm.nn import MODEL_BUILDERS
+    from tadm.nn.hub import _import_models, _is_repo_id
+
+    _import_models()
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if text in MODEL_BUILDERS or path.is_dir() or (_is_repo_id(text) and "/" in text and not path.exists()):
+        return
+    if path.exists():
+        raise FileNotFoundError(f"model {text!r} is a file; pass the checkpoint directory that holds it")
+    raise FileNotFoundError(
+        f"model {text!r} is neither a checkpoint directory, a Hub id (owner/name) nor a builder name "
+        f"(builders: {', '.join(sorted(MODEL_BUILDERS))})"
+    )
 
 
 def find_tokenizer_dir(model_dir: str | os.PathLike[str]) -> Path | None:

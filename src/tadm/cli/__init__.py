@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 from typing import NoReturn, Sequence
@@ -74,10 +75,35 @@ def _error_line(command: str, err: BaseException) -> str:
     return f"tadm {command}: error: {what}{text or type(err).__name__}"
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; ``key=value`` overrides may also follow the flags of commands that take them."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """An allocation failure: ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA), or the CPU allocator's RuntimeError."""
+    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
+        return True
+    text = str(err)
+    return "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def _memory_detail(err: BaseException) -> str:
+    text = str(err)
+    found = re.search(r"tried to allocate ([0-9.]+ ?[A-Za-z]*)", text)
+    return f"an allocation of {found.group(1).strip()} failed" if found else (text.splitlines()[0][:120] or type(err).__name__)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
     except SystemExit as done:  # --help, or a usage error already printed in one line
         return int(done.code or 0) if not isinstance(done.code, str) else 2
     try:
@@ -87,6 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         else:
             print(_error_line(args.command, err), file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err) or debug_requested(args):
+            raise
+        print(f"tadm {args.command}: error: out of memory ({_memory_detail(err)}); use a smaller batch "
+              "(-B/--batch-size), shorter sequences, or another --device", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if debug_requested(args):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tadm.cli.common import nonnegative_int, positive_int, refresh_arg, steps_arg
+from tadm.cli.common import CLIError, nonnegative_int, positive_int, refresh_arg, steps_arg
 from tadm.protocol import LayerSplit
 
 
@@ -35,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
     from tadm.eval.compute import compute_row
 
     split = LayerSplit(args.shared_layers, args.anchor_layers, args.denoiser_layers)
+    if split.total == 0:
+        raise CLIError("--shared-layers, --anchor-layers and --denoiser-layers are all 0: a layer split needs at "
+                       "least one Transformer layer")
     rows = [
         compute_row("model", split, t, k, baseline_layers=args.baseline_layers)
         for t in args.steps

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, ClassVar, TypeVar
 
@@ -238,6 +239,8 @@ def load_model(name_or_path: str | Path, **kwargs: Any) -> nn.Module:
 
     ``kwargs`` go to the class's ``from_pretrained`` (``device``, ``strict``, Hub options).
     """
+    if not isinstance(name_or_path, (str, os.PathLike)) or not os.fspath(name_or_path):
+        raise TypeError(f"load_model needs a checkpoint directory or a Hub id (owner/name), got {name_or_path!r}")
     _import_models()
     hub_keys = ("revision", "cache_dir", "token", "local_files_only", "force_download")
     config_file = resolve_file(name_or_path, CONFIG_NAME, **{k: kwargs[k] for k in hub_keys if k in kwargs})

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tadm.protocol import CacheableDenoiser
+from tadm.protocol import CacheableDenoiser, check_denoiser
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import Sampler
 from tadm.sampling.loop import LoopResult, denoise, network_pass
@@ -122,6 +122,7 @@ def generate(
             default only the rows a masked sampler decodes get the output head (same tokens,
             see :func:`tadm.sampling.loop.denoise`).
     """
+    check_denoiser(model)
     policy = _resolve_policy(policy, refresh_interval, skip_unchanged)
     sampler.set_timesteps(num_steps)
     _check_generation(batch_size, seq_len, max_seq_len, policy, time_conditioned)

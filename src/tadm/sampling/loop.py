@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from tadm.protocol import check_denoiser
 from tadm.sampling.anchor_cache import AnchorCache, LayerCallCounter
 from tadm.sampling.refresh import RefreshPolicy
 
@@ -110,7 +111,9 @@ def network_pass(
         cache.store(model.compute_anchor(c, state), z, step_index if isinstance(step_index, int) else -1)
         counter.add_anchor(split)
     if cache.hidden is None:
-        raise ValueError("the refresh policy did not compute an anchor at the first step of the run")
+        first = step_index if isinstance(step_index, int) else "T"
+        raise ValueError(f"the refresh policy did not compute an anchor at the first step of the run (i = {first}); "
+                         f"a refresh schedule must list the first step, i = T")
     if consumes == "logits":
         output = model.predict_logits(z, c, cache.hidden, state)
     elif hidden_only:
@@ -179,10 +182,11 @@ def denoise(
             the output head and log-softmax run on the decoded rows only (same tokens; the last
             step always has the full output, which ``LoopResult.output`` returns).
     """
+    consumes = getattr(sampler, "consumes", "log_probs")
+    check_denoiser(model, ("predict_logits",) if consumes == "logits" else ("predict",))
     check_mask_ids(model, sampler)
     context = context if context is not None else LoopContext()
     counter = counter if counter is not None else LayerCallCounter()
-    consumes = getattr(sampler, "consumes", "log_probs")
     policy.reset()
     cache = AnchorCache()
     output: Any = None  # the network output, or on the rows-only path its (hidden, cond) pair

@@ -177,6 +177,9 @@ class AdaptiveRefresh(RefreshPolicy):
             check_refresh_interval(max_interval)
             if max_interval < min_interval:
                 raise ValueError(f"adaptive max_interval {max_interval} is below min_interval {min_interval}")
+        elif self.tau > 1.0:
+            raise ValueError(f"adaptive refresh policy: tau {tau!r} > 1 never refreshes the anchor again (a share of "
+                             "changed positions is at most 1); use tau in [0, 1], or set max_interval")
         self.max_interval = max_interval
         super().__init__(skip_unchanged)
 

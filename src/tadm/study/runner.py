@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from tadm.config import ConfigError
+from tadm.training.rundir import RunDirLock, prepare_run_dir
 from tadm.study.config import (
     IN_DOMAIN_EVALUATOR,
     MODEL_KINDS,
@@ -549,14 +550,26 @@ def run_study(
     stages: tuple[str, ...] = ("train", "likelihood", "sample", "score", "throughput", "report"),
     command: str | None = None,
 ) -> StudyOutput:
-    """Run (or continue) the study ``cfg``; see the module docstring. ``stages`` limits what runs."""
-    from tadm.eval.report import git_commit, machine_info
-    from tadm.study.report import write_report
+    """Run (or continue) the study ``cfg``; see the module docstring. ``stages`` limits what runs.
 
+    The study directory is locked (``.tadm.lock``): a second invocation on it is refused with a
+    message naming the holder, so two processes never run the same units or lose an invocation record.
+    """
     start = time.perf_counter()
     study = _Study(cfg, log, progress)
     layout = study.layout
-    layout.root.mkdir(parents=True, exist_ok=True)
+    prepare_run_dir(layout.root, what="study out_dir")
+    with RunDirLock(layout.root, what="study out_dir"):
+        return _run_locked(study, cfg, log, stages, command, start)
+
+
+def _run_locked(study: _Study, cfg: StudyConfig, log: Callable[[str], None], stages: tuple[str, ...],
+                command: str | None, start: float) -> StudyOutput:
+    """The stages of :func:`run_study`, with the study directory locked."""
+    from tadm.eval.report import git_commit, machine_info
+    from tadm.study.report import write_report
+
+    layout = study.layout
     manifest = _read_json(layout.manifest) or {}
     history = list(manifest.get("invocations", []))
     invocation = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "stages": list(stages),

@@ -63,6 +63,12 @@ class GenerationSettings:
     self_conditioning: bool = True
     adaptive_stopping: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "canvas_length"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1 (or None for the default), got {value!r}")
+
 
 StopCheck = Callable[[int, list[int]], bool]  # (row, generated ids before EOS) -> the row is done
 
@@ -142,7 +148,7 @@ class BlockGenerator:
                              f"not {settings.sampler!r}")
         self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
         self.fusion_mode = model.fusion_mode  # set on the shared model before each batch
-        self.steps = settings.steps or BASE_STEPS
+        self.steps = BASE_STEPS if settings.steps is None else settings.steps
         self.sampler = get_sampler("entropy-bound", vocab_size=model.vocab_size, num_steps=self.steps,
                                    **settings.sampler_options)
         self.device = next(model.parameters()).device
@@ -184,7 +190,7 @@ class BlockGenerator:
 
     @property
     def canvas_length(self) -> int:
-        return int(self.settings.canvas_length or self.model.backbone.canvas_length)
+        return int(self.model.backbone.canvas_length if self.settings.canvas_length is None else self.settings.canvas_length)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; BOS is added unless the text already starts with it (a chat template's)."""
@@ -282,7 +288,7 @@ class PrefixGenerator:
         if tokenizer.vocab_size != model.vocab_size:
             raise ValueError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")
         self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
-        self.steps = settings.steps or OWN_MODEL_STEPS
+        self.steps = OWN_MODEL_STEPS if settings.steps is None else settings.steps
         self.sampler_name = settings.sampler or "mdlm"
         self.sampler = get_sampler(self.sampler_name, model.mask_token_id, **settings.sampler_options)
         config = getattr(model, "config", None)

@@ -99,7 +99,7 @@ class OpenAIChatClient:
                  max_attempts: int = 4, backoff: float = 1.0, max_backoff: float = 30.0, max_tokens: int = 512,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if not base_url or not model:
-            raise ValueError("an OpenAI-compatible judge needs a base URL (--judge-url) and a model (--judge-model)")
+            raise ValueError("an OpenAI-compatible judge needs a base URL (--judge URL) and a model (--judge-model)")
         if int(max_attempts) < 1 or float(timeout) <= 0:
             raise ValueError(f"max_attempts must be >= 1 and timeout > 0, got {max_attempts!r}, {timeout!r}")
         url = base_url.rstrip("/")
@@ -261,12 +261,12 @@ def make_judge_client(judge: str | None = None, *, url: str | None = None, model
         return LocalChatClient(path, **{"decoding": "free" if kind == "local-free" else "labels", **options})
     if url is not None:
         if judge not in (None, "openai"):
-            raise ValueError(f"give --judge local:PATH or --judge-url with --judge-model, not both ({judge!r})")
+            raise ValueError(f"give --judge local:PATH or --judge URL with --judge-model, not both ({judge!r})")
         return OpenAIChatClient(url, model or "", **options)
     if judge in (None, "local", "local-free"):
         from tadm.eval.evaluator import default_evaluator_path
 
         decoding = "free" if judge == "local-free" else "labels"
         return LocalChatClient(default_evaluator_path(), **{"decoding": decoding, **options})
-    raise ValueError(f"unknown judge {judge!r}: use local, local:PATH, local-free:PATH, or --judge-url URL with "
-                     "--judge-model NAME")
+    raise ValueError(f"unknown judge {judge!r}: use none, local, local:PATH, local-free:PATH, or an "
+                     "http(s):// URL with --judge-model NAME")

@@ -1,8 +1,11 @@
-"""lm-eval's command line with the ``tadm`` model registered.
+"""lm-eval's command line with the ``tadm`` model registered, and its model arguments checked first.
 
 lm-eval (0.4.13) finds models only in its own registry, filled by importing the modules that
 define them; it has no entry-point discovery. This wrapper imports :mod:`tadm.tasks.lm_eval_model`
-(which registers ``tadm``) and runs lm-eval's own CLI with the same arguments::
+(which registers ``tadm``), parses the command line with lm-eval's own parser and, for
+``--model tadm``, checks every ``--model_args`` value (:class:`~tadm.tasks.model_args.TadmModelArgs`)
+and that the named model, base and adapter exist *before* lm-eval starts: a bad value is one line
+on stderr and exit status 2, not a traceback. Then lm-eval runs as usual::
 
     tadm-lm-eval --model tadm --model_args base=DIR,adapter=DIR,K=2 --tasks gsm8k --apply_chat_template
     python -m tadm.tasks.lm_eval_cli --model tadm --model_args model=tadm-tiny --tasks my_task --include_path DIR
@@ -10,10 +13,26 @@ define them; it has no entry-point discovery. This wrapper imports :mod:`tadm.ta
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["check_tadm_model_args", "main"]
+
+
+def check_tadm_model_args(args: argparse.Namespace) -> None:
+    """Raise ValueError / FileNotFoundError (one line) for bad ``--model_args`` of ``--model tadm``."""
+    from tadm.tasks.lm_eval_model import TadmLM
+    from tadm.tasks.model_args import TadmModelArgs
+
+    if getattr(args, "model", None) != "tadm":
+        return
+    given = getattr(args, "model_args", None) or {}
+    if not isinstance(given, dict):
+        raise ValueError(f"--model_args must be key=value pairs, got {given!r}")
+    extra = {key: getattr(args, key, None) for key in ("batch_size", "max_batch_size", "device")}
+    settings = TadmModelArgs.from_kwargs(**TadmLM._merged(given, extra))
+    settings.check_sources()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,13 +40,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tadm.tasks import register_lm_eval_model
 
     register_lm_eval_model()
-    from lm_eval.__main__ import cli_evaluate
+    from lm_eval._cli.harness import HarnessCLI
+    from lm_eval.utils import setup_logging
 
     saved = list(sys.argv)
     if argv is not None:  # lm-eval's parser reads sys.argv
         sys.argv = [saved[0] if saved else "tadm-lm-eval", *argv]
     try:
-        cli_evaluate()
+        setup_logging()
+        cli = HarnessCLI()
+        args = cli.parse_args()
+        try:
+            check_tadm_model_args(args)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"tadm-lm-eval: error: {err}", file=sys.stderr)
+            return 2
+        cli.execute(args)
     finally:
         sys.argv = saved
     return 0

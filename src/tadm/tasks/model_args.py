@@ -15,14 +15,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from tadm.posttrain.adapter_io import ADAPTER_CONFIG_NAME
 from tadm.sampling.refresh import RefreshPolicy, get_refresh_policy, refresh_policy_from_config
-from tadm.specs import resolve_device
+from tadm.sampling.registry import sampler_config
+from tadm.specs import check_hf_source, check_model_source, resolve_device, resolve_dtype
 from tadm.tasks.generation import BlockGenerator, GenerationSettings, PrefixGenerator
 
 __all__ = ["SAMPLER_OPTION_KEYS", "TadmModelArgs", "parse_batch_size", "parse_ints"]
 
 SAMPLER_OPTION_KEYS = ("entropy_bound", "temperature_max", "temperature_min", "categorical",
                        "top_p", "eta", "schedule", "nucleus", "time_grid")
+_INT_LIMITS = {"K": 1, "steps": 1, "canvas_length": 1, "max_gen_toks": 1, "min_interval": 1, "max_interval": 1,
+               "seed": 0}
+_OPTIONAL_INTS = ("steps", "canvas_length", "max_interval")
+_BOOL_KEYS = ("naive", "skip_unchanged", "self_conditioning", "adaptive_stopping", "thinking")
 
 
 def parse_ints(value: Any, what: str) -> tuple[int, ...] | None:
@@ -119,6 +125,10 @@ class TadmModelArgs:
         return args
 
     def check(self, require_model: bool = True) -> None:
+        """Every value checked before anything loads: a ValueError naming the key, the value and what is valid.
+
+        Zero, negative, NaN and unknown values are errors, never a silent default.
+        """
         if not require_model and (self.model is not None or self.base is not None):
             raise ValueError("tadm model: a ready generator was given; model=/base= must not be")
         if require_model and (self.model is None) == (self.base is None):
@@ -126,12 +136,52 @@ class TadmModelArgs:
                              "and base=... (a post-training base such as DiffusionGemma)")
         if self.model is not None and (self.adapter or self.naive or self.split is not None):
             raise ValueError("tadm model: adapter, naive and split apply to a post-training base (base=...)")
-        for name in ("K", "max_gen_toks", "seed"):
+        for name, low in _INT_LIMITS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and name != "seed"):
-                raise ValueError(f"tadm model: {name} must be an integer{' >= 1' if name != 'seed' else ''}, "
-                                 f"got {value!r}")
+            if value is None and name in _OPTIONAL_INTS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"tadm model: {name} must be an integer >= {low}, got {value!r}")
+        for name in _BOOL_KEYS:
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or value in (0, 1)):
+                raise ValueError(f"tadm model: {name} must be true or false, got {value!r}")
         parse_batch_size(self.batch_size, self.max_batch_size)
+        try:
+            resolve_dtype(self.dtype)
+            resolve_device(self.device or "auto")
+        except ValueError as err:
+            raise ValueError(f"tadm model: {err}") from None
+        if self.base is not None:
+            self.split_pair()
+        try:
+            self.build_policy()
+            self.sampler_settings()
+        except ValueError as err:
+            raise ValueError(f"tadm model: {err}") from None
+
+    def check_sources(self) -> None:
+        """The named model, base, adapter and tokenizer exist (local paths) or could be Hub ids; a one-line
+        FileNotFoundError otherwise. Nothing is loaded."""
+        if self.model is not None:
+            check_model_source(self.model)
+        if self.base is not None:
+            check_hf_source(self.base, "base")
+        if self.adapter is not None:
+            check_hf_source(self.adapter, "adapter", files=(ADAPTER_CONFIG_NAME,))
+        if self.tokenizer is not None:
+            check_hf_source(self.tokenizer, "tokenizer", files=("tokenizer.json", "tokenizer_config.json",
+                                                                 "tadm_tokenizer.json"))
+
+    def sampler_settings(self) -> Any:
+        """The sampler's validated config (its name's defaults under the options given)."""
+        name = self.sampler or ("entropy-bound" if self.base is not None else "mdlm")
+        if self.base is not None and name != "entropy-bound":
+            raise ValueError(f"a post-training base samples with 'entropy-bound' (Algorithm 2), not {name!r}")
+        options = {key: getattr(self, key) for key in SAMPLER_OPTION_KEYS if getattr(self, key) is not None}
+        if name == "entropy-bound" and self.steps is not None:
+            options["num_steps"] = self.steps
+        return sampler_config(name, **options)
 
     def split_pair(self) -> tuple[int, int] | None:
         pair = parse_ints(self.split, "split")
