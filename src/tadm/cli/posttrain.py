@@ -1,6 +1,7 @@
 """``tadm posttrain``: train a fusion adapter on a frozen base model, or sample with one.
 
     tadm posttrain train CONFIG [key=value ...]
+    tadm posttrain plan CONFIG [key=value ...] [--inference-prompt N] [--json]
     tadm posttrain sample --base PATH [--adapter DIR] --prompt TEXT [-K 2] [--naive] [--json]
 """
 
@@ -30,6 +31,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("config", help="YAML preset, a YAML file or a shipped preset name, e.g. posttrain-diffusiongemma")
     t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. train.max_steps=100 data.train_file=x.jsonl")
     t.set_defaults(func=run_train)
+
+    pl = actions.add_parser(
+        "plan",
+        help="parameter counts and GPU memory per process of a post-training config, without weights",
+        description="Build the config's split model on the meta device (no weights, no memory, no download) and "
+                    "estimate GPU memory per process for one training step and for inference at batch 1 and 8.",
+    )
+    pl.add_argument("config", help="YAML preset, a YAML file or a shipped preset name, e.g. posttrain-diffusiongemma")
+    pl.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. train.micro_batch_size=2")
+    pl.add_argument("--inference-prompt", type=positive_int, default=512, metavar="N",
+                    help="prompt tokens of the inference rows (default: 512)")
+    pl.add_argument("--json", action="store_true", help="print one JSON object")
+    pl.set_defaults(func=run_plan)
 
     s = actions.add_parser(
         "sample",
@@ -74,6 +88,23 @@ def run_train(args: argparse.Namespace) -> int:
     config = load_posttrain_config(args.config, args.overrides)
     adapter = run_posttrain(config)
     print(f"adapter written to {adapter}")
+    return 0
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from tadm.posttrain.plan import plan_posttrain
+    from tadm.posttrain.trainer import load_posttrain_config
+
+    config = load_posttrain_config(args.config, args.overrides)
+    plan = plan_posttrain(config, inference_prompt=args.inference_prompt)
+    if args.json:
+        print(json.dumps({
+            "base": plan.base, "architecture_from": plan.source, "total_parameters": plan.total_parameters,
+            "backbone_parameters": plan.backbone_parameters, "trainable_parameters": plan.fusion_parameters,
+            "split": dict(zip(("shared", "anchor", "denoiser"), plan.split)),
+            "memory": [{"what": e.what, "bytes": e.items, "total_bytes": e.total} for e in plan.estimates]}))
+        return 0
+    print(plan.table())
     return 0
 
 

@@ -414,6 +414,47 @@ def tiny_diffusion_gemma_config(
     return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=canvas_length)
 
 
+DIFFUSION_GEMMA_26B = "google/diffusiongemma-26B-A4B-it"
+
+
+def diffusion_gemma_26b_config() -> Any:
+    """The architecture of DiffusionGemma-26B-A4B (``google/diffusiongemma-26B-A4B-it``), built without a download.
+
+    Where each value comes from:
+
+    * hidden size 2816, 30 text layers, 128 experts with top-8 routing and the 262,144-token
+      vocabulary: the paper's appendix ("30 text layers") and the model card (26B total / 4B active,
+      128 experts, 8 active, 262K vocabulary);
+    * every other text value (16 query heads of dimension 256; 8 key/value heads on sliding layers and
+      2 of dimension 512 on the full-attention ones, ``attention_k_eq_v``; dense FFN 2,112 beside the
+      experts' 704; sliding window 1,024; every sixth layer full attention; context 262,144; logit
+      soft-capping 30; tied embeddings) and the vision tower (27 layers, width 1,152, 16 heads of 72,
+      FFN 4,304, patch 16, pooling 3, 10,240 position embeddings): the ``config.json`` the checkpoint
+      is released with, as public conversions of it read it;
+    * canvas 256: the model card and the paper (canvas 256, 48 steps).
+
+    ``tadm posttrain plan`` builds the model from it on the meta device; the GPU campaign builds it
+    with random bf16 weights. A downloaded checkpoint's own ``config.json`` always takes precedence.
+    """
+    from transformers import DiffusionGemmaConfig
+
+    layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(30)]
+    text = dict(
+        vocab_size=262_144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
+        num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=1024, layer_types=layer_types,
+        max_position_embeddings=262_144, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2,
+    )
+    vision = dict(
+        model_type="gemma4_vision", hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+        num_attention_heads=16, num_key_value_heads=16, head_dim=72, patch_size=16, pooling_kernel_size=3,
+        position_embedding_size=10240,
+    )
+    return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=256)
+
+
 # --------------------------------------------------------------------------------------------- MDLM
 @dataclass
 class _DiTPass:

@@ -202,6 +202,20 @@ def _roll_out(
     return run.z, run.cache.hidden, prepared, model.encode(run.z, prepared)
 
 
+def _draw_times(
+    x0: Tensor, T: int, cache_ages: Sequence[int], cache_age_probs: Sequence[float], antithetic: bool,
+    cache_age: Tensor | None, t_anchor: Tensor | None, generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per row: the cache age k, the anchor time t' (drawn unless given) and the grid indices (i_a, i_s), each (B,)."""
+    B, device = x0.shape[0], x0.device
+    k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None else cache_age.to(device)
+    if t_anchor is None:
+        t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
+    t_anchor = t_anchor.to(device)
+    i_a, i_s = rollout_indices(t_anchor, k, T)
+    return k, t_anchor, i_a, i_s
+
+
 def on_policy_rollout(
     model: AnchoredBackbone,
     x0: Tensor,
@@ -236,14 +250,8 @@ def on_policy_rollout(
         RolloutState at the rollout's end point.
     """
     _check_rollout(model, self_conditioning_prob)
-    B, L = x0.shape
-    device = x0.device
-    T = sampler.num_steps
-    k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None else cache_age.to(device)
-    if t_anchor is None:
-        t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
-    t_anchor = t_anchor.to(device)
-    i_a, i_s = rollout_indices(t_anchor, k, T)
+    k, t_anchor, i_a, i_s = _draw_times(x0, sampler.num_steps, cache_ages, cache_age_probs, antithetic, cache_age,
+                                        t_anchor, generator)
     z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
     rollout = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
     z, anchor, prepared, c = _roll_out(model, sampler, z_anchor, k, i_a, rollout, generator)
@@ -287,14 +295,8 @@ def forward_rollout(
     fresh prediction on z_t' as their signal. Arguments and result as :func:`on_policy_rollout`.
     """
     _check_rollout(model, self_conditioning_prob)
-    B, _ = x0.shape
-    device = x0.device
     T = sampler.num_steps
-    k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None else cache_age.to(device)
-    if t_anchor is None:
-        t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
-    t_anchor = t_anchor.to(device)
-    i_a, i_s = rollout_indices(t_anchor, k, T)
+    k, t_anchor, i_a, i_s = _draw_times(x0, T, cache_ages, cache_age_probs, antithetic, cache_age, t_anchor, generator)
     t_current = torch.clamp(t_anchor.double() - k.double() / T, min=0.0)  # (B,)
     alpha_current = schedule.alpha(t_current)  # (B,)
     keep = (schedule.alpha(t_anchor.double()) / alpha_current.clamp_min(1e-12)).clamp(0.0, 1.0)  # (B,)

@@ -340,6 +340,9 @@ class PosttrainTrainer:
     def micro_step(self, batch: CanvasBatch, *, scale: float = 1.0, sync: bool = True) -> PosttrainLoss:
         """Rollout, loss and backward (loss multiplied by ``scale``) on one micro-batch."""
         r, lc = self.config.rollout, self.config.loss
+        if self.model.fusion_mode != "paired":
+            raise ValueError(f"post-training trains the fusion, but the model's fusion_mode is "
+                             f"{self.model.fusion_mode!r} (naive reuse bypasses it); set fusion_mode='paired'")
         batch = batch.to(self.device)
         backbone = self.model.backbone
         sync_context = nullcontext() if sync or not hasattr(self.fusion_runner, "no_sync") else self.fusion_runner.no_sync()

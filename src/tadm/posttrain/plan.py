@@ -1,0 +1,288 @@
+"""Plan a post-training run before it runs: the model built on the meta device, and GPU memory per process.
+
+:func:`plan_posttrain` takes a post-training config, resolves its base's architecture without
+downloading weights (a local directory's ``config.json``, the Hugging Face cache, or an architecture
+tadm knows: :data:`KNOWN_BASES`), builds the split model with its paired-attention fusion on the
+``meta`` device (no weights, no memory) and reports
+
+* total, frozen and trainable parameters and the layer split;
+* an estimate of GPU memory per process for one training step (rollout + CE + KD at the configured
+  micro-batch, prompt and canvas lengths) and for inference at batch 1 and 8, itemised:
+
+  - weights: every backbone parameter in the base dtype (bf16: 2 bytes), the fusion in float32;
+  - optimiser: the fusion's gradients and AdamW's two moments (float32);
+  - prompt KV cache: per layer 2 x B x P_l x kv_heads_l x head_dim_l, where P_l is the prompt length
+    on full-attention layers and min(prompt, sliding window) on sliding ones;
+  - layer activations: the tensors a decoder layer keeps for the backward pass, per canvas token
+    (8 of width d for norms, inputs and residuals; queries and outputs 3 x heads x head_dim; keys
+    and values 2 x kv_heads x head_dim; the dense FFN 4 x its width; each of the top-k experts its
+    input and 4 x its width), for the denoiser layers gradients flow through, or one layer's worth
+    without gradients;
+  - vocabulary tensors: float32 (B, L, V) tensors alive at once (training: student logits,
+    soft-capped logits, log-softmax, its gradient, the teacher's logits, probabilities and
+    log-probabilities, the KD term, and the self-conditioning logits: :data:`TRAIN_VOCAB_COPIES`;
+    inference: logits, scaled logits, probabilities and log-probabilities of the entropy-bound
+    sampler: :data:`INFER_VOCAB_COPIES`) plus the bf16 self-conditioning logits carried between steps.
+
+It is an estimate: allocator overhead, fragmentation and the CUDA context (about 0.5-1 GB) come on
+top; ``tests/posttrain/test_plan.py`` holds it against the measured peak of a tiny model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tadm.posttrain.backbone import DIFFUSION_GEMMA_26B, DiffusionGemmaBackbone, diffusion_gemma_26b_config
+from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
+from tadm.specs import resolve_dtype
+
+__all__ = ["GPU_SIZES_GB", "INFER_VOCAB_COPIES", "KNOWN_BASES", "MemoryEstimate", "PosttrainPlan",
+           "TRAIN_VOCAB_COPIES", "estimate_inference_memory", "estimate_training_memory", "plan_posttrain",
+           "resolve_base_config"]
+
+KNOWN_BASES: dict[str, Callable[[], Any]] = {DIFFUSION_GEMMA_26B: diffusion_gemma_26b_config}
+"""Bases whose architecture tadm can build without their ``config.json`` (checkpoint id -> config builder)."""
+
+COLUMNS = ("weights", "optimiser", "KV cache", "activations", "vocabulary tensors")
+_COLUMN_ITEMS = {"weights": ("backbone weights", "fusion weights"), "optimiser": ("fusion gradients",),
+                 "KV cache": ("prompt KV cache", "KV cache"),
+                 "vocabulary tensors": ("vocabulary tensors", "sampler vocabulary", "self-conditioning logits")}
+GPU_SIZES_GB = (80, 96, 189)  # H100 80 GB, H100 NVL / RTX PRO 6000 96 GB, GH200-class 189 GB
+TRAIN_VOCAB_COPIES = 9
+INFER_VOCAB_COPIES = 4
+_GB = 1e9
+
+
+def resolve_base_config(path: str, backbone: str = "diffusion-gemma") -> tuple[Any, str]:
+    """The base's ``transformers`` config without downloading anything, and where it came from.
+
+    Order: a local checkpoint directory, the Hugging Face cache, :data:`KNOWN_BASES`. Raises a one-line
+    FileNotFoundError naming ``path`` when none has it, ValueError for a backbone kind other than
+    DiffusionGemma's.
+    """
+    if backbone != "diffusion-gemma":
+        raise ValueError(f"a plan needs a DiffusionGemma base (base.backbone diffusion-gemma), got {backbone!r}")
+    from transformers import AutoConfig
+
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"base {path!r} is a directory without config.json")
+        return AutoConfig.from_pretrained(str(local), trust_remote_code=False), f"{local / 'config.json'}"
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        return config, f"the Hugging Face cache ({path})"
+    except (OSError, ValueError):
+        pass
+    if path in KNOWN_BASES:
+        return KNOWN_BASES[path](), f"tadm's record of {path} (tadm.posttrain.backbone.diffusion_gemma_26b_config)"
+    known = ", ".join(KNOWN_BASES)
+    raise FileNotFoundError(f"base {path!r} cannot be resolved offline: it is no local directory, its config.json "
+                            f"is not in the Hugging Face cache, and tadm knows the architecture of {known} only")
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per process by item; ``total`` is their sum."""
+
+    what: str
+    items: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.items.values())
+
+    def by_column(self) -> dict[str, float]:
+        """Bytes per table column (:data:`COLUMNS`): the items grouped by what they are."""
+        out = {c: 0.0 for c in COLUMNS}
+        for name, value in self.items.items():
+            column = next((c for c, prefixes in _COLUMN_ITEMS.items() if name.startswith(prefixes)), "activations")
+            out[column] += value
+        return out
+
+    def fits(self, gigabytes: float) -> bool:
+        return self.total <= gigabytes * _GB
+
+
+@dataclass(frozen=True)
+class _LayerShape:
+    """What the memory estimate needs of one decoder layer, read off its modules (meta tensors will do)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None  # sliding window, None for full attention
+    ffn: int  # dense FFN width
+    experts: int  # 0 without MoE
+    expert_width: int
+
+
+def _layer_shapes(backbone: DiffusionGemmaBackbone) -> list[_LayerShape]:
+    shapes = []
+    for layer in backbone.decoder.layers:
+        attn = layer.self_attn
+        head_dim = int(attn.head_dim)
+        experts = getattr(layer, "experts", None)
+        gate_up = getattr(experts, "gate_up_proj", None)
+        shapes.append(_LayerShape(
+            heads=attn.q_proj.out_features // head_dim, kv_heads=attn.k_proj.out_features // head_dim,
+            head_dim=head_dim, window=getattr(attn, "sliding_window", None) or None,
+            ffn=layer.mlp.gate_proj.out_features if hasattr(layer, "mlp") else 0,
+            experts=int(gate_up.shape[0]) if gate_up is not None else 0,
+            expert_width=int(gate_up.shape[1]) // 2 if gate_up is not None else 0))
+    return shapes
+
+
+def _kv_cache_bytes(backbone: DiffusionGemmaBackbone, batch: int, context: int, element: int) -> float:
+    total = 0.0
+    for shape in _layer_shapes(backbone):
+        length = context if shape.window is None else min(context, shape.window)
+        total += 2 * batch * length * shape.kv_heads * shape.head_dim * element
+    return total
+
+
+def _top_k(backbone: DiffusionGemmaBackbone) -> int:
+    return int(getattr(backbone.text_config, "top_k_experts", None) or 0)
+
+
+def _layer_activation_bytes(backbone: DiffusionGemmaBackbone, shape: _LayerShape, tokens: int, element: int) -> float:
+    """What one decoder layer keeps for backward over ``tokens`` canvas tokens (module docstring)."""
+    d = backbone.hidden_size
+    per_token = 8 * d + 3 * shape.heads * shape.head_dim + 2 * shape.kv_heads * shape.head_dim + 4 * shape.ffn
+    if shape.experts:
+        per_token += _top_k(backbone) * (d + 4 * shape.expert_width)
+        per_token += 2 * shape.experts * 2  # router logits and weights, float32
+    return tokens * per_token * element
+
+
+def _weights(model: AnchoredBackbone, dtype: torch.dtype) -> dict[str, float]:
+    backbone = sum(p.numel() for p in model.backbone.parameters())
+    fusion = sum(p.numel() for p in model.fusion.parameters())
+    return {"backbone weights": backbone * torch.empty(0, dtype=dtype).element_size(), "fusion weights": fusion * 4.0}
+
+
+def estimate_training_memory(model: AnchoredBackbone, *, micro_batch: int, prompt: int, canvas: int,
+                             dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
+    """One post-training step per process (module docstring); ``model`` may live on the meta device."""
+    backbone = model.backbone
+    element = torch.empty(0, dtype=dtype).element_size()
+    fusion = sum(p.numel() for p in model.fusion.parameters())
+    tokens = micro_batch * canvas
+    vocab = micro_batch * canvas * backbone.vocab_size
+    split = model.layer_split
+    shapes = _layer_shapes(backbone)[split.shared + split.anchor:split.shared + split.anchor + split.denoiser]
+    fusion_width = int(getattr(model.fusion, "rank", backbone.hidden_size))
+    items = _weights(model, dtype)
+    items.update({
+        "fusion gradients + AdamW moments (float32)": fusion * 4.0 * 3,
+        "prompt KV cache": _kv_cache_bytes(backbone, micro_batch, prompt, element),
+        "anchor cache [H0, C0] and shallow state": 3 * tokens * backbone.hidden_size * element,
+        "denoiser activations kept for backward": sum(_layer_activation_bytes(backbone, shape, tokens, element)
+                                                      for shape in shapes),
+        "fusion activations": 24 * tokens * fusion_width * 4.0,
+        f"vocabulary tensors ({TRAIN_VOCAB_COPIES} x float32 (B, L, V))": TRAIN_VOCAB_COPIES * vocab * 4.0,
+    })
+    return MemoryEstimate(f"training step, micro-batch {micro_batch}, prompt {prompt}, canvas {canvas}", items)
+
+
+def estimate_inference_memory(model: AnchoredBackbone, *, batch: int, prompt: int, canvas: int,
+                              new_tokens: int | None = None, dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
+    """Generation at ``batch`` (no gradients): weights, the KV cache of prompt + generated canvases, one layer's
+    working set, the anchor cache and the sampler's vocabulary tensors."""
+    backbone = model.backbone
+    element = torch.empty(0, dtype=dtype).element_size()
+    context = prompt + (new_tokens if new_tokens is not None else canvas)
+    tokens = batch * canvas
+    vocab = batch * canvas * backbone.vocab_size
+    widest = max(_layer_activation_bytes(backbone, shape, tokens, element) for shape in _layer_shapes(backbone))
+    items = _weights(model, dtype)
+    items.update({
+        "KV cache (prompt + generated canvases)": _kv_cache_bytes(backbone, batch, context, element),
+        "anchor cache [H0, C0] and shallow state": 3 * tokens * backbone.hidden_size * element,
+        "one layer's working set": widest,
+        f"sampler vocabulary tensors ({INFER_VOCAB_COPIES} x float32 (B, L, V))": INFER_VOCAB_COPIES * vocab * 4.0,
+        "self-conditioning logits (bf16 (B, L, V))": vocab * element,
+    })
+    return MemoryEstimate(f"inference, batch {batch}, prompt {prompt}, canvas {canvas}", items)
+
+
+@dataclass
+class PosttrainPlan:
+    """What :func:`plan_posttrain` found: counts, split and memory estimates."""
+
+    base: str
+    source: str
+    total_parameters: int
+    backbone_parameters: int
+    fusion_parameters: int
+    split: tuple[int, int, int]
+    estimates: list[MemoryEstimate]
+
+    def table(self, sizes: tuple[int, ...] = GPU_SIZES_GB) -> str:
+        """The plan as Markdown: parameters, split, then one memory row per estimate (GB by column)."""
+        lines = [
+            f"base: {self.base} (architecture from {self.source})",
+            f"parameters: {self.total_parameters:,} total; {self.backbone_parameters:,} frozen backbone; "
+            f"{self.fusion_parameters:,} trainable (the fusion)",
+            f"layer split: shared {self.split[0]} / anchor {self.split[1]} / denoiser {self.split[2]}",
+            "",
+            "| per process | " + " | ".join(COLUMNS) + " | total | " + " | ".join(f"fits {g} GB" for g in sizes) + " |",
+            "|---|" + "---:|" * (len(COLUMNS) + 1 + len(sizes)),
+        ]
+        for estimate in self.estimates:
+            by_column = estimate.by_column()
+            cells = [f"{by_column[c] / _GB:.2f}" for c in COLUMNS]
+            fits = ["yes" if estimate.fits(g) else "no" for g in sizes]
+            lines.append(f"| {estimate.what} | " + " | ".join(cells) + f" | **{estimate.total / _GB:.1f}** | "
+                         + " | ".join(fits) + " |")
+        lines.append("")
+        lines.append("GB = 1e9 bytes, estimated (tadm.posttrain.plan); the CUDA context (about 0.5-1 GB) and allocator "
+                     "slack come on top.")
+        return "\n".join(lines)
+
+    def item_rows(self) -> str:
+        """Each estimate's items one per line (the full breakdown)."""
+        out = []
+        for estimate in self.estimates:
+            out.append(f"{estimate.what}: {estimate.total / _GB:.2f} GB")
+            out += [f"  {name}: {value / _GB:.3f} GB" for name, value in estimate.items.items()]
+        return "\n".join(out)
+
+
+def build_meta_model(config: Any, split: SplitSpec, fusion: FusionSpec) -> AnchoredBackbone:
+    """The split base with its fusion on the meta device: shapes and counts, no weights, no memory."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    with torch.device("meta"):
+        model = DiffusionGemmaForBlockDiffusion(config)
+        return AnchoredBackbone(DiffusionGemmaBackbone(model), split, fusion)
+
+
+def plan_posttrain(config: Any, *, inference_batches: tuple[int, ...] = (1, 8),
+                   inference_prompt: int | None = None) -> PosttrainPlan:
+    """The plan of a :class:`~tadm.posttrain.trainer.PosttrainConfig` (module docstring)."""
+    base_config, source = resolve_base_config(config.base.path, config.base.backbone)
+    split = SplitSpec(config.split.shared_layers, config.split.anchor_layers, config.split.denoiser_layers)
+    fusion = FusionSpec(config.fusion.rank, config.fusion.num_heads, config.fusion.eps, config.fusion.gate_bias)
+    model = build_meta_model(base_config, split, fusion)
+    dtype = resolve_dtype(config.base.dtype, "cuda")
+    canvas = int(config.data.canvas_length or model.backbone.canvas_length)
+    prompt = int(config.data.max_prompt_tokens)
+    estimates = [estimate_training_memory(model, micro_batch=int(config.train.micro_batch_size), prompt=prompt,
+                                          canvas=canvas, dtype=dtype)]
+    infer_prompt = int(inference_prompt if inference_prompt is not None else prompt)
+    for batch in inference_batches:
+        estimates.append(estimate_inference_memory(model, batch=batch, prompt=infer_prompt, canvas=canvas,
+                                                   new_tokens=int(config.data.max_response_tokens), dtype=dtype))
+    backbone = sum(p.numel() for p in model.backbone.parameters())
+    trainable = sum(p.numel() for p in model.fusion.parameters())
+    s = model.layer_split
+    return PosttrainPlan(os.fspath(config.base.path), source, backbone + trainable, backbone, trainable,
+                         (s.shared, s.anchor, s.denoiser), estimates)
