@@ -480,3 +480,55 @@ def test_sampler_errors() -> None:
         BlockSampler(13, 4, rank=2, world_size=2)
     with pytest.raises(ValueError, match="smaller than one global batch"):
         BlockSampler(3, 4)
+
+
+# ---------------------------------------------------------------- the Hub loader's files (OpenWebText offline)
+def _hub_shards(root: Path, docs: list[str]) -> Path:
+    """The files a cluster user has from the Hub: Parquet shards (as on the Hub) and an Arrow cache file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = root / "plain_text"
+    shards.mkdir(parents=True)
+    half = len(docs) // 2
+    pq.write_table(pa.table({"text": docs[:half]}), shards / "train-00000-of-00002.parquet")
+    pq.write_table(pa.table({"text": docs[half:]}), shards / "train-00001-of-00002.parquet")
+    with pa.OSFile(str(root / "openwebtext-train.arrow"), "wb") as sink:  # datasets' cache: an IPC stream
+        with pa.ipc.new_stream(sink, pa.schema([("text", pa.string())])) as writer:
+            writer.write_table(pa.table({"text": docs[:3]}))
+    return shards
+
+
+def test_parquet_shards_and_arrow_cache_files_are_read(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    docs = fixture_docs()
+    shards = _hub_shards(tmp_path / "owt", docs)
+    assert list(load_texts(shards)) == docs  # a directory of shards, in sorted order
+    assert list(load_texts(shards / "train-00001-of-00002.parquet")) == docs[len(docs) // 2:]
+    assert list(load_texts(tmp_path / "owt" / "openwebtext-train.arrow")) == docs[:3]
+    with pytest.raises(ValueError, match="no column 'body'"):
+        list(load_texts(shards, text_field="body"))
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match="broken.parquet: not a readable parquet file"):
+        list(load_texts(tmp_path / "broken.parquet"))
+
+
+def test_the_openwebtext_presets_train_from_local_shards(tmp_path: Path, tok: TextTokenizer) -> None:
+    """``tadm-owt-small`` and ``study-owt`` with ``data.source`` at local Parquet shards (tiny overrides)."""
+    pytest.importorskip("pyarrow")
+    from tadm.cli import main
+    from tadm.study.config import load_study_config, model_experiment_config
+
+    shards = _hub_shards(tmp_path / "owt", fixture_docs())
+    tok.save(tmp_path / "tok")
+    common = [f"data.source={shards}", f"data.tokenizer={tmp_path / 'tok'}", "data.seq_len=64",
+              f"data.cache_dir={tmp_path / 'cache'}", "data.val_fraction=0.1"]
+    code = main(["train", "tadm-owt-small", *common, "model.preset=tiny", "train.max_steps=2",
+                 "train.global_batch_size=4", "train.micro_batch_size=4", "train.eval_every=2",
+                 "train.eval_batches=1", "train.device=cpu", "train.precision=fp32", f"train.out_dir={tmp_path / 'run'}"])
+    assert code == 0 and (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    study = load_study_config("study-owt", [f"out_dir={tmp_path / 'study'}", *common])
+    exp = model_experiment_config(study, study.models[0], 0)
+    splits = build_packed_dataset(exp.data.source, tok, seq_len=exp.data.seq_len, cache_dir=exp.data.cache_dir,
+                                  val_fraction=exp.data.val_fraction)
+    assert len(splits.train) > 0 and len(splits.val) > 0

@@ -47,8 +47,9 @@ __all__ = [
     "token_dtype",
 ]
 
-# File types a local source may hold; ".gz" means gzip-compressed.
-TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz")
+# File types a local source may hold; ".gz" means gzip-compressed. Parquet and Arrow files are what the
+# Hugging Face dataset loader downloads and caches (e.g. OpenWebText's train-000NN-of-000MM.parquet shards).
+TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".parquet", ".arrow")
 _PATHLIKE_SUFFIXES = TEXT_SUFFIXES + (".json", ".gz", ".csv", ".parquet", ".arrow")
 # Files written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`.
 _HF_DISK_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
@@ -109,9 +110,45 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
             yield text
 
 
+def _read_table(path: Path, text_field: str) -> Iterator[str]:
+    """The ``text_field`` column of a Parquet file or an Arrow file (IPC stream or file, as ``datasets``
+    writes its cache), read batch by batch with pyarrow (installed with ``datasets``)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ImportError(f"{path}: reading Parquet/Arrow files needs pyarrow (pip install datasets)") from err
+    try:
+        if path.name.lower().endswith(".parquet"):
+            table = pq.ParquetFile(path)
+            names = table.schema_arrow.names
+            batches: Iterable[Any] = table.iter_batches(columns=[text_field]) if text_field in names else ()
+        else:
+            with pa.memory_map(str(path)) as source:
+                try:
+                    reader = pa.ipc.open_stream(source)
+                except pa.ArrowInvalid:
+                    reader = pa.ipc.open_file(source)
+                table = reader.read_all()
+            names = table.schema.names
+            batches = table.select([text_field]).to_batches() if text_field in names else ()
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ValueError(f"{path}: not a readable {path.suffix[1:]} file ({err})") from None
+    if text_field not in names:
+        raise ValueError(f"{path}: no column {text_field!r} (has {names}); set data.text_field")
+    for batch in batches:
+        for text in batch.column(0).to_pylist():
+            if text is not None and not isinstance(text, str):
+                raise ValueError(f"{path}: column {text_field!r} holds {type(text).__name__}, not str")
+            yield text or ""
+
+
 def _read_file(path: Path, text_field: str, doc_sep: str | None) -> Iterator[str]:
-    if _suffix(path) in (".jsonl", ".jsonl.gz"):
+    suffix = _suffix(path)
+    if suffix in (".jsonl", ".jsonl.gz"):
         return _read_jsonl(path, text_field)
+    if suffix in (".parquet", ".arrow"):
+        return _read_table(path, text_field)
     return _read_txt(path, doc_sep)
 
 
@@ -191,6 +228,8 @@ def load_texts(
     * a ``.txt`` / ``.txt.gz`` file: the whole file is ONE document, unless ``doc_sep`` is given
       (e.g. ``"\\n\\n\\n"``), in which case it is split on that string;
     * a ``.jsonl`` / ``.jsonl.gz`` file: one JSON object per line, text in ``text_field``;
+    * a ``.parquet`` / ``.arrow`` file: the files the Hugging Face dataset loader downloads and
+      caches (e.g. OpenWebText's shards), column ``text_field``, read with pyarrow;
     * a directory: a dataset saved by Hugging Face ``datasets.save_to_disk``, or else every file
       above found recursively, in sorted relative-path order;
     * anything else is a Hugging Face hub dataset name (``"openwebtext"``), loaded with
