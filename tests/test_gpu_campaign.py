@@ -1,0 +1,74 @@
+"""benchmarks/gpu_campaign.py: its plan, its bad inputs, and every stage end to end at tiny sizes on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_campaign.py"
+
+
+def _run(*args: str, env_out: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = None
+    if env_out is not None:
+        import os
+
+        env = {**os.environ, "OUT": str(env_out), "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_the_plan_names_every_stage_and_its_minutes():
+    run = _run("--plan")
+    assert run.returncode == 0
+    spec = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)
+    campaign = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_campaign"] = campaign  # dataclasses look their module up
+    spec.loader.exec_module(campaign)
+    for stage in campaign.STAGES.values():
+        assert f"| {stage.key} | {stage.plan} | {stage.minutes:.1f} |" in run.stdout
+        assert stage.minutes < 9  # each fits a 10-minute command with room for the start
+    assert sum(s.minutes for s in campaign.STAGES.values()) <= 30
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--stage", "e", "--device", "cpu"], "unknown stage 'e'; valid: a, b, c, d or all"),
+    (["--device", "cuda:7"], "cuda:7"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+])
+def test_bad_input_is_one_line(args, needle):
+    run = _run(*args)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in run.stderr, run.stderr
+
+
+@pytest.mark.slow
+def test_every_stage_runs_end_to_end_at_tiny_sizes_on_cpu(tmp_path):
+    start = time.perf_counter()
+    run = _run("--device", "cpu", "--tiny", "--results", str(tmp_path / "results"), env_out=tmp_path / "out")
+    elapsed = time.perf_counter() - start
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert elapsed < 180, elapsed  # the acceptance bound for CI
+    for folder in (tmp_path / "results", tmp_path / "out"):
+        files = sorted(p.name for p in folder.iterdir() if p.is_file())
+        assert files == [f"stage-{k}.{e}" for k in "abcd" for e in ("json", "md")], files  # 8 files come back
+    for key in "abcd":
+        data = json.loads((tmp_path / "out" / f"stage-{key}.json").read_text())
+        assert data["complete"] is True and data["invocations"][0]["commit"], key
+    b = json.loads((tmp_path / "out" / "stage-b.json").read_text())["cells"]
+    assert "profile" in b and any(k.startswith("batch/") for k in b)
+    assert all("tokens_per_second" in c for k, c in b.items() if k.startswith("eager-autocast/"))
+    c = json.loads((tmp_path / "out" / "stage-c.json").read_text())["cells"]
+    methods = {v["method"] for k, v in c.items() if k.startswith("B1/")}
+    assert methods == {"base (transformers generate)", "tadm K=1", "tadm K=2", "tadm K=3", "naive K=2", "naive K=3"}
+    calls = {v["method"]: v["decoder_layer_calls"] for k, v in c.items() if k.startswith("B1/")}
+    assert calls["tadm K=1"] == calls["base (transformers generate)"] > calls["tadm K=2"] > calls["tadm K=3"]
+    assert c["posttrain step"]["loss"] > 0
+    # a second run finds every stage complete and measures nothing again
+    again = _run("--device", "cpu", "--tiny", "--results", str(tmp_path / "results"), "--stage", "b", "c")
+    assert again.returncode == 0 and again.stdout.count("complete in") == 2
