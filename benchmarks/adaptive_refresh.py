@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     _write(out_dir / "results.json", {"command": " ".join(["python", "benchmarks/adaptive_refresh.py", *sys.argv[1:]]),
                                       "rows": rows, "seconds_this_invocation": time.perf_counter() - started})
     lines = _table(rows, sp.evaluators)
-    from tadm.eval.report import git_commit, machine_info
+    from tadm.records import git_commit, machine_info
 
     machine, commit = machine_info(), git_commit()
     header = ["# Adaptive vs fixed refresh at matched compute: table", "",

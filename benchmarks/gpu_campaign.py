@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -44,7 +43,7 @@ from typing import Any
 import torch
 
 from tadm.eval.compute import generation_flops, layer_calls
-from tadm.eval.report import git_commit
+from tadm.records import git_commit
 from tadm.nn import mdlm_small, mdlm_tiny, tadm_small, tadm_tiny
 from tadm.sampling import generate, get_sampler
 

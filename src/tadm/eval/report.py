@@ -15,17 +15,14 @@ the cell it was working on.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
-import platform
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tadm.records import machine_info, write_csv, write_json
 
 __all__ = [
     "DATA_MODEL",
@@ -33,11 +30,8 @@ __all__ = [
     "format_tps",
     "RESULT_FIELDS",
     "cell_key",
-    "git_commit",
-    "machine_info",
     "markdown_report",
     "read_results",
-    "write_csv",
     "write_results",
     "zero_shot_markdown",
 ]
@@ -105,70 +99,6 @@ def cell_key(row: dict[str, Any]) -> tuple[str, int | None, int | str | None]:
     return (str(row["model"]), None if steps is None else int(steps), refresh_value(row.get("refresh")))
 
 
-def git_commit(where: Path | None = None) -> dict[str, Any]:
-    """The git commit of the tadm source tree (``None`` outside a checkout) and whether it has local changes."""
-    where = where or Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        return {"commit": head, "dirty": bool(dirty)}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-
-
-def machine_info() -> dict[str, Any]:
-    """Python, torch, CPU/GPU and thread count of this machine, for result files."""
-    import torch
-
-    info: dict[str, Any] = {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.is_available(),
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        from tadm import __version__
-
-        info["tadm"] = __version__
-    except ImportError:  # pragma: no cover - the package always has a version
-        pass
-    return info
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _json_ready(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN / inf
-    if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    return value
-
-
-def write_csv(path: str | os.PathLike[str], fields: Sequence[str], rows: Sequence[dict[str, Any]]) -> Path:
-    """Rows as CSV with the columns ``fields`` (missing and None values empty), written atomically."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
-    _atomic_write(Path(path), buf.getvalue())
-    return Path(path)
-
-
 def write_results(
     out_dir: str | os.PathLike[str],
     settings: dict[str, Any],
@@ -180,7 +110,7 @@ def write_results(
     out.mkdir(parents=True, exist_ok=True)
     payload = {"settings": settings, "machine": machine or machine_info(), "rows": list(rows)}
     json_path, csv_path = out / RESULTS_JSON, out / RESULTS_CSV
-    _atomic_write(json_path, json.dumps(_json_ready(payload), indent=2) + "\n")
+    write_json(json_path, payload, indent=2)
     write_csv(csv_path, RESULT_FIELDS, rows)
     return json_path, csv_path
 

@@ -38,7 +38,8 @@ from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import Evaluator, load_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
 from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_from_features, mauve_sample_problem, text_features
-from tadm.eval.report import DATA_MODEL, cell_key, machine_info, markdown_report, read_results, write_results
+from tadm.eval.report import DATA_MODEL, cell_key, markdown_report, read_results, write_results
+from tadm.records import machine_info
 from tadm.eval.throughput import MIN_TIMED_GENERATIONS, TimingCell, interleaved_throughput, resolve_dtype
 from tadm.sampling.registry import SAMPLERS, get_sampler, sampler_config, sampler_options
 

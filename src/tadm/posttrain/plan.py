@@ -30,7 +30,6 @@ top; ``tests/posttrain/test_plan.py`` holds it against the measured peak of a ti
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field

@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tadm.eval.report import _atomic_write, _fmt, _json_ready, markdown_report, write_csv
+from tadm.eval.report import _fmt, markdown_report
+from tadm.records import write_csv, write_json, write_text
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, fixed_intervals, refresh_key
 
 __all__ = ["collect_results", "write_report"]
@@ -339,7 +340,7 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
     files: dict[str, Path] = {}
     payload = {"config": cfg.to_dict(), "invocations": invocations, **res}
     json_path = root / "results.json"
-    _atomic_write(json_path, json.dumps(_json_ready(payload), indent=1) + "\n")
+    write_json(json_path, payload)
     files["json"] = json_path
     write_csv(root / "results.csv", SAMPLE_FIELDS, res["samples"])
     files["csv"] = root / "results.csv"
@@ -435,7 +436,7 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
               "`results.csv` (one row per sampling cell and evaluator), `staleness.csv` (one row per model, seed, T "
               "and k), `plots/`.", ""]
     report = root / "report.md"
-    _atomic_write(report, "\n".join(lines))
+    write_text(report, "\n".join(lines))
     files["report"] = report
     log(f"[study] report: {report}")
     return files

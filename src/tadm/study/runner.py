@@ -25,7 +25,6 @@ discard hours of work: use another ``out_dir``) and is redone for evaluations.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from tadm.config import ConfigError
+from tadm.records import git_commit, machine_info, read_json, same_spec, write_json
 from tadm.training.rundir import RunDirLock, prepare_run_dir
 from tadm.study.config import (
     IN_DOMAIN_EVALUATOR,
@@ -102,30 +102,8 @@ class StudyOutput:
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def _write_json(path: Path, payload: Any) -> None:
-    from tadm.eval.report import _json_ready
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_json_ready(payload), indent=1) + "\n")
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _spec_json(spec: Any) -> Any:
-    """The spec as it reads back from JSON (tuples become lists), for comparisons."""
-    return json.loads(json.dumps(spec))
-
-
 def _done(path: Path, spec: Any) -> bool:
-    payload = _read_json(path)
-    return isinstance(payload, dict) and payload.get("spec") == _spec_json(spec)
+    return same_spec(read_json(path), spec)
 
 
 def _device(name: str) -> torch.device:
@@ -223,11 +201,11 @@ class _Study:
             run_dir = self.layout.run_dir(m.name, seed)
             marker = run_dir / UNIT_MARKER
             if marker.is_file():
-                saved = _read_json(marker) or {}
-                if saved.get("spec") != _spec_json(spec):
+                saved = read_json(marker) or {}
+                if saved.get("spec") != json.loads(json.dumps(spec)):
                     raise ConfigError(
                         f"{run_dir} holds model {m.name!r} (seed {seed}) trained with other settings; "
-                        f"{_first_difference(saved.get('spec'), _spec_json(spec))}; use another out_dir, or delete "
+                        f"{_first_difference(saved.get('spec'), json.loads(json.dumps(spec)))}; use another out_dir, or delete "
                         f"{run_dir} to retrain it")
                 self._skip(unit)
                 continue
@@ -238,7 +216,7 @@ class _Study:
             start = time.perf_counter()
             result = train(exp, resume=resume)
             seconds = time.perf_counter() - start
-            _write_json(marker, {"spec": spec, "step": result.step, "tokens_seen": result.tokens_seen,
+            write_json(marker, {"spec": spec, "step": result.step, "tokens_seen": result.tokens_seen,
                                  "val_nelbo": result.val_nelbo, "num_parameters": result.num_parameters,
                                  "wall_time_s": seconds, "resumed": resume})
             self._ran(unit, seconds)
@@ -288,7 +266,7 @@ class _Study:
                 start = time.perf_counter()
                 result = evaluate_likelihood(self.model(m, seed), self.val_blocks(), num_t_samples=st.t_samples,
                                              seed=st.eval_seeds[0], schedule=self.cfg.objective.schedule, **common)
-                _write_json(path, {"spec": spec, "result": result.as_dict(), "seconds": time.perf_counter() - start})
+                write_json(path, {"spec": spec, "result": result.as_dict(), "seconds": time.perf_counter() - start})
                 self._ran(unit, time.perf_counter() - start)
             if not self.anchored(m):
                 continue
@@ -317,7 +295,7 @@ class _Study:
                                                   schedule=self.cfg.objective.schedule, progress=self.progress,
                                                   **common)
                     end = time.perf_counter()
-                    _write_json(path, {"spec": spec, "staleness": stale.as_dict(), "cached": cached.as_dict(),
+                    write_json(path, {"spec": spec, "staleness": stale.as_dict(), "cached": cached.as_dict(),
                                        "seconds": {"staleness": mid - start, "cached": end - mid}})
                     self._ran(unit, end - start)
 
@@ -393,7 +371,7 @@ class _Study:
                 rows.extend(out.tokens.cpu().tolist())
                 calls = out.layer_calls.as_dict()
             seconds = time.perf_counter() - start
-            _write_json(path, {"spec": spec, "sampler": sampler_name, "token_ids": rows,
+            write_json(path, {"spec": spec, "sampler": sampler_name, "token_ids": rows,
                                "layer_calls_last_batch": calls, "seconds": seconds})
             self._ran(unit, seconds)
 
@@ -458,13 +436,13 @@ class _Study:
                               progress=self.progress)
                 ref_features = ref.features
                 if need_data:
-                    _write_json(data_path, {"spec": data_spec, "gen_ppl": ref.gen_ppl, "gen_ppl_nll": ref.nll,
+                    write_json(data_path, {"spec": data_spec, "gen_ppl": ref.gen_ppl, "gen_ppl_nll": ref.nll,
                                             "gen_ppl_tokens": ref.num_tokens, "entropy": mean_entropy(ref_ids),
                                             "num_texts": len(ref_texts)})
                     self._ran(f"score {ev_name} data", time.perf_counter() - start)
             for m, seed, naive, T, K, spec, path in todo:
                 start = time.perf_counter()
-                saved = _read_json(self.layout.sample_file(self.label(m, naive), seed, T, K))
+                saved = read_json(self.layout.sample_file(self.label(m, naive), seed, T, K))
                 ids = saved["token_ids"]
                 texts = decode_samples(ids, self.tokenizer())
                 want_features = ref_features is not None and use_mauve
@@ -483,7 +461,7 @@ class _Study:
                         record.update(mauve=result.mauve, mauve_buckets=result.num_buckets)
                     else:
                         record["mauve_note"] = problem
-                _write_json(path, record)
+                write_json(path, record)
                 self._ran(f"score {ev_name} {self.label(m, naive)} seed {seed} T={T} K={K}",
                           time.perf_counter() - start)
 
@@ -520,7 +498,7 @@ class _Study:
                                          dtype=sp.dtype, device=self.device, seed=sp.seed, progress=self.progress)
         rows = [{"model": key[0], "seed": key[1], "steps": key[2], "refresh": key[3], **r.as_dict()}
                 for key, r in results.items()]
-        _write_json(self.layout.throughput_file, {"spec": spec, "rows": rows,
+        write_json(self.layout.throughput_file, {"spec": spec, "rows": rows,
                                                   "torch_threads": torch.get_num_threads()})
         self._ran("throughput", time.perf_counter() - start)
 
@@ -566,15 +544,14 @@ def run_study(
 def _run_locked(study: _Study, cfg: StudyConfig, log: Callable[[str], None], stages: tuple[str, ...],
                 command: str | None, start: float) -> StudyOutput:
     """The stages of :func:`run_study`, with the study directory locked."""
-    from tadm.eval.report import git_commit, machine_info
     from tadm.study.report import write_report
 
     layout = study.layout
-    manifest = _read_json(layout.manifest) or {}
+    manifest = read_json(layout.manifest) or {}
     history = list(manifest.get("invocations", []))
     invocation = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "stages": list(stages),
                   "machine": machine_info(), **git_commit()}
-    _write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
+    write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
     timings: dict[str, float] = {}
     for stage, fn in (("train", study.train_all), ("likelihood", study.evaluate_likelihoods),
                       ("sample", study.sample_all), ("score", study.score_all), ("throughput", study.time_all)):
@@ -584,10 +561,10 @@ def _run_locked(study: _Study, cfg: StudyConfig, log: Callable[[str], None], sta
             timings[stage] = time.perf_counter() - t0
             # recorded after every stage, so an invocation cut off later still counts what it finished
             invocation["seconds"] = {**timings, "total": time.perf_counter() - start}
-            _write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
+            write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
     invocation["seconds"] = {**timings, "total": time.perf_counter() - start}
     invocation["ran"], invocation["skipped"] = len(study.out.ran), len(study.out.skipped)
-    _write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
+    write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
     if "report" in stages:
         study.out.files = write_report(cfg, layout, log=log)
     study.out.seconds = time.perf_counter() - start

@@ -46,9 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tadm.records import read_json_lines
 from tadm.tasks.benchmarks import Benchmark, Example, select_shots
 
-__all__ = ["HUB_SOURCES", "TaskData", "example_from_record", "json_lines", "load_task", "read_jsonl"]
+__all__ = ["HUB_SOURCES", "TaskData", "example_from_record", "load_task", "read_jsonl"]
 
 
 @dataclass(frozen=True)
@@ -90,30 +91,12 @@ def _fields_hint(bench: Benchmark) -> str:
     return f"{bench.name} expects JSON lines with fields: {', '.join(bench.fields)}"
 
 
-def json_lines(path: str | os.PathLike[str]) -> list[tuple[int, Any]]:
-    """(line number, value) of every non-blank line of a JSON-lines file; a malformed line is a one-line error."""
-    values = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{path}:{number}: not UTF-8 (byte {raw[err.start]:#04x} at column "
-                                 f"{err.start + 1}); task files must be UTF-8 JSON lines") from None
-            if line.strip():
-                try:
-                    values.append((number, json.loads(line)))
-                except ValueError as err:
-                    raise ValueError(f"{path}:{number}: not valid JSON ({err})") from None
-    return values
-
-
 def read_jsonl(path: Path, bench: Benchmark) -> list[dict[str, Any]]:
     """The records of ``path``; a missing file, a malformed line or a missing field is a one-line error."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file ({_fields_hint(bench)})")
     records = []
-    for number, record in json_lines(path):
+    for number, record in read_json_lines(path):
         missing = [f for f in bench.fields if not isinstance(record, dict) or f not in record]
         if missing:
             raise ValueError(f"{path}:{number}: missing field(s) {', '.join(missing)} ({_fields_hint(bench)})")

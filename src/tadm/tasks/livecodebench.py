@@ -33,6 +33,8 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
+from tadm.records import read_json_lines
+
 __all__ = ["RAW_FILES", "convert_rows", "decode_test_cases", "functional_program", "read_raw_jsonl",
            "record_from_row", "same_json_output"]
 
@@ -93,9 +95,7 @@ def record_from_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def read_raw_jsonl(path: str) -> list[dict[str, Any]]:
     """The rows of a released LiveCodeBench JSONL file; a malformed line is an error naming it."""
-    from tadm.tasks.datasets import json_lines
-
-    return [row for _, row in json_lines(path)]
+    return [row for _, row in read_json_lines(path)]
 
 
 def convert_rows(rows: Iterable[dict[str, Any]], *, since: str | None = None,

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tadm.records import git_commit, machine_info, read_json, same_spec, write_json
 from tadm.tasks.benchmarks import Benchmark, build_prompt, parse_task_list, score
 from tadm.tasks.datasets import TaskData, load_task
 from tadm.tasks.sandbox import (CodeLimits, code_execution_allowed, containment,
@@ -134,27 +134,7 @@ def methods(cfg: TaskRunConfig) -> list[Method]:
     return rows
 
 
-# ------------------------------------------------------------------------------------------ files
-def _write_json(path: Path, payload: Any) -> None:
-    from tadm.eval.report import _json_ready  # noqa: PLC2701 - NaN -> null, as every report file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_json_ready(payload), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _same_spec(payload: Any, spec: dict[str, Any]) -> bool:
-    return isinstance(payload, dict) and payload.get("spec") == json.loads(json.dumps(spec))
-
-
+# ------------------------------------------------------------------------------------------ units
 def unit_path(out: Path, task: str, method: Method, seed: int) -> Path:
     return out / "units" / task / f"{method.key}-seed{seed}.json"
 
@@ -265,13 +245,13 @@ def _generate_all(cfg: TaskRunConfig, units: list[_Unit], load: Callable[[TaskRu
     """Run the units without a result of the same spec, one model load per base/adapter pair."""
     ran = 0
     for with_adapter in (False, True):
-        todo = [u for u in units if u.method.adapter == with_adapter and not _same_spec(read_json(u.path), u.spec)]
+        todo = [u for u in units if u.method.adapter == with_adapter and not same_spec(read_json(u.path), u.spec)]
         if not todo:
             continue
         generator = load(cfg, with_adapter)
         for unit in todo:
             result = run_unit(_generator_for(generator, cfg, unit.method), cfg, unit.bench, unit.data, unit.seed)
-            _write_json(unit.path, {"spec": unit.spec, **result})
+            write_json(unit.path, {"spec": unit.spec, **result})
             log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: accuracy {result['accuracy']:.3f} "
                 f"({result['correct']}/{result['n']}), {result['stats']['tokens_per_second']:.1f} tok/s")
             ran += 1
@@ -304,11 +284,11 @@ def _judge_all(cfg: TaskRunConfig, units: list[_Unit], out: Path, log: Log) -> s
     for unit in units:
         path = unit.path.with_suffix(".judge.json")
         spec = {"unit": unit.spec, "judge": judge.client.judge_id}
-        if _same_spec(read_json(path), spec):
+        if same_spec(read_json(path), spec):
             continue
         records = read_json(unit.path)["records"]
         result = judge.evaluate([(r["prompt"], r["response"]) for r in records])
-        _write_json(path, {"spec": spec, "summary": result.summary.as_dict(),
+        write_json(path, {"spec": spec, "summary": result.summary.as_dict(),
                            "verdicts": [v.as_dict() for v in result.verdicts]})
         log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: corruption {result.summary.corruption:.3f}")
     return judge.client.judge_id
@@ -339,7 +319,6 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     ``load(cfg, with_adapter)`` returns a generator (default: :func:`load_generator`); tests pass a fake.
     ``command`` (the command line that runs this) is written with the machine, commit and wall time.
     """
-    from tadm.eval.report import git_commit, machine_info
     from tadm.tasks.task_tables import write_tables
 
     started = time.perf_counter()

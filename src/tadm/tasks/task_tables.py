@@ -14,13 +14,13 @@ x K cell), ``results.json`` (the run's settings, cells and both tables) and, wit
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tadm.records import write_csv, write_json, write_text
 
 __all__ = ["CELL_FIELDS", "cells", "naive_rows", "task_rows", "write_tables"]
 
@@ -229,7 +229,6 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
 
     ``provenance`` (command, machine, commit, wall time) is written under the Markdown tables and in the JSON.
     """
-    from tadm.eval.report import _json_ready, write_csv  # noqa: PLC2701
 
     all_cells = cells(units)
     tasks = task_rows(all_cells, units, benches, rows)
@@ -239,7 +238,7 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
     files = {"markdown": out / "table.md", "task_csv": out / "task_table.csv", "cells_csv": out / "cells.csv",
              "json": out / "results.json"}
     text = _markdown_file(tasks, naive, benches) + "\n".join(provenance_lines(provenance, all_cells))
-    files["markdown"].write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    write_text(files["markdown"], text.rstrip("\n") + "\n")
     flat = _flat(tasks)
     write_csv(files["task_csv"], list(flat[0]) if flat else ["method"], flat)
     if naive:
@@ -251,7 +250,5 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
         files["plot"] = plot_task_accuracy_vs_refresh(all_cells, out / "accuracy_vs_k.png")
     payload = {"config": config, "provenance": provenance, "cells": all_cells, "task_table": flat,
                "naive_table": naive}
-    tmp = files["json"].with_name(f".results.json.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_json_ready(payload), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, files["json"])
+    write_json(files["json"], payload)
     return files

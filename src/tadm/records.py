@@ -1,0 +1,206 @@
+"""Result records on disk, one way for every experiment: JSON-ready values, atomic writes, provenance, unit stores.
+
+* :func:`json_ready`, :func:`write_json`, :func:`read_json`, :func:`read_json_lines`, :func:`write_csv`:
+  values and files as every result writer needs them (NaN and inf become ``null``; files are written
+  to a temporary name and renamed, so a reader never sees half a file);
+* :func:`git_commit`, :func:`machine_info`: where a result came from;
+* :class:`UnitStore`: the resumable units of a sweep, a study or a task run. A unit is one JSON
+  file holding the *spec* that produced it, its payload and its provenance (commit, and whether the
+  source tree had local changes). A unit whose file holds the same spec is done and is skipped;
+* :func:`check_publishable`: a table written from a source tree with local changes needs an explicit
+  ``allow_dirty`` (``--allow-dirty``, or ``TADM_ALLOW_DIRTY=1``), and says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ALLOW_DIRTY_ENV",
+    "DirtyTreeError",
+    "UnitStore",
+    "check_publishable",
+    "git_commit",
+    "json_ready",
+    "machine_info",
+    "provenance_note",
+    "read_json",
+    "read_json_lines",
+    "same_spec",
+    "write_csv",
+    "write_json",
+    "write_text",
+]
+
+ALLOW_DIRTY_ENV = "TADM_ALLOW_DIRTY"
+_SOURCE = Path(__file__).resolve().parent
+_COMMIT_CACHE: dict[str, Any] = {}
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with NaN/inf as None and tuples as lists (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (a temporary file renamed into place); parents are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(path: str | os.PathLike[str], payload: Any, indent: int = 1) -> Path:
+    """``payload`` as JSON (:func:`json_ready`), written atomically."""
+    return write_text(path, json.dumps(json_ready(payload), indent=indent) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON value in ``path``, or None when it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_json_lines(path: str | os.PathLike[str]) -> list[tuple[int, Any]]:
+    """(line number, value) of every non-blank line of a JSON-lines file; a malformed line is a one-line error."""
+    values = []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}:{number}: not UTF-8 (byte {raw[err.start]:#04x} at column "
+                                 f"{err.start + 1}); the file must be UTF-8 JSON lines") from None
+            if line.strip():
+                try:
+                    values.append((number, json.loads(line)))
+                except ValueError as err:
+                    raise ValueError(f"{path}:{number}: not valid JSON ({err})") from None
+    return values
+
+
+def write_csv(path: str | os.PathLike[str], fields: Sequence[str], rows: Sequence[dict[str, Any]]) -> Path:
+    """Rows as CSV with the columns ``fields`` (missing and None values empty), written atomically."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
+    return write_text(path, buf.getvalue())
+
+
+# -------------------------------------------------------------------------------------- provenance
+def git_commit(where: Path | None = None) -> dict[str, Any]:
+    """The git commit of the tadm source tree (None outside a checkout) and whether it has local changes.
+
+    Read at most once every 30 seconds per folder (a unit store writes many records).
+    """
+    where = where or _SOURCE
+    cached = _COMMIT_CACHE.get(str(where))
+    if cached is not None and time.monotonic() - cached[0] < 30.0:
+        return dict(cached[1])
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        result = {"commit": head, "dirty": bool(dirty)}
+    except (OSError, subprocess.SubprocessError):
+        result = {"commit": None, "dirty": None}
+    _COMMIT_CACHE[str(where)] = (time.monotonic(), result)
+    return dict(result)
+
+
+def machine_info() -> dict[str, Any]:
+    """Python, torch, CPU/GPU and thread count of this machine, for result files."""
+    import torch  # heavy: only when a result is written
+
+    from tadm import __version__
+
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
+        "tadm": __version__,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+class DirtyTreeError(ValueError):
+    """A table was about to be published from a source tree with uncommitted changes."""
+
+
+def check_publishable(allow_dirty: bool = False) -> dict[str, Any]:
+    """The source tree's commit; a :class:`DirtyTreeError` if it has local changes and ``allow_dirty`` is not given.
+
+    ``TADM_ALLOW_DIRTY=1`` allows it too. A tree that is no git checkout (an installed package) is fine.
+    """
+    source = git_commit()
+    if source.get("dirty") and not (allow_dirty or os.environ.get(ALLOW_DIRTY_ENV) == "1"):
+        raise DirtyTreeError(f"the tadm source tree ({_SOURCE.parent.parent}) has uncommitted changes at "
+                             f"{str(source['commit'])[:10]}: commit them, or pass --allow-dirty (the table then "
+                             f"says it came from a tree with local changes)")
+    return source
+
+
+def provenance_note(records: Sequence[dict[str, Any]]) -> str | None:
+    """A sentence for tables built from units any of which came from a tree with local changes, else None."""
+    dirty = sorted({str(r.get("commit"))[:10] for r in records if isinstance(r, dict) and r.get("dirty")})
+    if not dirty:
+        return None
+    return f"**Made from a source tree with local changes** (at {', '.join(dirty)}): not reproducible from a commit."
+
+
+# -------------------------------------------------------------------------------------- unit store
+def same_spec(payload: Any, spec: Any) -> bool:
+    """Whether a stored unit holds ``spec`` (compared as it reads back from JSON: tuples become lists)."""
+    return isinstance(payload, dict) and payload.get("spec") == json.loads(json.dumps(json_ready(spec)))
+
+
+class UnitStore:
+    """Spec-keyed unit records under ``root``: written atomically with their provenance, skipped when done.
+
+    >>> store = UnitStore("runs/x")
+    >>> if not store.done("units/a.json", spec):
+    ...     store.save("units/a.json", spec, {"accuracy": 0.5})
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def path(self, relative: str | os.PathLike[str]) -> Path:
+        return self.root / relative
+
+    def load(self, relative: str | os.PathLike[str]) -> dict[str, Any] | None:
+        payload = read_json(self.path(relative))
+        return payload if isinstance(payload, dict) else None
+
+    def done(self, relative: str | os.PathLike[str], spec: Any) -> bool:
+        return same_spec(self.load(relative), spec)
+
+    def save(self, relative: str | os.PathLike[str], spec: Any, payload: dict[str, Any]) -> Path:
+        """Write ``{"spec": spec, **payload, "provenance": {commit, dirty}}`` atomically."""
+        return write_json(self.path(relative), {"spec": spec, **payload, "provenance": git_commit()})
