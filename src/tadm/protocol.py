@@ -1,26 +1,30 @@
 """The contract between networks and the sampling loop (imported by both, importing neither).
 
 Samplers and the anchor-cache loop (paper Algorithm 1) never import a concrete network: they
-drive any object with the four methods below. A network of ``L_S`` shared, ``L_A`` anchor and
-``L_D`` denoiser Transformer layers is evaluated as
+drive any object with the members below. A network of ``L_S`` shared, ``L_A`` anchor and ``L_D``
+denoiser Transformer layers is evaluated as
 
-    c_t = encode(z_t)                       # shared network S, every step
-    h   = compute_anchor(c_t)               # anchor network A, only at refresh steps
-    log_probs = predict(z_t, c_t, h)        # fusion Phi + denoiser D (+ output head), every step
+    state = prepare(z_t, context, t)        # per-pass state: the time t, or a prompt cache and masks
+    c_t = encode(z_t, state)                # shared network S, every step
+    h   = compute_anchor(c_t, state)        # anchor network A, only at refresh steps
+    out = predict(z_t, c_t, h, state)       # fusion Phi + denoiser D (+ output head), every step
 
-and ``layer_split`` tells the layer counter how many Transformer layers each stage runs.
-
-A network that needs per-pass state besides the canvas (a prompt KV cache, self-conditioning
-input, masks) also has ``prepare(z_t, context, t) -> state``; the loop then passes that state where
-the others take the time ``t`` (see :func:`tadm.sampling.loop.pass_state`).
+``layer_split`` tells the layer counter how many Transformer layers each stage runs, and
+``time_conditioned`` whether the network reads the diffusion time (then the loop passes t(i)).
+Networks whose prediction is raw logits for a logits sampler (the entropy-bound sampler) have
+``predict_logits``; networks that can compute x_theta on chosen rows only (``predicts_rows``) have
+``predict_hidden`` and ``output_log_probs``. :func:`check_network` checks a network once, with a
+clear error; the loop then calls the members directly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
+
+__all__ = ["CacheableDenoiser", "LayerSplit", "RowPredictor", "check_network"]
 
 
 @dataclass(frozen=True)
@@ -38,37 +42,58 @@ class LayerSplit:
 
 @runtime_checkable
 class CacheableDenoiser(Protocol):
-    """A diffusion LM split into shared / anchor / (fusion +) denoiser stages.
-
-    ``t`` is the diffusion time of the canvas, shape (B,), used only by networks with time
-    conditioning; others ignore it.
-    """
+    """A diffusion LM split into shared / anchor / (fusion +) denoiser stages (module docstring)."""
 
     layer_split: LayerSplit
-    vocab_size: int          # output vocabulary size V, including the mask token if any
+    vocab_size: int  # output vocabulary size V, including the mask token if any
     mask_token_id: int | None
+    time_conditioned: bool  # reads the diffusion time t
+    predicts_rows: bool  # has predict_hidden + output_log_probs (x_theta on chosen rows only)
 
-    def encode(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
+    def prepare(self, z_t: Tensor, context: Any = None, t: Tensor | None = None) -> Any:
+        """The per-pass state handed to the stages: the time t (B,), or a backbone's prompt cache and masks."""
+        ...
+
+    def encode(self, z_t: Tensor, state: Any = None) -> Tensor:
         """Shared network S: token ids (B, L) -> current-state representation c_t (B, L, d)."""
         ...
 
-    def compute_anchor(self, c: Tensor, t: Tensor | None = None) -> Tensor:
+    def compute_anchor(self, c: Tensor, state: Any = None) -> Tensor:
         """Anchor network A: c_{t'} (B, L, d) -> cacheable anchor h_{t'} (B, L, d_a)."""
         ...
 
-    def predict(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, t: Tensor | None = None) -> Tensor:
+    def predict(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, state: Any = None) -> Tensor:
         """Fusion + denoiser: (z_t, c_t, cached h_{t'}) -> log-probabilities (B, L, V) of x_theta."""
         ...
 
 
-def check_denoiser(model: object, needs: tuple[str, ...] = ("predict",)) -> None:
-    """Raise a one-line TypeError unless ``model`` has the stages the loop calls (and ``needs``).
+class RowPredictor(CacheableDenoiser, Protocol):
+    """A network that stops before its output layer, so that x_theta can be computed on chosen rows."""
 
-    The loop calls ``encode``, ``compute_anchor``, one of ``needs`` (``predict`` for log-probabilities,
-    ``predict_logits`` for raw logits) and reads ``layer_split``.
+    def predict_hidden(self, z_t: Tensor, c_t: Tensor, anchor: Tensor, state: Any = None) -> tuple[Tensor, Tensor]:
+        """Everything but the output layer: (last hidden states (B, L, D), conditioning)."""
+        ...
+
+    def output_log_probs(self, hidden: Tensor, cond: Tensor, z_t: Tensor, rows: Tensor | None = None) -> Tensor:
+        """The output layer on all positions (B, L, V) or on ``rows`` (n, 2) only (n, V)."""
+        ...
+
+
+_STAGES = ("prepare", "encode", "compute_anchor")
+_ATTRIBUTES = ("vocab_size", "mask_token_id", "time_conditioned", "predicts_rows")
+
+
+def check_network(model: object, prediction: str = "predict") -> None:
+    """Raise one TypeError naming every member ``model`` lacks of the loop's contract (module docstring).
+
+    ``prediction`` is the member the sampler needs: ``"predict"`` (log-probabilities) or
+    ``"predict_logits"`` (raw logits). Row prediction is checked when ``predicts_rows`` is true.
     """
-    required = ("encode", "compute_anchor", *needs)
-    missing = [name for name in required if not callable(getattr(model, name, None))]
+    needed = [*_STAGES, prediction]
+    if getattr(model, "predicts_rows", False):
+        needed += ["predict_hidden", "output_log_probs"]
+    missing = [name for name in needed if not callable(getattr(model, name, None))]
+    missing += [name for name in _ATTRIBUTES if not hasattr(model, name)]
     if not isinstance(getattr(model, "layer_split", None), LayerSplit):
         missing.append("layer_split")
     if missing:

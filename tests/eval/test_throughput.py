@@ -58,11 +58,11 @@ def test_interleaved_timing_shuffles_every_round_and_reports_median_min_max():
     order: list[tuple[str, int, int]] = []
 
     def recording_generate(model, sampler, **kwargs):
-        order.append(("tadm" if model is tadm else "mdlm", kwargs["refresh_interval"], kwargs["generator"].initial_seed()))
+        order.append(("tadm" if model is tadm else "mdlm", kwargs["policy"].interval, kwargs["generator"].initial_seed()))
         return generate(model, sampler, **kwargs)
 
     cells = [TimingCell(key=(name, K), model=m, make_sampler=lambda m=m: get_sampler("mdlm", m.mask_token_id),
-                        seq_len=8, num_steps=4, refresh_interval=K)
+                        seq_len=8, num_steps=4, policy=K)
              for name, m in (("tadm", tadm), ("mdlm", mdlm)) for K in (1, 2)]
     results = interleaved_throughput(cells, num_generations=5, warmup=1, seed=3, order_seed=0,
                                      generate_fn=recording_generate)

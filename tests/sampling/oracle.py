@@ -19,6 +19,12 @@ class OracleDenoiser:
         self.sharpness = sharpness
         self.calls: list[str] = []
 
+    time_conditioned = False
+    predicts_rows = False
+
+    def prepare(self, z_t, context=None, t=None):
+        return t
+
     def encode(self, z_t, t=None):
         self.calls.append("encode")
         return z_t.float().unsqueeze(-1)  # (B, L, 1)

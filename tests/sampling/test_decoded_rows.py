@@ -15,7 +15,7 @@ from tadm.nn import NaiveReuse, adlm_tiny, mdlm_tiny, tadm_tiny
 from tadm.nn.dit import subs_log_probs
 from tadm.sampling import AdaptiveRefresh, FixedRefresh, generate, get_sampler
 from tadm.sampling.entropy_bound import EntropyBoundSampler
-from tadm.sampling.loop import decodes_rows_only
+from tadm.sampling.loop import check_contract
 
 from tests.posttrain.conftest import _one_thread  # noqa: F401  (autouse: tiny tensors run fastest on one thread)
 from tests.sampling.test_loop_golden import _randomize
@@ -86,17 +86,21 @@ def test_the_head_sees_only_decoded_rows_except_at_the_last_step():
 def test_the_full_path_is_kept_where_rows_only_cannot_run():
     model = _randomize(tadm_tiny()).eval()
     masked = get_sampler("remdm-cap", model.mask_token_id)
-    assert decodes_rows_only(model, masked, FixedRefresh(2))
-    assert decodes_rows_only(model, masked, AdaptiveRefresh(tau=0.2))
+
+    def rows_only(network, sampler, policy, **kw):
+        return check_contract(network, sampler, policy, **kw).rows_only
+
+    assert rows_only(model, masked, FixedRefresh(2))
+    assert rows_only(model, masked, AdaptiveRefresh(tau=0.2))
     # a step that reuses the previous prediction reuses its hidden states
-    assert decodes_rows_only(model, masked, FixedRefresh(2, skip_unchanged=True))
-    # a sampler that consumes logits at every position
-    assert not decodes_rows_only(model, EntropyBoundSampler(vocab_size=model.vocab_size), FixedRefresh(1))
-
-    class NoRows:
-        predicts_rows = False
-
-    assert not decodes_rows_only(NoRows(), masked, FixedRefresh(1))
+    assert rows_only(model, masked, FixedRefresh(2, skip_unchanged=True))
+    assert not rows_only(model, masked, FixedRefresh(2), full_output=True)  # the reference path, asked for
+    # a sampler that consumes raw logits needs predict_logits, which a TADM does not have: refused once, clearly
+    with pytest.raises(TypeError, match="TADM lacks predict_logits"):
+        check_contract(model, EntropyBoundSampler(vocab_size=model.vocab_size), FixedRefresh(1))
+    no_rows = _randomize(tadm_tiny()).eval()
+    no_rows.predicts_rows = False  # a network that cannot stop before its output layer
+    assert not rows_only(no_rows, masked, FixedRefresh(1))
 
 
 def test_a_sampler_for_another_mask_id_is_refused():

@@ -7,6 +7,7 @@ import torch
 
 from tadm.eval.compute import layer_calls, policy_layer_calls
 from tadm.nn import tadm_tiny
+from tadm.sampling.base import ConfiguredSampler
 from tadm.sampling import (
     AdaptiveRefresh,
     FixedRefresh,
@@ -30,6 +31,11 @@ class _StubNet:
     layer_split = SPLIT
     vocab_size = 5
     mask_token_id = 4
+    time_conditioned = False
+    predicts_rows = False
+
+    def prepare(self, z, context=None, t=None):
+        return t
 
     def encode(self, z, t=None):
         return z[..., None].float()
@@ -41,8 +47,17 @@ class _StubNet:
         return torch.zeros(*z.shape, self.vocab_size)
 
 
-class _UnmaskSampler:
+class _UnmaskSampler(ConfiguredSampler):
     """Unmasks the ``per_step[n]`` leftmost masked positions at the n-th step (deterministic drift)."""
+
+    def set_timesteps(self, num_steps):
+        self.num_steps = num_steps
+
+    def time(self, i):
+        return i / self.num_steps
+
+    def initial_canvas(self, batch_size, seq_len, generator, device):
+        return torch.full((batch_size, seq_len), 4)
 
     def __init__(self, per_step):
         self.per_step = per_step
@@ -172,13 +187,17 @@ def test_loop_context_can_stop_a_run_early():
     assert run.steps_run == 3 and run.cache.history == [10, 9, 8]
 
 
-def test_a_context_is_refused_by_networks_without_prepare():
+def test_a_context_is_refused_by_networks_that_take_none():
     class _Prompted(LoopContext):
         def pass_context(self):
             return "a prompt"
 
-    with pytest.raises(TypeError, match="takes no per-pass context"):
-        denoise(_StubNet(), _UnmaskSampler([0]), torch.full((1, 4), 4), [1], policy=FixedRefresh(1), context=_Prompted())
+    model = tadm_tiny().eval()
+    sampler = get_sampler("mdlm", model.mask_token_id)
+    sampler.set_timesteps(1)
+    with pytest.raises(TypeError, match="TADM takes no per-pass context"):
+        denoise(model, sampler, torch.full((1, 4), model.mask_token_id), [1], policy=FixedRefresh(1),
+                context=_Prompted())
 
 
 @pytest.mark.parametrize(

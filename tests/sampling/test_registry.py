@@ -13,6 +13,7 @@ from tadm.sampling import (
     ReMDMSampler,
     ReMDMSamplerConfig,
     build_sampler,
+    sampler_from_config,
     get_sampler,
     sampler_config,
 )
@@ -37,7 +38,7 @@ def test_every_registered_sampler_is_built_from_its_config(name, cls, config_cls
     sampler = get_sampler(name, **needs)
     assert type(sampler) is cls and isinstance(sampler.config, config_cls)
     assert sampler.config == sampler_config(name)
-    rebuilt = build_sampler(name, sampler.config, **needs)
+    rebuilt = sampler_from_config(name, sampler.config, **needs)
     assert rebuilt.config == sampler.config
 
 
@@ -60,7 +61,7 @@ def test_unknown_options_and_names_are_errors_listing_the_valid_ones():
     with pytest.raises(ValueError, match="needs the model's mask_id"):
         get_sampler("mdlm")
     with pytest.raises(TypeError, match="takes a ReMDMSamplerConfig"):
-        build_sampler("remdm-cap", MDLMSamplerConfig(), mask_id=MASK)
+        sampler_from_config("remdm-cap", MDLMSamplerConfig(), mask_id=MASK)
 
 
 @pytest.mark.parametrize(

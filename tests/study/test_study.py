@@ -206,7 +206,7 @@ def test_derived_training_configs_share_size_data_and_budget(tmp_path):
     ({"sampling.refresh": [1, 2, 2]}, "lists the same entry twice"),
     ({"sampling.refresh": [1, {"policy": "adaptive", "tau": -0.1}]}, "sampling.refresh\\[1\\]: .*tau"),
     ({"sampling.refresh": [1, {"policy": "sometimes"}]}, "unknown refresh policy 'sometimes'"),
-    ({"sampling.refresh": [1, {"tau": 0.1}]}, "mapping with a 'policy' key"),
+    ({"sampling.refresh": [1, {"tau": 0.1}]}, "refresh mapping needs a 'policy' key"),
     ({"sampling.throughput_generations": 3}, "throughput_generations must be 0 \\(skip\\) or >= 5"),
     ({"sampling.nucleus": "top"}, "sampling.nucleus 'top' is unknown"),
     ({"size.num_heads": 3}, "size.hidden_size \\(16\\) must be a multiple of size.num_heads \\(3\\)"),

@@ -43,8 +43,12 @@ class FakeChatServer:
                 with server.lock:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                counted = True
                 try:
                     time.sleep(delay)
+                    with server.lock:  # before the reply: a client that got it may send its next request at once
+                        server.in_flight -= 1
+                        counted = False
                     self.send_response(status)
                     for key, value in headers.items():
                         self.send_header(key, value)
@@ -55,8 +59,9 @@ class FakeChatServer:
                 except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
                     pass
                 finally:
-                    with server.lock:
-                        server.in_flight -= 1
+                    if counted:
+                        with server.lock:
+                            server.in_flight -= 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

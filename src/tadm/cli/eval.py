@@ -476,9 +476,7 @@ def _run_throughput(args: argparse.Namespace) -> int:
             sampler = sampler_from_args(args, args.sampler, model)
             r = measure_throughput(model, sampler, seq_len=length, num_steps=T, refresh_interval=K,
                                    num_generations=args.generations, batch_size=args.batch_size, warmup=args.warmup,
-                                   dtype=args.dtype, device=args.device, seed=args.seed,
-                                   time_conditioned=bool(getattr(model.config, "time_conditioning", False)),
-                                   progress=args.progress)
+                                   dtype=args.dtype, device=args.device, seed=args.seed, progress=args.progress)
             results.append(r)
     if args.json:
         dicts = [r.as_dict() | {"model": args.model, "sampler": args.sampler} for r in results]

@@ -72,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
         policy=policy,
         generator=generator,
         device=args.device,
-        time_conditioned=bool(getattr(getattr(model, "config", None), "time_conditioning", False)),
         progress=args.progress,
     )
     ids = out.tokens.tolist()

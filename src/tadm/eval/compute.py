@@ -9,7 +9,7 @@ from typing import Any
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import check_num_steps
 from tadm.protocol import LayerSplit
-from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, ScheduleRefresh
+from tadm.sampling.refresh import parse_refresh
 
 
 def _check_split(split: LayerSplit) -> None:
@@ -34,24 +34,23 @@ def layer_calls(split: LayerSplit, num_steps: int, refresh_interval: int = 1) ->
 
 
 def policy_layer_calls(
-    split: LayerSplit, num_steps: int, policy: RefreshPolicy, counted: LayerCallCounter | None = None
+    split: LayerSplit, num_steps: int, policy: Any, counted: LayerCallCounter | None = None
 ) -> int:
-    """Transformer-layer evaluations of one generation of T steps under a refresh policy.
+    """Transformer-layer evaluations of one generation of T steps under a refresh policy (any refresh spec).
 
-    ``fixed`` K: Eq. (anchor-cache-compute); ``schedule``: T (L_S + L_D) + |{refresh steps in 1..T}| L_A.
-    ``adaptive`` refreshes depend on the sampled canvases, so its compute is the counted one: pass the
-    run's ``counted`` layer calls. Policies that skip unchanged canvases are counted too.
+    T (L_S + L_D) + R L_A with R the policy's analytic refresh count (``fixed`` K: ceil(T / K), Eq.
+    (anchor-cache-compute); ``schedule``: its steps in 1..T). Where R depends on the sampled canvases
+    (``adaptive``, or skipping unchanged canvases) the compute is the counted one: pass ``counted``.
     """
-    if isinstance(policy, FixedRefresh) and not policy.skip_unchanged:
-        return layer_calls(split, num_steps, policy.interval)
-    if isinstance(policy, ScheduleRefresh) and not policy.skip_unchanged:
-        _check_split(split)
-        check_num_steps(num_steps)
-        refreshes = sum(1 for i in policy.steps if 1 <= i <= num_steps)
-        return num_steps * (split.shared + split.denoiser) + refreshes * split.anchor
-    if counted is None:
-        raise ValueError(f"the compute of {policy!r} depends on the sampled canvases; pass the counted layer calls")
-    return counted.total
+    policy = parse_refresh(policy)
+    _check_split(split)
+    check_num_steps(num_steps)
+    refreshes = policy.refresh_count(num_steps)
+    if refreshes is None:
+        if counted is None:
+            raise ValueError(f"the compute of {policy!r} depends on the sampled canvases; pass the counted layer calls")
+        return counted.total
+    return num_steps * (split.shared + split.denoiser) + refreshes * split.anchor
 
 
 @dataclass(frozen=True)

@@ -226,10 +226,6 @@ def _build_sampler(ctx: CellContext, num_steps: int) -> tuple[str, Any]:
     return name, get_sampler(name, ctx.model.mask_token_id, **sampler_options(name, ctx.config.sampler_settings()))
 
 
-def _time_conditioned(model: Any) -> bool:
-    return bool(getattr(getattr(model, "config", None), "time_conditioning", False))
-
-
 def evaluate_cell(ctx: CellContext, num_steps: int, refresh_interval: int) -> dict[str, Any]:
     """Generate, score and time one (model, T, K) cell; return its result row."""
     from tadm.sampling import generate
@@ -246,8 +242,7 @@ def evaluate_cell(ctx: CellContext, num_steps: int, refresh_interval: int) -> di
                      disable=not ctx.progress, leave=False):
         with torch.autocast(device.type, dtype=amp, enabled=amp != torch.float32):
             out = generate(ctx.model, sampler, batch_size=size, seq_len=ctx.length, num_steps=num_steps,
-                           refresh_interval=refresh_interval, generator=generator, device=device,
-                           time_conditioned=_time_conditioned(ctx.model))
+                           refresh_interval=refresh_interval, generator=generator, device=device)
         batches.append(out.tokens.cpu())
         counted = out.layer_calls.total
         sampling_seconds += out.seconds
@@ -309,8 +304,7 @@ def _timing_cell(config: SweepConfig, cell: tuple[str, int, int], model: Any, to
     name, T, K = cell
     length = _length(config, model, name)
     sampler_name = resolve_sampler(config.sampler, T, length)
-    return TimingCell(key=cell, model=model, seq_len=length, num_steps=T, refresh_interval=K,
-                      time_conditioned=_time_conditioned(model),
+    return TimingCell(key=cell, model=model, seq_len=length, num_steps=T, policy=K,
                       make_sampler=lambda: get_sampler(sampler_name, model.mask_token_id,
                                                        **sampler_options(sampler_name, config.sampler_settings())))
 

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from tadm.eval.compute import layer_calls, policy_layer_calls
+from tadm.eval.compute import policy_layer_calls
 from tadm.sampling import GenerationOutput, Sampler, generate
 from tadm.sampling.anchor_cache import LayerCallCounter
-from tadm.sampling.refresh import RefreshPolicy
+from tadm.sampling.refresh import parse_refresh
 from tadm.specs import DTYPE_SPELLINGS, resolve_dtype
 
 __all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput", "measure_throughput", "resolve_dtype"]
@@ -60,7 +60,7 @@ class ThroughputResult:
     device: str
     layer_calls: dict[str, int] = field(default_factory=dict)  # counter of one generation
     analytic_layer_calls: int = 0  # Eq. (anchor-cache-compute); a canvas-dependent policy: the counted
-    policy: str = ""  # the refresh policy's label when it is not given as refresh_interval
+    policy: str = ""  # the refresh policy's label
 
     @property
     def median_seconds(self) -> float:
@@ -95,102 +95,23 @@ class ThroughputResult:
             "device": self.device,
             "layer_calls": self.layer_calls,
             "analytic_layer_calls": self.analytic_layer_calls,
-            **({"policy": self.policy} if self.policy else {}),
+            "policy": self.policy,
         }
-
-
-def measure_throughput(
-    model: Any,
-    sampler: Sampler,
-    *,
-    seq_len: int,
-    num_steps: int,
-    refresh_interval: int = 1,
-    num_generations: int = 20,
-    batch_size: int = 1,
-    warmup: int = 1,
-    dtype: str = "float32",
-    device: torch.device | str | None = None,
-    seed: int = 0,
-    time_conditioned: bool = False,
-    progress: bool = False,
-    generate_fn: Callable[..., GenerationOutput] = generate,
-) -> ThroughputResult:
-    """Tokens/s = batch_size * seq_len / (median wall time of the ``num_generations`` timed generations).
-
-    ``warmup`` untimed generations run first (kernel selection, allocator warm-up). Generation g
-    (warm-up included) uses a generator seeded with ``seed + g``. ``dtype`` is "float32",
-    "bfloat16" or "float16" (autocast; the weights stay as they are).
-    """
-    if num_generations < 1:
-        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if device is None:
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    device = torch.device(device)
-    amp = resolve_dtype(dtype, device)
-    gen_device = device if device.type == "cuda" else torch.device("cpu")
-    seconds: list[float] = []
-    counted: dict[str, int] = {}
-    runs = range(warmup + num_generations)
-    for g in tqdm(runs, desc=f"throughput T={num_steps} K={refresh_interval}", disable=not progress, leave=False):
-        generator = torch.Generator(device=gen_device).manual_seed(seed + g)
-        _sync(device)
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=amp, enabled=amp != torch.float32):
-            out = generate_fn(
-                model,
-                sampler,
-                batch_size=batch_size,
-                seq_len=seq_len,
-                num_steps=num_steps,
-                refresh_interval=refresh_interval,
-                generator=generator,
-                device=device,
-                time_conditioned=time_conditioned,
-            )
-        _sync(device)
-        elapsed = time.perf_counter() - start
-        if g >= warmup:
-            seconds.append(elapsed)
-        counted = out.layer_calls.as_dict()
-    return ThroughputResult(
-        tokens_per_second=batch_size * seq_len / max(statistics.median(seconds), 1e-12),
-        seconds=seconds,
-        num_generations=num_generations,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        num_steps=num_steps,
-        refresh_interval=refresh_interval,
-        dtype=dtype,
-        device=str(device),
-        layer_calls=counted,
-        analytic_layer_calls=layer_calls(model.layer_split, num_steps, refresh_interval),
-    )
 
 
 @dataclass
 class TimingCell:
-    """One configuration to time: a model, a way to build its sampler, and (L, T, K)."""
+    """One configuration to time: a model, a way to build its sampler, (L, T) and a refresh policy (any spec)."""
 
     key: Hashable
     model: Any
     make_sampler: Callable[[], Sampler]
     seq_len: int
     num_steps: int
-    refresh_interval: int = 1
-    time_conditioned: bool = False
-    policy: RefreshPolicy | None = None  # a refresh policy instead of refresh_interval
+    policy: Any = 1
 
-    def refresh_kwargs(self) -> dict[str, Any]:
-        return {"refresh_interval": self.refresh_interval} if self.policy is None else {"policy": self.policy}
-
-    def layer_calls(self, counted: LayerCallCounter) -> int:
-        split = self.model.layer_split
-        if self.policy is None:
-            return layer_calls(split, self.num_steps, self.refresh_interval)
-        return policy_layer_calls(split, self.num_steps, self.policy, counted)
+    def __post_init__(self) -> None:
+        self.policy = parse_refresh(self.policy)
 
 
 def interleaved_throughput(
@@ -205,19 +126,18 @@ def interleaved_throughput(
     order_seed: int = 0,
     progress: bool = False,
     generate_fn: Callable[..., GenerationOutput] = generate,
+    min_generations: int = MIN_TIMED_GENERATIONS,
 ) -> dict[Hashable, ThroughputResult]:
     """Time every cell ``num_generations`` times (after ``warmup`` untimed runs each), interleaved.
 
     Round r (warm-up rounds first) runs one generation of every cell, in an order shuffled by
     ``random.Random(order_seed + r)``; generation g of a cell uses a generator seeded with
-    ``seed + g`` (warm-up included), as :func:`measure_throughput` does. Returns each cell's
-    :class:`ThroughputResult` (median tokens/s with min and max).
-
-    Raises:
-        ValueError: fewer than 5 timed generations (no meaningful median), or no cells.
+    ``seed + g`` (warm-up included). Returns each cell's :class:`ThroughputResult` (median tokens/s
+    with min and max). Fewer than ``min_generations`` timed generations (5: no meaningful median)
+    or no cells is a ValueError.
     """
-    if num_generations < MIN_TIMED_GENERATIONS:
-        raise ValueError(f"num_generations must be >= {MIN_TIMED_GENERATIONS} for a median with min and max, "
+    if num_generations < min_generations:
+        raise ValueError(f"num_generations must be >= {min_generations} for a median with min and max, "
                          f"got {num_generations}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
@@ -231,7 +151,7 @@ def interleaved_throughput(
     gen_device = device if device.type == "cuda" else torch.device("cpu")
     samplers = {c.key: c.make_sampler() for c in cells}
     seconds: dict[Hashable, list[float]] = {c.key: [] for c in cells}
-    counted: dict[Hashable, dict[str, int]] = {}
+    counted: dict[Hashable, LayerCallCounter] = {}
     rounds = warmup + num_generations
     bar = tqdm(total=rounds * len(cells), desc="throughput (interleaved)", disable=not progress, leave=False)
     for r in range(rounds):
@@ -243,30 +163,54 @@ def interleaved_throughput(
             start = time.perf_counter()
             with torch.autocast(device.type, dtype=amp, enabled=amp != torch.float32):
                 out = generate_fn(cell.model, samplers[cell.key], batch_size=batch_size, seq_len=cell.seq_len,
-                                  num_steps=cell.num_steps, generator=generator, device=device,
-                                  time_conditioned=cell.time_conditioned, **cell.refresh_kwargs())
+                                  num_steps=cell.num_steps, generator=generator, device=device, policy=cell.policy)
             _sync(device)
-            elapsed = time.perf_counter() - start
             if r >= warmup:
-                seconds[cell.key].append(elapsed)
+                seconds[cell.key].append(time.perf_counter() - start)
             counted[cell.key] = out.layer_calls
             bar.update(1)
     bar.close()
-    results = {}
-    for cell in cells:
-        secs = seconds[cell.key]
-        results[cell.key] = ThroughputResult(
-            tokens_per_second=batch_size * cell.seq_len / max(statistics.median(secs), 1e-12),
-            seconds=secs,
-            num_generations=num_generations,
-            batch_size=batch_size,
-            seq_len=cell.seq_len,
-            num_steps=cell.num_steps,
-            refresh_interval=cell.refresh_interval if cell.policy is None else getattr(cell.policy, "interval", None),
-            dtype=dtype,
-            device=str(device),
-            layer_calls=counted[cell.key].as_dict(),
-            analytic_layer_calls=cell.layer_calls(counted[cell.key]),
-            policy="" if cell.policy is None else cell.policy.label(),
-        )
-    return results
+    return {cell.key: _result(cell, seconds[cell.key], counted[cell.key], num_generations, batch_size, dtype, device)
+            for cell in cells}
+
+
+def _result(cell: TimingCell, seconds: list[float], counted: LayerCallCounter, num_generations: int, batch_size: int,
+            dtype: str, device: torch.device) -> ThroughputResult:
+    return ThroughputResult(
+        tokens_per_second=batch_size * cell.seq_len / max(statistics.median(seconds), 1e-12), seconds=seconds,
+        num_generations=num_generations, batch_size=batch_size, seq_len=cell.seq_len, num_steps=cell.num_steps,
+        refresh_interval=cell.policy.fixed_interval, dtype=dtype, device=str(device), layer_calls=counted.as_dict(),
+        analytic_layer_calls=policy_layer_calls(cell.model.layer_split, cell.num_steps, cell.policy, counted),
+        policy=cell.policy.label())
+
+
+def measure_throughput(
+    model: Any,
+    sampler: Sampler,
+    *,
+    seq_len: int,
+    num_steps: int,
+    refresh_interval: int = 1,
+    policy: Any = None,
+    num_generations: int = 20,
+    batch_size: int = 1,
+    warmup: int = 1,
+    dtype: str = "float32",
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    generate_fn: Callable[..., GenerationOutput] = generate,
+) -> ThroughputResult:
+    """Tokens/s of one configuration = batch_size * seq_len / (median wall time of the timed generations).
+
+    ``warmup`` untimed generations run first (kernel selection, allocator warm-up); generation g
+    (warm-up included) uses a generator seeded with ``seed + g``. ``dtype`` is "float32", "bfloat16"
+    or "float16" (autocast; the weights stay as they are). One cell of :func:`interleaved_throughput`.
+    """
+    if device is None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    cell = TimingCell(key=0, model=model, make_sampler=lambda: sampler, seq_len=seq_len, num_steps=num_steps,
+                      policy=refresh_interval if policy is None else policy)
+    return interleaved_throughput([cell], num_generations=num_generations, warmup=warmup, batch_size=batch_size,
+                                  dtype=dtype, device=device, seed=seed, progress=progress, generate_fn=generate_fn,
+                                  min_generations=1)[0]

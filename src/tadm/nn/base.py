@@ -107,6 +107,17 @@ class MaskedDiffusionNetwork(nn.Module):
         self.embed = token_embedding(config.vocab_size, config.hidden_size)
         self.time_embed = TimestepEmbedder(config.cond_dim)
 
+    @property
+    def time_conditioned(self) -> bool:
+        """Whether the network reads the diffusion time (``config.time_conditioning``)."""
+        return bool(self.config.time_conditioning)
+
+    def prepare(self, z_t: Tensor, context: Any = None, t: Tensor | None = None) -> Tensor | None:
+        """The per-pass state of a plain network is the time t (B,) itself; it takes no other context."""
+        if context is not None:
+            raise TypeError(f"{type(self).__name__} takes no per-pass context (prompt cache, self-conditioning)")
+        return t
+
     def compile_stacks(self, **options: Any) -> MaskedDiffusionNetwork:
         """Compile the fixed-shape parts of a reverse step with ``torch.compile``, in place.
 

@@ -153,6 +153,13 @@ class NaiveReuse(nn.Module):
         self.mask_token_id = model.mask_token_id
         self.layer_split = model.layer_split
 
+    @property
+    def time_conditioned(self) -> bool:
+        return self.model.time_conditioned
+
+    def prepare(self, z_t: Tensor, context: Any = None, t: Tensor | None = None) -> Tensor | None:
+        return self.model.prepare(z_t, context, t)
+
     def encode(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
         """S: token ids (B, L) -> c_t (B, L, D)."""
         return self.model.encode(z_t, t)

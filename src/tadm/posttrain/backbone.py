@@ -104,6 +104,7 @@ class LayerStackBackbone(Protocol):
     mask_token_id: int | None
     prior: str  # forward-process prior: "uniform" or "mask"
     supports_self_conditioning: bool
+    time_conditioned: bool  # the stack reads the diffusion time
 
     def prepare(self, batch_size: int, length: int, device: torch.device, context: StackContext | None) -> Any:
         """Per-pass state (rotary tables, attention masks, conditioning) for a (B, L) canvas."""
@@ -168,6 +169,7 @@ class DiffusionGemmaBackbone(nn.Module):
 
     prior = "uniform"
     supports_self_conditioning = True
+    time_conditioned = False  # DiffusionGemma's decoder reads no diffusion time
     mask_token_id = None
 
     def __init__(self, model: nn.Module) -> None:
@@ -468,6 +470,10 @@ class MDLMBackbone(nn.Module):
 
     prior = "mask"
     supports_self_conditioning = False
+
+    @property
+    def time_conditioned(self) -> bool:
+        return bool(self.model.config.time_conditioning)
 
     def __init__(self, model: MDLM) -> None:
         super().__init__()

@@ -174,6 +174,12 @@ class AnchoredBackbone(nn.Module):
         self.backbone.train(False)
         return self
 
+    predicts_rows = False  # its samplers consume the full logits
+
+    @property
+    def time_conditioned(self) -> bool:
+        return self.backbone.time_conditioned
+
     # ---------------------------------------------------------------- per-pass state
     def prepare(self, z: Tensor, context: StackContext | None = None, t: Tensor | None = None) -> Any:
         """Per-pass state for a canvas z (B, L): the backbone's masks and tables for ``context`` at time t.

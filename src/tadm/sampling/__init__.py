@@ -15,9 +15,12 @@ from tadm.sampling.refresh import (
     RefreshPolicy,
     ScheduleRefresh,
     get_refresh_policy,
+    parse_refresh,
+    parse_refresh_list,
+    policy_from_key,
     refresh_policy_from_config,
 )
-from tadm.sampling.registry import SAMPLERS, build_sampler, get_sampler, sampler_config
+from tadm.sampling.registry import SAMPLERS, build_sampler, get_sampler, sampler_config, sampler_from_config
 from tadm.sampling.remdm import REMDM_STRATEGIES, ReMDMSampler, ReMDMSamplerConfig
 
 __all__ = [
@@ -45,10 +48,14 @@ __all__ = [
     "ScheduleRefresh",
     "check_refresh_interval",
     "build_sampler",
+    "sampler_from_config",
     "denoise",
     "generate",
     "get_refresh_policy",
     "get_sampler",
+    "parse_refresh",
+    "parse_refresh_list",
+    "policy_from_key",
     "refresh_policy_from_config",
     "is_refresh_step",
     "nucleus_filter",

@@ -30,7 +30,17 @@ class SamplerOutput:
 
 
 class Sampler(Protocol):
+    """What the loop needs from a sampler: the prior, one reverse step, and the final step.
+
+    ``consumes`` says what :meth:`step` takes: ``"log_probs"`` (log x_theta, the masked samplers) or
+    ``"logits"`` (raw logits, the entropy-bound sampler). After step i = 1 the loop calls
+    :meth:`finish` on the last canvas and output; a sampler with ``final_denoise`` asks for one more
+    network pass at i = 0 first (the released ReMDM grid) when :meth:`unfinished` says so.
+    """
+
     num_steps: int
+    consumes: str
+    final_denoise: bool
 
     def set_timesteps(self, num_steps: int) -> None:
         """Prepare a run of ``num_steps`` reverse steps and reset any per-run state."""
@@ -52,20 +62,37 @@ class Sampler(Protocol):
         """Draw z_{s(i)} given the network's log x_theta (B, L, V) and the canvas z_{t(i)} (B, L)."""
         ...
 
+    def unfinished(self, z: Tensor) -> bool:
+        """Whether the last canvas still holds something the final step must fill (masks)."""
+        ...
+
+    def finish(self, z: Tensor, last_output: Tensor) -> Tensor:
+        """The final canvas from the last canvas (B, L) and the last output (B, L, V)."""
+        ...
+
 
 class ConfiguredSampler:
-    """Mixin of the samplers whose settings are one config dataclass (the registry builds them from it).
+    """Base of the samplers whose settings are one config dataclass (the registry builds them from it).
 
     A subclass's ``__init__`` takes what it needs from the model (a mask id or a vocabulary size)
-    followed by the fields of its config, and keeps the validated config as ``self.config``.
+    followed by the fields of its config, and keeps the validated config as ``self.config``. The
+    defaults of :class:`Sampler` live here: log-probabilities in, nothing left to finish.
     """
 
     config: Any
+    consumes = "log_probs"
+    final_denoise = False
 
     @classmethod
     def from_config(cls, model_value: int, config: Any) -> Any:
         """The sampler of ``config`` for a model's mask id (masked samplers) or vocabulary size (uniform)."""
         return cls(model_value, **dataclasses.asdict(config))
+
+    def unfinished(self, z: Tensor) -> bool:
+        return False
+
+    def finish(self, z: Tensor, last_output: Tensor) -> Tensor:
+        return z
 
 
 class MaskedSampler(ConfiguredSampler):
@@ -114,6 +141,14 @@ class MaskedSampler(ConfiguredSampler):
         z_s, confidence = apply_moves(row_log_probs, moves, z_t, self.mask_id, self.top_p, generator, self.nucleus)
         self.decoded(moves.rows, confidence, z_s)
         return SamplerOutput(prev_sample=z_s)
+
+    def unfinished(self, z: Tensor) -> bool:
+        """Masks left after the last step (a schedule with alpha_0 slightly below 1 may leave some)."""
+        return bool((z == self.mask_id).any())
+
+    def finish(self, z: Tensor, last_output: Tensor) -> Tensor:
+        """Every mask left takes the argmax of the last prediction (B, L, V)."""
+        return torch.where(z == self.mask_id, last_output.argmax(-1), z)
 
     def decoded(self, rows: Tensor, confidence: Tensor, z_s: Tensor) -> None:
         """Hook after a step: the decoded ``rows`` (n, 2) and each new token's probability (n,)."""

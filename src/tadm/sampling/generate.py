@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tadm.protocol import CacheableDenoiser, check_denoiser
+from typing import Any
+
+from tadm.protocol import CacheableDenoiser, check_network
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import Sampler
-from tadm.sampling.loop import LoopResult, denoise, network_pass
-from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, get_refresh_policy
+from tadm.sampling.loop import denoise
+from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, parse_refresh
 
 
 @dataclass
@@ -36,47 +38,28 @@ def _model_device(model: object) -> torch.device:
     return torch.device("cpu")
 
 
-def _resolve_policy(policy: RefreshPolicy | str | None, refresh_interval: int, skip_unchanged: bool) -> RefreshPolicy:
+def _resolve_policy(policy: Any, refresh_interval: int, skip_unchanged: bool) -> RefreshPolicy:
     check_refresh_interval(refresh_interval)
     if policy is None:
         return FixedRefresh(refresh_interval, skip_unchanged=skip_unchanged)
     if refresh_interval != 1 or skip_unchanged:
         raise ValueError("give either a refresh policy or refresh_interval/skip_unchanged, not both")
-    return get_refresh_policy(policy)
+    return parse_refresh(policy)
 
 
-def _check_generation(
-    batch_size: int, seq_len: int, max_seq_len: int | None, policy: RefreshPolicy, time_conditioned: bool
-) -> None:
+def _check_generation(model: Any, batch_size: int, seq_len: int, max_seq_len: int | None, policy: RefreshPolicy,
+                      time_conditioned: bool | None) -> None:
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"sequence length must be an integer >= 1, got {seq_len!r}")
     if max_seq_len is not None and seq_len > max_seq_len:
         raise ValueError(f"sequence length {seq_len} exceeds the model's maximum of {max_seq_len}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
-    if policy.skip_unchanged and time_conditioned:
+    if time_conditioned is not None and bool(time_conditioned) != bool(model.time_conditioned):
+        raise ValueError(f"time_conditioned={time_conditioned} contradicts the model (time_conditioned="
+                         f"{model.time_conditioned}); leave it out: the loop reads it from the model")
+    if policy.skip_unchanged and model.time_conditioned:
         raise ValueError("skip_unchanged is only exact for networks without time conditioning")
-
-
-def _fill_remaining_masks(
-    model: CacheableDenoiser, sampler: Sampler, run: LoopResult, policy: RefreshPolicy, num_steps: int,
-    time_conditioned: bool,
-) -> Tensor:
-    """The final canvas with any mask left after step 1 replaced by the argmax of a prediction.
-
-    Samplers with ``final_denoise`` (the released grid) make one more prediction on the final
-    canvas (step 0 of Algorithm 1, refreshing the anchor if the policy says so); otherwise masks
-    left by a schedule with alpha_0 slightly below 1 take the argmax of the last prediction.
-    """
-    z, last = run.z, run.output
-    mask_id = getattr(model, "mask_token_id", None)
-    if mask_id is None or last is None or not bool((z == mask_id).any()):
-        return z
-    if getattr(sampler, "final_denoise", False):
-        t = torch.full((z.shape[0],), sampler.time(0), device=z.device) if time_conditioned else None
-        last, _ = network_pass(model, z, refresh=policy.due(num_steps, 0, z, run.cache), cache=run.cache,
-                               counter=run.layer_calls, step_index=0, t=t)
-    return torch.where(z == mask_id, last.argmax(-1), z)
 
 
 @torch.no_grad()
@@ -91,10 +74,10 @@ def generate(
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
     skip_unchanged: bool = False,
-    time_conditioned: bool = False,
+    time_conditioned: bool | None = None,
     progress: bool = False,
     max_seq_len: int | None = None,
-    policy: RefreshPolicy | str | None = None,
+    policy: Any = None,
     full_output: bool = False,
 ) -> GenerationOutput:
     """Sample ``batch_size`` sequences of ``seq_len`` tokens with anchor caching (Algorithm 1).
@@ -114,7 +97,7 @@ def generate(
             network (exact for networks without time conditioning; refused otherwise). A refresh due
             on a canvas identical to the cached one is skipped too, since it would recompute the
             same anchor.
-        time_conditioned: pass t(i) to the network (only for time-conditioned networks).
+        time_conditioned: read from the model (``model.time_conditioned``); if given, it must agree.
         max_seq_len: if given, ``seq_len`` larger than this raises a clear error.
         policy: a refresh policy (:mod:`tadm.sampling.refresh`) instead of ``refresh_interval`` and
             ``skip_unchanged`` (which make ``FixedRefresh(K, skip_unchanged)``).
@@ -122,23 +105,22 @@ def generate(
             default only the rows a masked sampler decodes get the output head (same tokens,
             see :func:`tadm.sampling.loop.denoise`).
     """
-    check_denoiser(model)
+    check_network(model)
     policy = _resolve_policy(policy, refresh_interval, skip_unchanged)
     sampler.set_timesteps(num_steps)
-    _check_generation(batch_size, seq_len, max_seq_len, policy, time_conditioned)
+    _check_generation(model, batch_size, seq_len, max_seq_len, policy, time_conditioned)
     device = torch.device(device) if device is not None else _model_device(model)
 
     z = sampler.initial_canvas(batch_size, seq_len, generator, device)  # (B, L)
     start = time.perf_counter()
-    run = denoise(model, sampler, z, range(num_steps, 0, -1), policy=policy, generator=generator,
-                  time_conditioned=time_conditioned, progress=progress, full_output=full_output)
-    z = _fill_remaining_masks(model, sampler, run, policy, num_steps, time_conditioned)
+    run = denoise(model, sampler, z, range(num_steps, 0, -1), policy=policy, generator=generator, progress=progress,
+                  full_output=full_output)
     counter, cache = run.layer_calls, run.cache
     return GenerationOutput(
-        tokens=z,
+        tokens=run.z,
         layer_calls=counter,
         num_steps=num_steps,
-        refresh_interval=policy.interval if isinstance(policy, FixedRefresh) else None,
+        refresh_interval=policy.fixed_interval,
         refresh_steps=list(cache.history),
         seconds=time.perf_counter() - start,
         policy=policy.label(),

@@ -10,8 +10,7 @@ For each step i of ``steps`` (position n = 0, 1, ...)::
 Callers differ only in what surrounds the loop (drawing the prior, a prompt KV cache, block
 bookkeeping, corrupting a clean canvas) and in the state a backbone needs between passes
 (self-conditioning input, the prompt cache). That state travels in an explicit :class:`LoopContext`:
-``pass_context()`` is given to ``model.prepare(z, context, t)`` (networks without ``prepare`` take
-the time t directly), ``after_step`` turns the sampler's output into the next canvas and updates the
+``pass_context()`` is given to ``model.prepare(z, context, t)``, ``after_step`` turns the sampler's output into the next canvas and updates the
 state, ``finished`` stops the run early.
 
 Callers: :func:`tadm.sampling.generate` (unconditional), :func:`tadm.posttrain.generate_blocks`
@@ -28,11 +27,11 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tadm.protocol import check_denoiser
+from tadm.protocol import check_network
 from tadm.sampling.anchor_cache import AnchorCache, LayerCallCounter
 from tadm.sampling.refresh import RefreshPolicy
 
-__all__ = ["LoopContext", "LoopResult", "check_mask_ids", "decodes_rows_only", "denoise", "network_pass", "pass_state"]
+__all__ = ["LoopContext", "LoopPlan", "LoopResult", "check_contract", "denoise", "network_pass"]
 
 
 class LoopContext:
@@ -68,20 +67,6 @@ class LoopResult:
     refresh_positions: list[int] = field(default_factory=list)
 
 
-def pass_state(model: Any, z: Tensor, t: Tensor | None, context: Any) -> Any:
-    """The second argument of the model's stage calls for canvas ``z``.
-
-    Models with ``prepare(z, context, t)`` (split backbones) get their per-pass state from it; for
-    the others (TADM, MDLM, ADLM networks) it is the time t, or None, and a context is refused.
-    """
-    prepare = getattr(model, "prepare", None)
-    if prepare is None:
-        if context is not None:
-            raise TypeError(f"{type(model).__name__} takes no per-pass context (prompt cache, self-conditioning)")
-        return t
-    return prepare(z, context, t)
-
-
 def network_pass(
     model: Any,
     z: Tensor,
@@ -98,13 +83,13 @@ def network_pass(
     """One evaluation of the split network on canvas z (B, L); returns (output (B, L, V), pass state).
 
     Refreshes the cached anchor first when ``refresh`` (the cache records the step index; -1 when
-    rows are at different steps); ``consumes`` picks ``model.predict``
-    (log-probabilities) or ``model.predict_logits`` (raw logits, for the entropy-bound sampler).
-    With ``hidden_only`` the output is ``model.predict_hidden``'s (last hidden states, conditioning)
-    pair, for ``model.output_log_probs`` on chosen rows (models with ``predicts_rows``).
+    rows are at different steps); ``consumes`` picks ``model.predict`` (log-probabilities) or
+    ``model.predict_logits`` (raw logits, for the entropy-bound sampler). With ``hidden_only`` the
+    output is ``model.predict_hidden``'s (last hidden states, conditioning) pair, for
+    ``model.output_log_probs`` on chosen rows.
     """
     split = model.layer_split
-    state = pass_state(model, z, t, context)
+    state = model.prepare(z, context, t)
     c = model.encode(z, state)  # (B, L, d)
     counter.add_encode(split)
     if refresh:
@@ -118,35 +103,54 @@ def network_pass(
         output = model.predict_logits(z, c, cache.hidden, state)
     elif hidden_only:
         output = model.predict_hidden(z, c, cache.hidden, state)
-    elif consumes == "log_probs":
-        output = model.predict(z, c, cache.hidden, state)
     else:
-        raise ValueError(f"a sampler consumes 'log_probs' or 'logits', got {consumes!r}")
+        output = model.predict(z, c, cache.hidden, state)
     counter.add_predict(split)
     return output, state
 
 
-def check_mask_ids(model: Any, sampler: Any) -> None:
-    """A masked sampler must use the model's mask token (else it never sees a mask, or only masks).
+_SAMPLER_METHODS = ("set_timesteps", "time", "initial_canvas", "step", "unfinished", "finish")
 
-    Raises ValueError naming both ids; models or samplers without a mask id pass.
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """What a (network, sampler) pair supports, read once per run by :func:`check_contract`."""
+
+    consumes: str  # "log_probs" or "logits"
+    rows_only: bool  # the sampler draws its moves first and x_theta is computed on the decoded rows only
+    time_conditioned: bool
+
+
+def check_contract(model: Any, sampler: Any, policy: RefreshPolicy, *, full_output: bool = False) -> LoopPlan:
+    """Check the network (:func:`tadm.protocol.check_network`) and the sampler once; a clear error otherwise.
+
+    The rows-only path needs a sampler that decides its moves before the network runs (``plan_moves``,
+    the masked samplers) and a network that stops before its output layer (``predicts_rows``).
     """
-    sampler_mask, model_mask = getattr(sampler, "mask_id", None), getattr(model, "mask_token_id", None)
+    missing = [name for name in _SAMPLER_METHODS if not callable(getattr(sampler, name, None))]
+    missing += [name for name in ("consumes", "final_denoise") if not hasattr(sampler, name)]
+    if missing:
+        raise TypeError(f"sampler {type(sampler).__name__} lacks {', '.join(missing)} of the sampler contract "
+                        f"(tadm.sampling.base.Sampler; ConfiguredSampler has the defaults)")
+    consumes = sampler.consumes
+    if consumes not in ("log_probs", "logits"):
+        raise ValueError(f"a sampler consumes 'log_probs' or 'logits', got {consumes!r}")
+    check_network(model, "predict_logits" if consumes == "logits" else "predict")
+    sampler_mask, model_mask = getattr(sampler, "mask_id", None), model.mask_token_id
     if sampler_mask is not None and model_mask is not None and sampler_mask != model_mask:
         raise ValueError(f"the sampler's mask id {sampler_mask} differs from the model's mask_token_id {model_mask}; "
-                         f"build the sampler for the model: get_sampler(name, model.mask_token_id)")
+                         f"build the sampler for the model: build_sampler(name, model)")
+    rows_only = (not full_output and callable(getattr(sampler, "plan_moves", None)) and bool(model.predicts_rows)
+                 and consumes == "log_probs")
+    return LoopPlan(consumes=consumes, rows_only=rows_only, time_conditioned=bool(model.time_conditioned))
 
 
-def decodes_rows_only(model: Any, sampler: Any, policy: RefreshPolicy) -> bool:
-    """Whether the loop can compute x_theta on the decoded rows only (the fast path, same tokens).
-
-    It needs a sampler that decides its moves before the network runs (``plan_moves``, the masked
-    samplers) and a network that stops before its output layer (``predicts_rows``: ``predict_hidden``
-    and ``output_log_probs``). A step that reuses the previous prediction (``skip_unchanged``)
-    reuses its hidden states and runs the output layer on its own rows.
-    """
-    return (hasattr(sampler, "plan_moves") and getattr(model, "predicts_rows", False)
-            and getattr(sampler, "consumes", "log_probs") == "log_probs")
+def _time(plan: LoopPlan, sampler: Any, step_index: int | Tensor, z: Tensor) -> Tensor | None:
+    if not plan.time_conditioned:
+        return None
+    if isinstance(step_index, Tensor):
+        raise ValueError("a time-conditioned network needs one step index per step, not one per row")
+    return torch.full((z.shape[0],), sampler.time(int(step_index)), device=z.device)
 
 
 @torch.no_grad()
@@ -159,7 +163,6 @@ def denoise(
     policy: RefreshPolicy,
     context: LoopContext | None = None,
     generator: torch.Generator | None = None,
-    time_conditioned: bool = False,
     counter: LayerCallCounter | None = None,
     progress: bool = False,
     desc: str = "sampling",
@@ -168,23 +171,23 @@ def denoise(
     """Run the reverse steps ``steps`` (e.g. ``range(T, 0, -1)``) from canvas z (B, L) with the anchor cache.
 
     Args:
-        model: a :class:`~tadm.protocol.CacheableDenoiser`.
-        sampler: its ``step(output, i, z, generator)`` draws the next canvas; ``set_timesteps`` must
-            have been called. ``sampler.consumes`` ("log_probs" default, or "logits") picks the output.
+        model: a :class:`~tadm.protocol.CacheableDenoiser` (checked once, with the sampler).
+        sampler: a :class:`~tadm.sampling.base.Sampler`; ``set_timesteps`` must have been called.
         steps: reverse step indices in the order run; an index may be a (B,) tensor (rows at
-            different steps, as in rollouts; then ``time_conditioned`` must be False).
+            different steps, as in rollouts; not for time-conditioned networks).
         policy: when to refresh the anchor and when to reuse the previous prediction (reset here).
         context: per-pass state and hooks (default: none).
-        time_conditioned: give t(i) = ``sampler.time(i)`` to the network.
         counter: add the layer calls to this counter (default: a new one).
         full_output: compute x_theta at every position at every step (the reference path). By
-            default, where :func:`decodes_rows_only` allows, the sampler draws its moves first and
-            the output head and log-softmax run on the decoded rows only (same tokens; the last
-            step always has the full output, which ``LoopResult.output`` returns).
+            default, where the contract allows, the sampler draws its moves first and the output
+            head and log-softmax run on the decoded rows only (same tokens; the last step always has
+            the full output, which ``LoopResult.output`` returns).
+
+    A run that reaches step i = 1 ends with the sampler's final step: with ``final_denoise`` and an
+    unfinished canvas, one more network pass at i = 0 (refreshing the anchor if the policy says so,
+    its layers counted), then ``sampler.finish(z, last output)`` (masks left take the argmax).
     """
-    consumes = getattr(sampler, "consumes", "log_probs")
-    check_denoiser(model, ("predict_logits",) if consumes == "logits" else ("predict",))
-    check_mask_ids(model, sampler)
+    plan = check_contract(model, sampler, policy, full_output=full_output)
     context = context if context is not None else LoopContext()
     counter = counter if counter is not None else LayerCallCounter()
     policy.reset()
@@ -196,26 +199,23 @@ def denoise(
     refresh_positions: list[int] = []
     steps_run = 0
     steps = list(steps)
-    rows_only = not full_output and decodes_rows_only(model, sampler, policy)
     for position, i in enumerate(tqdm(steps, desc=desc, disable=not progress, leave=False)):
-        plan = policy.plan(position, i, z, cache, previous_canvas if output is not None else None)
+        step_plan = policy.plan(position, i, z, cache, previous_canvas if output is not None else None)
         context.before_step(position, i, z)
         # the network draws no random numbers, so drawing the moves first keeps the generator's order
-        moves = sampler.plan_moves(i, z, generator) if rows_only and position < len(steps) - 1 else None
-        if plan.reuse:
+        moves = sampler.plan_moves(i, z, generator) if plan.rows_only and position < len(steps) - 1 else None
+        if step_plan.reuse:
             counter.skipped_steps += 1
         else:
-            t = None
-            if time_conditioned:
-                t = torch.full((z.shape[0],), sampler.time(int(i)), device=z.device)
-            output, state = network_pass(model, z, refresh=plan.refresh, cache=cache, counter=counter, step_index=i,
-                                         t=t, context=context.pass_context(), consumes=consumes, hidden_only=rows_only)
-            if plan.refresh:
+            output, state = network_pass(model, z, refresh=step_plan.refresh, cache=cache, counter=counter,
+                                         step_index=i, t=_time(plan, sampler, i, z), context=context.pass_context(),
+                                         consumes=plan.consumes, hidden_only=plan.rows_only)
+            if step_plan.refresh:
                 refresh_positions.append(position)
         previous_canvas = z
-        if not rows_only:
+        if not plan.rows_only:
             sampled = sampler.step(output, i, z, generator)
-        elif moves is None:  # the last step: the full output, for the argmax of any mask left
+        elif moves is None:  # the last step: the full output, for the final step
             last_output = model.output_log_probs(*output, z)
             sampled = sampler.step(last_output, i, z, generator)
         else:
@@ -224,7 +224,25 @@ def denoise(
         steps_run += 1
         if context.finished():
             break
-    if rows_only:
+    if plan.rows_only:
         output = last_output
-    return LoopResult(z=z, output=output, steps_run=steps_run, cache=cache, layer_calls=counter,
-                      last_state=state, refresh_positions=refresh_positions)
+    result = LoopResult(z=z, output=output, steps_run=steps_run, cache=cache, layer_calls=counter,
+                        last_state=state, refresh_positions=refresh_positions)
+    if steps_run == len(steps) and steps and isinstance(steps[-1], int) and steps[-1] == 1:
+        _final_step(model, sampler, plan, policy, result, context, position=len(steps))
+    return result
+
+
+def _final_step(model: Any, sampler: Any, plan: LoopPlan, policy: RefreshPolicy, run: LoopResult,
+                context: LoopContext, position: int) -> None:
+    """The sampler's final step after i = 1 (see :func:`denoise`), in place on ``run``."""
+    if run.output is None or not sampler.unfinished(run.z):
+        return
+    if sampler.final_denoise:
+        z = run.z
+        refresh = policy.due(position, 0, z, run.cache)
+        output, run.last_state = network_pass(model, z, refresh=refresh, cache=run.cache, counter=run.layer_calls,
+                                              step_index=0, t=_time(plan, sampler, 0, z),
+                                              context=context.pass_context(), consumes=plan.consumes)
+        run.output = output
+    run.z = sampler.finish(run.z, run.output)

@@ -18,6 +18,14 @@ their reverse step index ``i``. Policies:
   (K = 1); ``tau > 1`` with ``max_interval = K`` is ``fixed`` K.
 
 A policy keeps per-run state; the loop calls ``reset()`` at the start of every run.
+
+**One currency.** Every command, config and API that takes K takes a refresh *spec*, parsed in one
+place, :func:`parse_refresh`: ``4`` (fixed K), ``fixed:K=4``, ``adaptive:tau=0.3:max_interval=16``,
+``schedule:steps=48/40/24`` (``:skip_unchanged=true`` on any), a mapping as YAML and result files hold
+it (``{policy: adaptive, tau: 0.3}``, ``{policy: fixed, K: 4}``), or a ready policy;
+:func:`parse_refresh_list` reads a comma list (``-K 1,2,adaptive:tau=0.3``). A policy owns its
+``key`` (file names, result rows: ``4``, ``adaptive-max_interval16-tau0.3``; :func:`policy_from_key`
+reads it back), its ``label()`` (tables, plots: ``K=4``) and its analytic ``refresh_count(T)``.
 """
 
 from __future__ import annotations
@@ -40,6 +48,10 @@ __all__ = [
     "StepPlan",
     "ScheduleRefresh",
     "get_refresh_policy",
+    "parse_refresh",
+    "parse_refresh_list",
+    "policy_from_key",
+    "refresh_policy_from_config",
 ]
 
 
@@ -104,6 +116,29 @@ class RefreshPolicy:
         """A short label for tables and plots, e.g. ``K=4`` or ``adaptive tau=0.1``."""
         return self.name
 
+    def defaults(self) -> dict[str, Any]:
+        """Parameter values left out of :attr:`key` (the constructor's defaults)."""
+        return {"skip_unchanged": False}
+
+    @property
+    def key(self) -> str:
+        """The policy in file names and result rows: ``"4"`` for fixed K, else its name and non-default parameters."""
+        params = {k: v for k, v in self.config().items() if k != "policy" and self.defaults().get(k, object()) != v}
+        parts = [self.name]
+        for name in sorted(params):
+            value = params[name]
+            parts.append(name + ("_".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)))
+        return "-".join(parts)
+
+    @property
+    def fixed_interval(self) -> int | None:
+        """K of a fixed policy that always runs the network (Algorithm 1 exactly), else None."""
+        return None
+
+    def refresh_count(self, num_steps: int) -> int | None:
+        """Anchor refreshes of a T-step run, or None when they depend on the sampled canvases."""
+        return None
+
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "policy")
         return f"{type(self).__name__}({params})"
@@ -125,7 +160,18 @@ class FixedRefresh(RefreshPolicy):
         return {**super().config(), "interval": self.interval}
 
     def label(self) -> str:
-        return f"K={self.interval}"
+        return f"K={self.interval}" + (" (skip unchanged)" if self.skip_unchanged else "")
+
+    @property
+    def key(self) -> str:
+        return str(self.interval) if not self.skip_unchanged else super().key
+
+    @property
+    def fixed_interval(self) -> int | None:
+        return None if self.skip_unchanged else self.interval
+
+    def refresh_count(self, num_steps: int) -> int | None:
+        return None if self.skip_unchanged else -(-int(num_steps) // self.interval)
 
 
 class ScheduleRefresh(RefreshPolicy):
@@ -150,6 +196,9 @@ class ScheduleRefresh(RefreshPolicy):
 
     def label(self) -> str:
         return f"schedule({len(self.steps)})"
+
+    def refresh_count(self, num_steps: int) -> int | None:
+        return None if self.skip_unchanged else sum(1 for i in self.steps if 1 <= i <= num_steps)
 
 
 class AdaptiveRefresh(RefreshPolicy):
@@ -210,6 +259,9 @@ class AdaptiveRefresh(RefreshPolicy):
         bound = "" if self.max_interval is None else f",<={self.max_interval}"
         return f"adaptive tau={self.tau:g}{bound}"
 
+    def defaults(self) -> dict[str, Any]:
+        return {**super().defaults(), "min_interval": 1, "max_interval": None}
+
 
 REFRESH_POLICIES: dict[str, type[RefreshPolicy]] = {
     FixedRefresh.name: FixedRefresh,
@@ -238,16 +290,95 @@ def get_refresh_policy(name: str | RefreshPolicy = "fixed", **params: Any) -> Re
         raise ValueError(f"refresh policy {name!r}: {error}") from None
 
 
-def refresh_policy_from_config(config: RefreshPolicy | dict[str, Any] | str) -> RefreshPolicy:
-    """A policy from its config mapping, the form ``RefreshPolicy.config()`` writes and YAML holds.
+SPEC_FORMS = ("4, fixed:K=4, adaptive:tau=0.3[:max_interval=16], schedule:steps=48/40/24 (each may add "
+              ":skip_unchanged=true), or a mapping {policy: adaptive, tau: 0.3}")
+_ALIASES = {"K": "interval", "k": "interval"}
 
-    ``{"policy": "adaptive", "tau": 0.05, "max_interval": 8}``; a bare name (``"fixed"``) or a
-    ready policy is accepted too. Unknown keys are an error naming them.
-    """
-    if isinstance(config, (RefreshPolicy, str)):
-        return get_refresh_policy(config)
-    if not isinstance(config, dict) or "policy" not in config:
-        raise ValueError(f"a refresh policy config is a mapping with a 'policy' key (e.g. {{policy: adaptive, "
-                         f"tau: 0.05}}), got {config!r}")
-    params = {key: value for key, value in config.items() if key != "policy"}
-    return get_refresh_policy(config["policy"], **params)
+
+def _spec_value(text: str) -> Any:
+    """A parameter value of a spec string: an int, a float, true/false, none, or a list ``48/40/24``."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if "/" in text:
+        return [_spec_value(part) for part in text.split("/") if part.strip()]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def _from_mapping(config: dict[str, Any]) -> RefreshPolicy:
+    params = {_ALIASES.get(k, k): v for k, v in config.items() if k != "policy"}
+    name = config.get("policy", "fixed" if "interval" in params else None)
+    if name is None:
+        raise ValueError(f"a refresh mapping needs a 'policy' key (or K), got {config!r}; valid forms: {SPEC_FORMS}")
+    return get_refresh_policy(name, **params)
+
+
+def parse_refresh(spec: Any) -> RefreshPolicy:
+    """The refresh policy ``spec`` names: the one place K is parsed (module docstring). A ValueError names it."""
+    if isinstance(spec, RefreshPolicy):
+        return spec
+    if isinstance(spec, dict):
+        return _from_mapping(spec)
+    if isinstance(spec, bool) or not isinstance(spec, (int, str)):
+        raise ValueError(f"refresh spec {spec!r} is not a refresh policy; valid forms: {SPEC_FORMS}")
+    if isinstance(spec, int):
+        return FixedRefresh(spec)
+    text = spec.strip()
+    if text.lstrip("-").isdigit():
+        return FixedRefresh(int(text))
+    name, _, rest = text.partition(":")
+    params: dict[str, Any] = {}
+    for item in (part for part in rest.split(":") if part.strip()):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"refresh spec {spec!r}: {item!r} is not KEY=VALUE; valid forms: {SPEC_FORMS}")
+        params[_ALIASES.get(key.strip(), key.strip())] = _spec_value(value)
+    if name not in REFRESH_POLICIES:
+        raise ValueError(f"refresh spec {spec!r}: unknown policy {name!r}; valid forms: {SPEC_FORMS}")
+    return get_refresh_policy(name, **params)
+
+
+def parse_refresh_list(specs: Any) -> list[RefreshPolicy]:
+    """Policies from a comma list (``"1,2,adaptive:tau=0.3"``), one spec, or a sequence of specs; no key twice."""
+    if isinstance(specs, str):
+        items: list[Any] = [part for part in specs.split(",") if part.strip()]
+    elif isinstance(specs, (list, tuple)):
+        items = list(specs)
+    else:
+        items = [specs]
+    if not items:
+        raise ValueError(f"no refresh policy given; valid forms: {SPEC_FORMS}")
+    policies = [parse_refresh(item) for item in items]
+    keys = [p.key for p in policies]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"the same refresh policy is listed twice: {', '.join(keys)}")
+    return policies
+
+
+def policy_from_key(key: Any) -> RefreshPolicy:
+    """The policy a :attr:`RefreshPolicy.key` (or a result row's ``refresh`` value) stands for."""
+    if isinstance(key, int) or str(key).lstrip("-").isdigit():
+        return FixedRefresh(int(key))
+    name, *parts = str(key).split("-")
+    params: dict[str, Any] = {}
+    for part in parts:
+        split = next((n for n in range(len(part), 0, -1) if part[:n] in _PARAMETER_NAMES), None)
+        if split is None:
+            raise ValueError(f"refresh key {key!r}: cannot read {part!r}")
+        value = part[split:]
+        params[part[:split]] = ([_spec_value(v) for v in value.split("_")] if part[:split] == "steps"
+                                else _spec_value(value))
+    return get_refresh_policy(name, **params)
+
+
+_PARAMETER_NAMES = ("interval", "steps", "tau", "min_interval", "max_interval", "skip_unchanged")
+
+
+refresh_policy_from_config = parse_refresh  # the name results files and the README have used for the mapping form

@@ -6,8 +6,9 @@ name's own defaults (``remdm-loop`` starts from eta = 0.02, the paper's value at
 given by a caller (Python, CLI flags, a YAML section) override those defaults and are checked by
 the config, so a typo or a value out of range is an error naming it::
 
+    sampler = build_sampler("remdm-cap", model, top_p=0.9)          # what the model gives, filled in
     config = sampler_config("remdm-cap", top_p=0.9)
-    sampler = build_sampler("remdm-cap", config, mask_id=model.mask_token_id)
+    sampler = sampler_from_config("remdm-cap", config, mask_id=model.mask_token_id)
     sampler = get_sampler("entropy-bound", vocab_size=model.vocab_size, entropy_bound=0.1)
 
 Masked samplers (MDLM, ReMDM) need the model's mask id; the uniform-state entropy-bound sampler
@@ -25,7 +26,8 @@ from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSampler
 from tadm.sampling.mdlm import MDLMSampler, MDLMSamplerConfig
 from tadm.sampling.remdm import ReMDMSampler, ReMDMSamplerConfig
 
-__all__ = ["SAMPLERS", "SamplerEntry", "build_sampler", "get_sampler", "sampler_config", "sampler_options"]
+__all__ = ["SAMPLERS", "SamplerEntry", "build_sampler", "get_sampler", "sampler_config", "sampler_from_config",
+           "sampler_options"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def sampler_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
-def build_sampler(name: str, config: Any, *, mask_id: int | None = None, vocab_size: int | None = None) -> Sampler:
+def sampler_from_config(name: str, config: Any, *, mask_id: int | None = None, vocab_size: int | None = None) -> Sampler:
     """The sampler ``name`` with ``config`` (from :func:`sampler_config`) for a model's mask id or vocabulary."""
     entry = _entry(name)
     if not isinstance(config, entry.config_class):
@@ -110,9 +112,21 @@ def build_sampler(name: str, config: Any, *, mask_id: int | None = None, vocab_s
     return entry.sampler_class.from_config(needed, config)
 
 
+def build_sampler(name: str, model: Any, **options: Any) -> Sampler:
+    """Sampler ``name`` for ``model`` with ``options`` over its defaults: what it needs of the model
+    (the mask id of masked samplers, the vocabulary size of the entropy-bound one) is filled in."""
+    entry = _entry(name)
+    value = model.mask_token_id if entry.needs == "mask_id" else model.vocab_size
+    if value is None:
+        raise ValueError(f"sampler {name!r} needs a model with a {entry.needs.replace('_', ' ')}; "
+                         f"{type(model).__name__} has none")
+    return sampler_from_config(name, sampler_config(name, **options), **{entry.needs: value})
+
+
 def get_sampler(name: str, mask_id: int | None = None, *, vocab_size: int | None = None, **options: Any) -> Sampler:
     """Build sampler ``name`` (see ``SAMPLERS``) with ``options`` over its defaults.
 
     Masked samplers take the model's ``mask_id``; ``"entropy-bound"`` takes ``vocab_size``.
+    :func:`build_sampler` reads either from the model.
     """
-    return build_sampler(name, sampler_config(name, **options), mask_id=mask_id, vocab_size=vocab_size)
+    return sampler_from_config(name, sampler_config(name, **options), mask_id=mask_id, vocab_size=vocab_size)

@@ -366,8 +366,7 @@ class _Study:
                 size = min(sp.batch_size, sp.num_samples - lo)
                 with torch.autocast(self.device.type, dtype=amp, enabled=amp != torch.float32):
                     out = generate(model, sampler, batch_size=size, seq_len=self.length(), num_steps=T,
-                                   policy=self.refresh_policy(K), generator=generator, device=self.device,
-                                   time_conditioned=bool(getattr(model.config, "time_conditioning", False)))
+                                   policy=self.refresh_policy(K), generator=generator, device=self.device)
                 rows.extend(out.tokens.cpu().tolist())
                 calls = out.layer_calls.as_dict()
             seconds = time.perf_counter() - start
@@ -486,10 +485,7 @@ class _Study:
             model = self.model(m, seed, naive)
             timing.append(TimingCell(
                 key=(self.label(m, naive), seed, T, K), model=model, seq_len=self.length(), num_steps=T,
-                refresh_interval=K if isinstance(K, int) else 1,
-                policy=None if isinstance(K, int) else self.refresh_policy(K),
-                time_conditioned=bool(getattr(model.config, "time_conditioning", False)),
-                make_sampler=lambda model=model, T=T: self.sampler(model, T)[1]))
+                policy=self.refresh_policy(K), make_sampler=lambda model=model, T=T: self.sampler(model, T)[1]))
         self.log(f"[study] timing {len(timing)} cells interleaved: {sp.throughput_warmup} warm-up + "
                  f"{sp.throughput_generations} timed generations of batch {sp.throughput_batch_size} each")
         start = time.perf_counter()

@@ -271,8 +271,9 @@ class PrefixGenerator:
     """One of tadm's own masked diffusion models, generating after a prompt by prefix infilling.
 
     The canvas holds ``[BOS] + prompt`` followed by the generation budget (at most the model's
-    ``max_seq_len``; a longer prompt keeps its last tokens). Masks left after the last step take the
-    argmax of the last prediction (the released grid's extra final pass is not run).
+    ``max_seq_len``; a longer prompt keeps its last tokens). The run ends with the sampler's final
+    step, as in :func:`tadm.sampling.generate` (masks left take the argmax; the released grid adds its
+    final network pass).
 
     Args:
         model: a masked :class:`~tadm.protocol.CacheableDenoiser` (TADM, MDLM, ADLM).
@@ -291,9 +292,7 @@ class PrefixGenerator:
         self.steps = OWN_MODEL_STEPS if settings.steps is None else settings.steps
         self.sampler_name = settings.sampler or "mdlm"
         self.sampler = get_sampler(self.sampler_name, model.mask_token_id, **settings.sampler_options)
-        config = getattr(model, "config", None)
-        self.max_seq_len = int(getattr(config, "max_seq_len"))
-        self.time_conditioned = bool(getattr(config, "time_conditioning", False))
+        self.max_seq_len = int(model.config.max_seq_len)
         self.device = next(model.parameters()).device
         self.eos_ids = [tokenizer.eos_id]
 
@@ -335,12 +334,8 @@ class PrefixGenerator:
     def _denoise(self, z: Tensor, context: _FixedPrefix, generator: torch.Generator | None) -> tuple[Tensor, Any]:
         self.sampler.set_timesteps(self.steps)
         run = denoise(self.model, self.sampler, z, range(self.steps, 0, -1), policy=self.settings.policy,
-                      context=context, generator=generator, time_conditioned=self.time_conditioned)
-        z, last = run.z, run.output
-        masked = z == self.model.mask_token_id
-        if last is not None and last.dim() == 3 and bool(masked.any()):
-            z = torch.where(masked, last.argmax(-1), z)
-        return z, run.layer_calls
+                      context=context, generator=generator)  # the sampler's final step included, as in generate
+        return run.z, run.layer_calls
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  generator: torch.Generator | None = None, stop: StopCheck | None = None) -> BatchOutput:
