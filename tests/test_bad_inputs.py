@@ -145,7 +145,7 @@ CLI_CASES = [
     pytest.param(["compute", "--anchor-layers", "1", "--denoiser-layers", "1", "--steps", "0"], "got 0",
                  id="compute-zero-steps"),
     pytest.param(["compute", "--anchor-layers", "1", "--denoiser-layers", "1", "--steps", "8", "--refresh", "x"],
-                 "expected an integer, got 'x'", id="compute-refresh-not-int"),
+                 "refresh spec 'x': unknown policy 'x'; valid forms: 4, fixed:K=4", id="compute-refresh-not-int"),
     pytest.param(["compute", "--anchor-layers", "1", "--denoiser-layers", "1", "--steps", "8", "--baseline-layers", "0"],
                  "--baseline-layers: must be >= 1, got 0", id="compute-zero-baseline"),
     # ------------------------------------------------------------------------------- tadm eval

@@ -59,7 +59,7 @@ def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["sample", "--refresh", "0"], "argument -K/--refresh: must be >= 1, got 0"),
+        (["sample", "--refresh", "0"], "argument -K/--refresh: anchor refresh interval K must be an integer >= 1, got 0"),
         (["sample", "--steps", "0"], "argument -T/--steps: must be >= 1, got 0"),
         (["sample", "--sampler", "ddim"], "unknown sampler 'ddim'"),
         (["sample", "--schedule", "sqrt"], "sqrt"),
@@ -75,8 +75,8 @@ def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
         (["sample", "--tau", "0.1"], "--tau do(es) not apply to --refresh-policy fixed"),
         (["sample", "--refresh-policy", "adaptive"], "needs --tau"),
         (["sample", "--refresh-policy", "adaptive", "--tau", "nan"], "tau (share of changed positions) must be a finite number in [0, inf), got nan"),
-        (["sample", "--refresh-policy", "adaptive", "--tau", "0.1", "-K", "4"], "does not use it"),
-        (["sample", "--refresh-policy", "schedule", "--refresh-steps", "8,x"], "expected comma-separated integers"),
+        (["sample", "--refresh-policy", "adaptive", "--tau", "0.1", "-K", "4"], "-K/--refresh 4 and --refresh-policy adaptive name two policies; give one"),
+        (["sample", "--refresh-policy", "schedule", "--refresh-steps", "8,x"], "--refresh-steps: expected comma-separated integers (e.g. 128,120,96,64), got '8,x'"),
         (["sample", "--refresh-policy", "schedule"], "needs --refresh-steps"),
     ],
 )
@@ -91,5 +91,6 @@ def test_compute_rejects_zero_refresh(capsys):
     code = main(["compute", "--anchor-layers", "12", "--denoiser-layers", "6", "--steps", "8", "--refresh", "0"])
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "tadm compute: error: argument -K/--refresh: must be >= 1, got 0 (see 'tadm compute --help')"
+        "tadm compute: error: argument -K/--refresh: anchor refresh interval K must be an integer >= 1, got 0 "
+        "(see 'tadm compute --help')"
     ]

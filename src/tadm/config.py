@@ -279,6 +279,36 @@ def _read_yaml(path: Path, error: type[ConfigError]) -> Any:
         raise error(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
 
 
+def _migrate(loaded: Any, legacy: dict[str, str]) -> Any:
+    """``loaded`` (a YAML mapping) with the keys of an earlier schema moved to their place now."""
+    data = OmegaConf.to_container(loaded) if not isinstance(loaded, dict) else loaded
+    if not isinstance(data, dict):
+        return loaded
+    for old, new in legacy.items():
+        *parents, leaf = old.split(".")
+        holder = data
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or leaf not in holder:
+            continue
+        value = holder[leaf]
+        if isinstance(value, dict):  # already the new form
+            continue
+        del holder[leaf]
+        target = data
+        *new_parents, new_leaf = new.split(".")
+        for part in new_parents:
+            target = target.setdefault(part, {}) if isinstance(target.get(part), (dict, type(None))) else {}
+        target[new_leaf] = value
+    return OmegaConf.create(data)
+
+
+def _migrate_override(override: str, legacy: dict[str, str]) -> str:
+    key, _, value = override.partition("=")
+    new = legacy.get(key.strip())
+    return f"{new}={value}" if new is not None and not value.strip().startswith("{") else override
+
+
 def load_structured(
     schema: type[T],
     path: str | Path | None = None,
@@ -287,10 +317,14 @@ def load_structured(
     error: type[ConfigError] = ConfigError,
     validate: Callable[[T], None] | None = None,
     resolve: Callable[[str | Path], Path] = resolve_config_path,
+    legacy: dict[str, str] | None = None,
 ) -> T:
     """Defaults of the dataclass ``schema`` <- YAML file ``path`` <- ``key=value`` overrides, then ``validate``.
 
     ``resolve`` turns ``path`` into a file (default: a file, else a shipped preset of that name).
+    ``legacy`` maps keys of an earlier schema to their place now (``"sampling.top_p":
+    "sampling.sampler.top_p"``; a key mapped to ``KEY.name`` moves a plain value under the new
+    section's ``name``), so that old files and overrides still load.
     Unknown keys, values of the wrong type and a ValueError raised by a section's own checks
     (``__post_init__``) become ``error`` with the key and where it came from in one line; a missing
     file is a FileNotFoundError.
@@ -301,6 +335,8 @@ def load_structured(
         path = resolve(path)
         origin = str(path)
         loaded = _read_yaml(path, error)
+        if legacy:
+            loaded = _migrate(loaded, legacy)
         try:
             merged = OmegaConf.merge(merged, loaded)
         except OmegaConfBaseException as err:
@@ -308,6 +344,8 @@ def load_structured(
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise error(f"overrides must look like section.key=value, got {bad[0]!r}")
+    if legacy:
+        overrides = [_migrate_override(o, legacy) for o in overrides]
     try:
         if overrides:
             origin = "overrides"

@@ -118,7 +118,7 @@ def test_staleness_cli_json_plot_and_naive_variant(tmp_path, capsys):
 @pytest.mark.parametrize("extra,message", [
     (["--max-age", "-1"], "argument --max-age: must be >= 0, got -1"),
     (["-T", "0"], "argument -T/--steps: must be >= 1, got 0"),
-    (["-K", "0"], "argument -K/--refresh: must be >= 1, got 0"),
+    (["-K", "0"], "argument -K/--refresh: anchor refresh interval K must be an integer >= 1, got 0"),
 ])
 def test_staleness_cli_bad_numbers(extra, message, capsys):
     assert main(["eval", "staleness", "--model", "tadm-tiny", *extra]) == 2

@@ -10,7 +10,10 @@ import pytest
 
 import tadm.eval.sweep as sweep_mod
 from tadm.cli import main
-from tadm.eval.sweep import SweepConfig, load_model_and_tokenizer, parse_model_specs, resolve_sampler, run_sweep
+import tadm.eval.pipeline as pipeline_mod
+from tadm.eval.pipeline import SamplerSection, SamplingSettings
+from tadm.eval.sweep import SweepConfig, parse_model_specs, run_sweep
+from tadm.specs import load_model_and_tokenizer
 from tests.eval.test_evaluator import FIXTURE, save_ar_evaluator, tiny_diffusion, tiny_tokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -25,19 +28,23 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return {"model": model_dir, "evaluator": save_ar_evaluator(root / "evaluator"), "root": root}
 
 
-def config(world, out: Path, **overrides) -> SweepConfig:
-    settings = dict(models={"tadm": str(world["model"])}, steps=[8], refresh=[1, 2], num_samples=4, length=16,
-                    sampler="remdm-cap", batch_size=2, evaluator=str(world["evaluator"]), reference=str(FIXTURE),
-                    reference_split="all", mauve_num_buckets=2, mauve_min_samples=2, throughput_generations=5,
-                    throughput_warmup=0,
-                    cache_dir=str(world["root"] / "cache"), out_dir=str(out))
-    return SweepConfig(**{**settings, **overrides})
+SAMPLING = dict(steps=[8], refresh=[1, 2], num_samples=4, batch_size=2, reference="FIXTURE", reference_split="all",
+                mauve_num_buckets=2, mauve_min_samples=2, throughput_generations=5, throughput_warmup=0, device="cpu")
+
+
+def config(world, out: Path, sampler: str = "remdm-cap", evaluator: str | None = None, **overrides) -> SweepConfig:
+    settings = {**SAMPLING, "reference": str(FIXTURE), "evaluators": [evaluator or str(world["evaluator"])]}
+    settings.update({k: v for k, v in overrides.items() if k in SAMPLING or k == "reference"})
+    sampling = SamplingSettings(**settings, sampler=SamplerSection(name=sampler))
+    rest = {k: v for k, v in overrides.items() if k not in settings}
+    return SweepConfig(models={"tadm": str(world["model"])}, sampling=sampling, length=16,
+                       cache_dir=str(world["root"] / "cache"), out_dir=str(out), **rest)
 
 
 def test_sweep_writes_results_table_and_plots(world, tmp_path, monkeypatch):
     loads = []
-    real_load = sweep_mod.load_evaluator
-    monkeypatch.setattr(sweep_mod, "load_evaluator", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    real_load = pipeline_mod.load_evaluator
+    monkeypatch.setattr(pipeline_mod, "load_evaluator", lambda *a, **k: loads.append(a) or real_load(*a, **k))
     out = run_sweep(config(world, tmp_path / "sweep"), progress=False, log=lambda m: None)
     assert len(loads) == 1  # one evaluator for every cell and the reference
     cells = [r for r in out.rows if r["model"] == "tadm"]
@@ -60,52 +67,59 @@ def test_sweep_writes_results_table_and_plots(world, tmp_path, monkeypatch):
     assert "[4, 2 cl.]" in table  # MAUVE with its sample and cluster counts
     assert "Gen PPL ↓ T=8" in table and "Compute ↓ T=8" in table and "Tok/s ↑ T=8" in table
     payload = json.loads(files["json"].read_text())
-    assert payload["settings"]["seeds"]["sampling"] == 0 and payload["settings"]["resolved_baseline_layers"] == 12
-    assert payload["settings"]["evaluator_info"]["backend"] == "tadm"
+    assert payload["settings"]["sampling"]["seed"] == 0 and payload["settings"]["resolved_baseline_layers"] == 12
+    assert payload["settings"]["sampling"]["evaluators"] == [str(world["evaluator"])]
     assert {"torch", "python", "cpu_count"} <= set(payload["machine"])
+    assert all(r["commit"] is not None or r["model"] == "data" for r in out.rows)  # every unit's provenance
+    for kind in ("samples", "scores"):
+        assert any((tmp_path / "sweep" / kind).rglob("*.json")), kind  # the study's unit layout
     assert files["csv"].read_text().splitlines()[0].startswith("model,path,steps,refresh")
     assert len(files["csv"].read_text().splitlines()) == 1 + 3
 
 
 def test_interrupted_sweep_resumes_and_skips_finished_cells(world, tmp_path, monkeypatch):
     cfg = config(world, tmp_path / "resume", throughput_generations=0, reference=None)
-    real = sweep_mod.evaluate_cell
-    calls: list[tuple[int, int]] = []
+    real, real_load = pipeline_mod.generate, pipeline_mod.load_evaluator
+    generated: list[int] = []
 
-    def interrupt_second(ctx, T, K):
-        if calls:
+    def interrupt_second_cell(model, sampler, **kwargs):
+        if len(generated) == 2:  # two batches of two make the first cell
             raise KeyboardInterrupt
-        calls.append((T, K))
-        return real(ctx, T, K)
+        generated.append(kwargs["policy"].interval)
+        return real(model, sampler, **kwargs)
 
-    monkeypatch.setattr(sweep_mod, "evaluate_cell", interrupt_second)
+    monkeypatch.setattr(pipeline_mod, "generate", interrupt_second_cell)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(cfg, progress=False, log=lambda m: None)
-    saved = json.loads((tmp_path / "resume" / "results.json").read_text())["rows"]
-    assert [(r["steps"], r["refresh"]) for r in saved] == [(8, 1)]
+    assert sorted(p.name for p in (tmp_path / "resume" / "samples" / "tadm").iterdir()) == ["T8-K1.json"]
 
-    counted: list[tuple[int, int]] = []
-
-    def counting(ctx, T, K):
-        counted.append((T, K))
-        return real(ctx, T, K)
-
-    monkeypatch.setattr(sweep_mod, "evaluate_cell", counting)
+    generated.clear()
+    monkeypatch.setattr(pipeline_mod, "generate", lambda *a, **k: generated.append(k["policy"].interval) or real(*a, **k))
     out = run_sweep(cfg, progress=False, log=lambda m: None)
-    assert counted == [(8, 2)] and out.evaluated == [("tadm", 8, 2)]
+    assert generated == [2, 2]  # only the missing cell, two batches
+    assert "sample tadm T=8 K=2" in out.evaluated and "sample tadm T=8 K=1" not in out.evaluated
     assert sorted((r["steps"], r["refresh"]) for r in out.rows) == [(8, 1), (8, 2)]
-    assert out.rows[0]["gen_ppl"] == saved[0]["gen_ppl"]  # the finished cell is kept, not recomputed
 
     # nothing left: no cell runs and the evaluator is not even loaded
-    monkeypatch.setattr(sweep_mod, "load_evaluator", lambda *a, **k: pytest.fail("evaluator loaded"))
+    monkeypatch.setattr(pipeline_mod, "load_evaluator", lambda *a, **k: pytest.fail("evaluator loaded"))
     again = run_sweep(cfg, progress=False, log=lambda m: None)
-    assert counted == [(8, 2)] and again.evaluated == []
+    assert again.evaluated == [] and [r["gen_ppl"] for r in again.rows] == [r["gen_ppl"] for r in out.rows]
     assert again.files["plot_refresh"].read_bytes()[:8] == PNG_MAGIC
 
-    # other settings must not silently mix with the saved cells
-    with pytest.raises(ValueError, match="other settings.*num_samples: 4 there, 8 now"):
-        run_sweep(config(world, tmp_path / "resume", throughput_generations=0, reference=None, num_samples=8),
-                  progress=False, log=lambda m: None)
+    # other settings never mix with the saved units: their cells are sampled again
+    monkeypatch.setattr(pipeline_mod, "load_evaluator", real_load)
+    generated.clear()
+    more = run_sweep(config(world, tmp_path / "resume", throughput_generations=0, reference=None, num_samples=6),
+                     progress=False, log=lambda m: None)
+    assert len(generated) == 6 and all(r["num_samples"] == 6 for r in more.rows)
+
+
+def test_a_sweep_folder_of_the_earlier_layout_is_refused_in_one_line(world, tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "results.json").write_text(json.dumps({"settings": {}, "rows": [{"model": "tadm", "steps": 8}]}))
+    with pytest.raises(ValueError, match="earlier layout.*sweep into a new --out"):
+        run_sweep(config(world, old), progress=False, log=lambda m: None)
 
 
 def test_cli_sweep_runs_and_resumes(world, tmp_path, capsys):
@@ -113,9 +127,9 @@ def test_cli_sweep_runs_and_resumes(world, tmp_path, capsys):
             "--length", "8", "--reference", "none", "--throughput-generations", "5", "--throughput-warmup", "0",
             "--evaluator", str(world["evaluator"]), "--out", str(tmp_path / "cli"), "--no-progress"]
     assert main(argv) == 0
-    assert "2 cells run now" in capsys.readouterr().out
+    assert "units run now" in capsys.readouterr().out
     assert main(argv) == 0
-    assert "0 cells run now" in capsys.readouterr().out
+    assert "(0 units run now)" in capsys.readouterr().out
     assert (tmp_path / "cli" / "table.md").is_file()
 
 
@@ -124,13 +138,16 @@ def test_bad_input(world, tmp_path):
         parse_model_specs(["just-a-path"])
     with pytest.raises(ValueError, match="given twice"):
         parse_model_specs(["a=x", "a=y"])
-    with pytest.raises(ValueError, match="unknown sampler 'ddim'; valid: auto, mdlm"):
+    with pytest.raises(ValueError, match="sweep.sampler.name 'ddim' is unknown; valid: auto, mdlm"):
         config(world, tmp_path, sampler="ddim")
-    with pytest.raises(ValueError, match="num_samples must be an integer >= 1"):
+    with pytest.raises(ValueError, match="sweep.num_samples must be a non-empty list of integers >= 1"):
         config(world, tmp_path, num_samples=0)
     with pytest.raises(ValueError, match="throughput_generations must be 0 \\(skip\\) or >= 5.*got 2"):
         config(world, tmp_path, throughput_generations=2)
-    assert resolve_sampler("auto", 128, 1024) == "remdm-cap" and resolve_sampler("auto", 1024, 1024) == "remdm-loop"
+    with pytest.raises(ValueError, match="sweep.refresh must include K = 1"):
+        config(world, tmp_path, refresh=[2, "adaptive:tau=0.2"])
+    auto = SamplerSection()
+    assert auto.resolve(128, 1024) == "remdm-cap" and auto.resolve(1024, 1024) == "remdm-loop"
     # a tokenizer of another vocabulary than the model's
     other = tmp_path / "other-tok"
     from tadm.training.tokenization import train_bpe_tokenizer

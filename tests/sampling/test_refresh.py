@@ -121,7 +121,7 @@ def test_adaptive_refreshes_when_the_drift_reaches_tau():
 
 
 def test_adaptive_compute_needs_the_counted_calls():
-    with pytest.raises(ValueError, match="counted layer calls"):
+    with pytest.raises(ValueError, match="depends on the sampled canvases; only a counted generation gives it"):
         policy_layer_calls(SPLIT, 10, AdaptiveRefresh(0.1))
 
 

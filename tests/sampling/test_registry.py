@@ -1,6 +1,7 @@
 """Sampler configs and the registry: names, defaults, strict options and bad values."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -40,6 +41,15 @@ def test_every_registered_sampler_is_built_from_its_config(name, cls, config_cls
     assert sampler.config == sampler_config(name)
     rebuilt = sampler_from_config(name, sampler.config, **needs)
     assert rebuilt.config == sampler.config
+
+
+def test_build_sampler_reads_what_the_sampler_needs_from_the_model():
+    masked = SimpleNamespace(mask_token_id=7, vocab_size=12)
+    assert build_sampler("remdm-cap", masked, top_p=0.8).mask_id == 7
+    assert build_sampler("remdm-cap", masked, top_p=0.8).config == sampler_config("remdm-cap", top_p=0.8)
+    assert build_sampler("entropy-bound", masked).vocab_size == 12
+    with pytest.raises(ValueError, match="sampler 'mdlm' needs a model with a mask id; SimpleNamespace has none"):
+        build_sampler("mdlm", SimpleNamespace(mask_token_id=None, vocab_size=12))
 
 
 def test_name_fixes_the_strategy_and_its_defaults():

@@ -201,14 +201,15 @@ def test_derived_training_configs_share_size_data_and_budget(tmp_path):
     ({"models": [{"name": "t", "kind": "tadm"}]}, "names 'ar' \\(the in-domain AR\\) but no model has kind 'ar'"),
     ({"staleness.max_age": -1}, "staleness.max_age must be >= 0, got -1"),
     ({"staleness.steps": [0]}, "staleness.steps must be a non-empty list of integers >= 1"),
-    ({"sampling.refresh": [1, 0]}, "sampling.refresh\\[1\\] must be an integer K >= 1 or a policy mapping"),
+    ({"sampling.refresh": [1, 0]}, "sampling.refresh\\[1\\]: anchor refresh interval K must be an integer >= 1, got 0"),
     ({"sampling.refresh": [2, 4]}, "sampling.refresh must include K = 1"),
-    ({"sampling.refresh": [1, 2, 2]}, "lists the same entry twice"),
+    ({"sampling.refresh": [1, 2, 2]}, "sampling.refresh: the same refresh policy is listed twice: 1, 2, 2"),
     ({"sampling.refresh": [1, {"policy": "adaptive", "tau": -0.1}]}, "sampling.refresh\\[1\\]: .*tau"),
     ({"sampling.refresh": [1, {"policy": "sometimes"}]}, "unknown refresh policy 'sometimes'"),
     ({"sampling.refresh": [1, {"tau": 0.1}]}, "refresh mapping needs a 'policy' key"),
     ({"sampling.throughput_generations": 3}, "throughput_generations must be 0 \\(skip\\) or >= 5"),
-    ({"sampling.nucleus": "top"}, "sampling.nucleus 'top' is unknown"),
+    ({"sampling.sampler": {"name": "auto", "nucleus": "top"}}, "sampling.sampler.nucleus 'top' is unknown"),
+    ({"sampling.nucleus": "top"}, "sampling.sampler.nucleus 'top' is unknown"),
     ({"size.num_heads": 3}, "size.hidden_size \\(16\\) must be a multiple of size.num_heads \\(3\\)"),
 ])
 def test_bad_configs_name_the_value(tmp_path, changes, message):

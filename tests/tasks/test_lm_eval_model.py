@@ -107,13 +107,16 @@ def test_naive_reuse_and_refresh_policies(base_dir):
     assert naive.summary()["settings"]["fusion_mode"] == "naive"
     assert naive.batch_stats[0].layer_calls["anchor_refreshes"] == math.ceil(STEPS / 3)
     schedule = base_lm(base_dir, refresh_policy="schedule", refresh_steps="4:1")
-    schedule.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
+    texts = schedule.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
     assert schedule.batch_stats[0].layer_calls["anchor_refreshes"] == 2
+    short = base_lm(base_dir, K="schedule:steps=4/1")  # the short form is the same policy
+    assert short.generate_until(requests(PROMPTS[:1], max_gen_toks=8)) == texts
+    assert short.batch_stats[0].layer_calls == schedule.batch_stats[0].layer_calls
     adaptive = base_lm(base_dir, refresh_policy="adaptive", tau=2.0, max_interval=2)
     adaptive.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
     assert adaptive.batch_stats[0].layer_calls["anchor_refreshes"] == 2  # tau > 1: every max_interval steps
-    ready = TadmLM(generator=schedule.generator, seed=1)
-    assert ready.generate_until(requests(PROMPTS[:1], max_gen_toks=8)) is not None
+    ready = TadmLM(generator=schedule.generator, seed=0)  # a ready generator with the same seed: the same text
+    assert ready.generate_until(requests(PROMPTS[:1], max_gen_toks=8)) == texts
 
 
 def test_one_loaded_model_serves_several_settings(adapter_lm):
@@ -193,7 +196,7 @@ def test_loglikelihood_requests_are_refused(adapter_lm):
     ({"model": "tadm-tiny", "K": 0}, "K must be an integer >= 1"),
     ({"model": "tadm-tiny", "batch_size": "x"}, "batch_size"),
     ({"model": "tadm-tiny", "refresh_policy": "schedule"}, "needs refresh_steps"),
-    ({"model": "tadm-tiny", "refresh_policy": "adaptive", "K": 2}, "does not use it"),
+    ({"model": "tadm-tiny", "refresh_policy": "adaptive", "K": 2}, "K=2 and refresh_policy=adaptive name two policies; give one"),
     ({"model": "tadm-tiny", "refresh_policy": "sometimes"}, "unknown refresh policy"),
     ({"base": "/nonexistent/base"}, "nonexistent"),
 ])

@@ -63,6 +63,19 @@ def test_methods_per_model_kind():
     assert [m.key for m in methods(TaskRunConfig(model="m", refresh=[1, 2]))] == ["tadm-K1", "tadm-K2"]
 
 
+def test_any_refresh_spec_is_a_method_and_its_key_names_the_units(data_dir, tmp_path):
+    cfg = config(data_dir, tmp_path / "out", tasks="gsm8k", naive=False, seeds=[0],
+                 refresh=[1, "adaptive:tau=0.25", {"policy": "fixed", "K": 2}])
+    assert [(m.key, m.K) for m in methods(cfg)] == [
+        ("baseline-K1", 1), ("tadm-K1", 1), ("tadm-Kadaptive-tau0.25", "adaptive-tau0.25"), ("tadm-K2", 2)]
+    out = run_fake(cfg)
+    assert sorted(p.name for p in (tmp_path / "out" / "units" / "gsm8k").glob("*.json")) == [
+        "baseline-K1-seed0.json", "tadm-K1-seed0.json", "tadm-K2-seed0.json", "tadm-Kadaptive-tau0.25-seed0.json"]
+    assert sorted(str(u["K"]) for u in out.units) == ["1", "1", "2", "adaptive-tau0.25"]
+    with pytest.raises(ValueError, match="K: the same refresh policy is listed twice: 2, 2"):
+        config(data_dir, tmp_path, refresh=[2, {"policy": "fixed", "K": 2}]).check()
+
+
 def test_accuracy_tables_and_resume(data_dir, tmp_path):
     out, loads = tmp_path / "out", []
     result = run_fake(config(data_dir, out), loads)

@@ -54,10 +54,9 @@ def fidelity_args(p: argparse.ArgumentParser) -> None:
 
 
 def refresh_policy_args(p: argparse.ArgumentParser) -> None:
-    """--refresh-policy and its parameters (tadm.sampling.refresh); -K/--refresh is the fixed policy's K."""
-    from tadm.sampling.refresh import REFRESH_POLICIES
-
-    p.add_argument("--refresh-policy", choices=tuple(REFRESH_POLICIES), default="fixed",
+    """The long form of one refresh policy (``-K adaptive:tau=0.2`` is the short one): --refresh-policy and its
+    parameters, turned into the same refresh spec by :func:`refresh_policies`."""
+    p.add_argument("--refresh-policy", choices=("fixed", "schedule", "adaptive"), default="fixed",
                    help="when to recompute the anchor: 'fixed' (every K steps, Algorithm 1; default), "
                         "'schedule' (at --refresh-steps) or 'adaptive' (when the canvas drifted by --tau)")
     p.add_argument("--refresh-steps", default=None, metavar="I,I,...",
@@ -68,45 +67,65 @@ def refresh_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-interval", type=positive_int, default=None, help="adaptive policy: most steps between refreshes")
 
 
-def policy_from_args(args: argparse.Namespace):
-    """The refresh policy named by ``refresh_policy_args`` (with -K/--refresh and --skip-unchanged)."""
-    from tadm.sampling.refresh import get_refresh_policy
-
-    name = args.refresh_policy
-    skip = bool(getattr(args, "skip_unchanged", False))
-    K = getattr(args, "refresh", 1)
-    given = {flag for flag, value in (("--refresh-steps", args.refresh_steps), ("--tau", args.tau),
-                                      ("--max-interval", args.max_interval)) if value is not None}
-    if args.min_interval != 1:
+def _long_form(args: argparse.Namespace) -> str | None:
+    """The refresh spec of the --refresh-policy flags, or None when they are not used."""
+    name = getattr(args, "refresh_policy", "fixed")
+    given = {flag for flag, value in (("--refresh-steps", getattr(args, "refresh_steps", None)),
+                                      ("--tau", getattr(args, "tau", None)),
+                                      ("--max-interval", getattr(args, "max_interval", None))) if value is not None}
+    if getattr(args, "min_interval", 1) != 1:
         given.add("--min-interval")
     own = {"fixed": set(), "schedule": {"--refresh-steps"}, "adaptive": {"--tau", "--min-interval", "--max-interval"}}[name]
     if given - own:
         raise CLIError(f"{', '.join(sorted(given - own))} do(es) not apply to --refresh-policy {name}")
-    if name != "fixed" and K != 1:
-        raise CLIError(f"-K/--refresh {K} is the fixed policy's interval; --refresh-policy {name} does not use it")
+    if name == "fixed":
+        return None
+    if name == "schedule":
+        if args.refresh_steps is None:
+            raise CLIError("--refresh-policy schedule needs --refresh-steps (e.g. --refresh-steps 128,120,96,64)")
+        steps = [s.strip() for s in args.refresh_steps.split(",") if s.strip()]
+        if not steps or not all(s.isdigit() for s in steps):
+            raise CLIError(f"--refresh-steps: expected comma-separated integers (e.g. 128,120,96,64), "
+                           f"got {args.refresh_steps!r}")
+        return "schedule:steps=" + "/".join(steps)
+    if args.tau is None:
+        raise CLIError("--refresh-policy adaptive needs --tau (a share of positions, e.g. 0.05)")
+    bound = f":max_interval={args.max_interval}" if args.max_interval is not None else ""
+    return f"adaptive:tau={args.tau}:min_interval={args.min_interval}{bound}"
+
+
+def refresh_policies(args: argparse.Namespace) -> list:
+    """The refresh policies of -K/--refresh (each value one spec or a comma list; tadm.sampling.refresh), or of the
+    --refresh-policy flags, with --skip-unchanged where a command has it."""
+    from tadm.sampling.refresh import parse_refresh, parse_refresh_list
+
+    given = [p for values in args.refresh for p in values]
+    long_form = _long_form(args)
+    if long_form is not None:
+        if [p.key for p in given] != ["1"]:
+            raise CLIError(f"-K/--refresh {','.join(p.key for p in given)} and --refresh-policy "
+                           f"{args.refresh_policy} name two policies; give one (e.g. -K {long_form})")
+        given = [parse_refresh(long_form)]
     try:
-        if name == "fixed":
-            return get_refresh_policy("fixed", interval=K, skip_unchanged=skip)
-        if name == "schedule":
-            if args.refresh_steps is None:
-                raise CLIError("--refresh-policy schedule needs --refresh-steps (e.g. --refresh-steps 128,120,96,64)")
-            try:
-                steps = [int(s) for s in args.refresh_steps.split(",") if s.strip()]
-            except ValueError:
-                raise CLIError(f"--refresh-steps {args.refresh_steps!r}: expected comma-separated integers") from None
-            return get_refresh_policy("schedule", steps=steps, skip_unchanged=skip)
-        if args.tau is None:
-            raise CLIError("--refresh-policy adaptive needs --tau (a share of positions, e.g. 0.05)")
-        return get_refresh_policy("adaptive", tau=args.tau, min_interval=args.min_interval,
-                                  max_interval=args.max_interval, skip_unchanged=skip)
+        if getattr(args, "skip_unchanged", False):
+            given = [parse_refresh({**p.config(), "skip_unchanged": True}) for p in given]
+        return parse_refresh_list(given)
     except ValueError as error:
-        raise CLIError(str(error)) from None
+        raise CLIError(f"-K/--refresh: {error}") from None
+
+
+def policy_from_args(args: argparse.Namespace):
+    """The one refresh policy of a command that takes one (see :func:`refresh_policies`)."""
+    policies = refresh_policies(args)
+    if len(policies) != 1:
+        raise CLIError(f"-K/--refresh: this command takes one refresh policy, got {', '.join(p.key for p in policies)}")
+    return policies[0]
 
 
 # ------------------------------------------------------------------------- flags shared by commands
 def device_type(value: str) -> str:
     """An argparse type for --device: auto, cpu, cuda or cuda:N (see tadm.specs), checked against this machine."""
-    from tadm.specs import resolve_device
+    from tadm.devices import resolve_device
 
     try:
         return str(resolve_device(value))
@@ -116,7 +135,7 @@ def device_type(value: str) -> str:
 
 def dtype_type(value: str) -> str:
     """An argparse type for --dtype: auto, fp32, bf16, fp16 (or float32, bfloat16, float16)."""
-    from tadm.specs import resolve_dtype
+    from tadm.devices import resolve_dtype
 
     try:
         resolve_dtype(value)
@@ -143,10 +162,24 @@ def steps_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> No
     p.add_argument("-T", "--steps", type=positive_int, nargs="+" if many else None, metavar="T", **kwargs)
 
 
-def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> None:
-    """-K/--refresh: the fixed policy's anchor refresh interval K (one, or a list with ``many``)."""
-    kwargs.setdefault("help", "anchor refresh interval K" + (" (one or more)" if many else " (fixed policy)"))
-    p.add_argument("-K", "--refresh", type=positive_int, nargs="+" if many else None, metavar="K", **kwargs)
+def refresh_specs(value: str) -> list:
+    """An argparse type: one refresh spec or a comma list of them (``4``, ``1,2,4``, ``adaptive:tau=0.3``)."""
+    from tadm.sampling.refresh import parse_refresh_list
+
+    try:
+        return parse_refresh_list(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str = "1", **kwargs) -> None:
+    """-K/--refresh: refresh policies, the same syntax on every command: specs separated by commas (or spaces),
+    each ``4``, ``fixed:K=4``, ``adaptive:tau=0.3[:max_interval=16]`` or ``schedule:steps=48/40/24``."""
+    what = "refresh policies" if many else "the refresh policy"
+    kwargs.setdefault("help", f"{what}: K (e.g. 4), or adaptive:tau=0.3, schedule:steps=48/40/24; "
+                              f"comma-separated (default: {default})")
+    p.add_argument("-K", "--refresh", type=refresh_specs, nargs="+", default=[refresh_specs(default)],
+                   metavar="K[,K]", **kwargs)
 
 
 def sampler_args(p: argparse.ArgumentParser, default: str, *, names: tuple[str, ...] = ()) -> None:
@@ -163,13 +196,13 @@ def sampler_args(p: argparse.ArgumentParser, default: str, *, names: tuple[str, 
 
 def sampler_from_args(args: argparse.Namespace, name: str, model) -> object:
     """The sampler ``name`` for ``model`` with the options given on the command line (tadm.sampling.registry)."""
-    from tadm.sampling import get_sampler
+    from tadm.sampling import build_sampler
 
     options = {"top_p": args.top_p, "eta": args.eta, "schedule": args.schedule, "nucleus": args.nucleus,
                "time_grid": args.time_grid}
     given = {key: value for key, value in options.items() if value is not None}
     try:
-        return get_sampler(name, model.mask_token_id, **given)
+        return build_sampler(name, model, **given)
     except ValueError as err:
         flags = ", ".join(f"--{key.replace('_', '-')}" for key in given)
         raise CLIError(f"--sampler {name}: {err}" + (f" (given: {flags})" if flags else "")) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tadm.cli.common import CLIError, nonnegative_int, positive_int, refresh_arg, steps_arg
+from tadm.cli.common import CLIError, nonnegative_int, positive_int, refresh_arg, refresh_policies, steps_arg
 from tadm.protocol import LayerSplit
 
 
@@ -13,13 +13,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compute",
         help="analytic Transformer-layer calls of anchor-cache inference (paper Eq. 9 / Table 2)",
-        description="Layer calls C = T (L_S + L_D) + ceil(T/K) L_A for one generation, normalised to a baseline.",
+        description="Layer calls C = T (L_S + L_D) + R L_A for one generation (R = ceil(T/K) refreshes for a fixed "
+                    "K, the listed steps of a schedule), normalised to a baseline.",
     )
     p.add_argument("--shared-layers", type=nonnegative_int, default=0, metavar="N")
     p.add_argument("--anchor-layers", type=nonnegative_int, required=True, metavar="N")
     p.add_argument("--denoiser-layers", type=nonnegative_int, required=True, metavar="N")
     steps_arg(p, many=True, required=True)
-    refresh_arg(p, many=True, default=[1])
+    refresh_arg(p, many=True, default="1")
     p.add_argument(
         "--baseline-layers",
         type=positive_int,
@@ -38,11 +39,11 @@ def run(args: argparse.Namespace) -> int:
     if split.total == 0:
         raise CLIError("--shared-layers, --anchor-layers and --denoiser-layers are all 0: a layer split needs at "
                        "least one Transformer layer")
-    rows = [
-        compute_row("model", split, t, k, baseline_layers=args.baseline_layers)
-        for t in args.steps
-        for k in args.refresh
-    ]
+    try:
+        rows = [compute_row("model", split, t, policy, baseline_layers=args.baseline_layers)
+                for t in args.steps for policy in refresh_policies(args)]
+    except ValueError as err:
+        raise CLIError(str(err)) from None
     if args.json:
         dicts = []
         for row in rows:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'T':>6} {'K':>4} {'layer calls':>12} {'baseline':>10} {'relative':>9}")
     for row in rows:
         print(
-            f"{row.num_steps:>6} {row.refresh_interval:>4} {row.layer_calls:>12} "
+            f"{row.num_steps:>6} {row.refresh!s:>4} {row.layer_calls:>12} "
             f"{row.baseline_layer_calls:>10} {row.relative:>8.2f}x"
         )
     return 0

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tadm.cli.common import (CLIError, device_arg, dtype_arg, fidelity_args, nonnegative_int,
-                             positive_float, positive_int, refresh_arg, sampler_args, sampler_from_args, steps_arg)
+                             positive_float, positive_int, refresh_arg, refresh_policies, sampler_args, sampler_from_args,
+                             steps_arg)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -310,15 +311,15 @@ def _named(specs: list[str]) -> list[tuple[str, str]]:
 def _run_likelihood(args: argparse.Namespace) -> int:
     from tadm.eval.likelihood import evaluate_likelihood, packed_eval_blocks
     from tadm.eval.report import zero_shot_markdown
-    from tadm.eval.sweep import load_model_and_tokenizer
+    from tadm.specs import load_model_and_tokenizer
 
     models, sources = _named(args.model), _named(args.data)
     records: list[dict[str, Any]] = []
     for model_name, spec in models:
         model, tokenizer = load_model_and_tokenizer(spec, args.tokenizer, args.device)
-        max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+        max_len = model.max_seq_len
         seq_len = args.seq_len or max_len
-        if seq_len is None or (max_len is not None and seq_len > max_len):
+        if seq_len > max_len:
             raise CLIError(f"--seq-len {seq_len} does not fit model {model_name!r} (max {max_len})")
         for data_name, source in sources:
             blocks = packed_eval_blocks(source, tokenizer, seq_len, cache_dir=args.cache_dir, split=args.split,
@@ -358,8 +359,9 @@ def _add_staleness(esub: argparse._SubParsersAction) -> None:
     p.add_argument("-T", "--steps", dest="steps", type=positive_int, nargs="+", default=[128], metavar="T",
                    help="step budgets T: cache age k means t' = min(1, t + k / T)")
     p.add_argument("--max-age", type=nonnegative_int, default=7, metavar="K_MAX", help="ages k = 0 .. K_MAX")
-    p.add_argument("-K", "--refresh", dest="refresh", type=positive_int, nargs="*", default=[1, 2, 4, 8],
-                   metavar="K", help="refresh intervals for the discrete cached-process bound (none: skip it)")
+    refresh_arg(p, many=True, default="1,2,4,8", help="fixed refresh intervals K of the discrete cached-process "
+                "bound (default: 1,2,4,8)")
+    p.add_argument("--no-cached", action="store_true", help="skip the cached-process bound")
     p.add_argument("--discrete-steps", type=positive_int, default=None, metavar="T",
                    help="T of the discrete cached-process bound (default: the smallest --T)")
     p.add_argument("--naive", action="store_true",
@@ -393,11 +395,14 @@ def staleness_text(record: dict[str, Any]) -> str:
 
 def _run_staleness(args: argparse.Namespace) -> int:
     from tadm.eval.likelihood import cached_process_nelbo, check_anchored, packed_eval_blocks, stale_anchor_nelbo
-    from tadm.eval.sweep import load_model_and_tokenizer
+    from tadm.specs import load_model_and_tokenizer
     from tadm.nn import TADM, NaiveReuse
 
     if not 0.0 < args.val_fraction < 1.0:
         raise CLIError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    intervals = [p.fixed_interval for p in refresh_policies(args)]
+    if None in intervals:
+        raise CLIError("-K/--refresh: the cached-process bound is defined for fixed intervals K (e.g. -K 1,2,4,8)")
     records: list[dict[str, Any]] = []
     loaded = []
     for name, spec in _named(args.model):
@@ -410,9 +415,9 @@ def _run_staleness(args: argparse.Namespace) -> int:
         if args.naive and isinstance(model, TADM):
             loaded.append((f"{name} (naive reuse)", spec, NaiveReuse(model), tokenizer))
     for name, spec, model, tokenizer in loaded:
-        max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+        max_len = model.max_seq_len
         seq_len = args.seq_len or max_len
-        if seq_len is None or (max_len is not None and seq_len > max_len):
+        if seq_len > max_len:
             raise CLIError(f"--seq-len {seq_len} does not fit model {name!r} (max {max_len})")
         blocks = packed_eval_blocks(args.data, tokenizer, seq_len, cache_dir=args.cache_dir, split=args.split,
                                     val_fraction=args.val_fraction, progress=args.progress)
@@ -422,9 +427,9 @@ def _run_staleness(args: argparse.Namespace) -> int:
                                    uninformative=not args.no_uninformative, num_t_samples=args.t_samples, **common)
         record: dict[str, Any] = {"model": name, "path": spec, "data": args.data, "split": args.split,
                                   "seq_len": seq_len, "staleness": stale.as_dict(), "cached": None}
-        if args.refresh:
+        if not args.no_cached:
             T = args.discrete_steps or min(args.steps)
-            record["cached"] = cached_process_nelbo(model, blocks, num_steps=T, refresh_intervals=args.refresh,
+            record["cached"] = cached_process_nelbo(model, blocks, num_steps=T, refresh_intervals=intervals,
                                                    **common).as_dict()
         records.append(record)
     if args.plot:
@@ -446,7 +451,7 @@ def _add_throughput(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="checkpoint dir, hub id, or builder name (random weights)")
     sampler_args(p, default="remdm-cap")
     steps_arg(p, many=True, required=True)
-    refresh_arg(p, many=True, default=[1])
+    refresh_arg(p, many=True, default="1")
     p.add_argument("--length", "-L", type=positive_int, default=None, help="tokens per sample (default: model max)")
     p.add_argument("--generations", type=positive_int, default=20, help="timed generations (paper: 20)")
     p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per generation (paper: 1)")
@@ -464,17 +469,17 @@ def _run_throughput(args: argparse.Namespace) -> int:
     from tadm.specs import resolve_model
 
     model = resolve_model(args.model, device=args.device)
-    if getattr(model, "mask_token_id", None) is None:
+    if model.mask_token_id is None:
         raise CLIError(f"model {args.model!r} has no mask token: throughput is measured for diffusion models")
-    max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+    max_len = model.max_seq_len
     length = args.length or max_len
-    if max_len is not None and length > max_len:
+    if length > max_len:
         raise CLIError(f"--length {length} exceeds the model's maximum {max_len}")
     results = []
     for T in args.steps:
-        for K in args.refresh:
+        for policy in refresh_policies(args):
             sampler = sampler_from_args(args, args.sampler, model)
-            r = measure_throughput(model, sampler, seq_len=length, num_steps=T, refresh_interval=K,
+            r = measure_throughput(model, sampler, seq_len=length, num_steps=T, policy=policy,
                                    num_generations=args.generations, batch_size=args.batch_size, warmup=args.warmup,
                                    dtype=args.dtype, device=args.device, seed=args.seed, progress=args.progress)
             results.append(r)
@@ -483,9 +488,9 @@ def _run_throughput(args: argparse.Namespace) -> int:
         print(json.dumps(dicts[0] if len(dicts) == 1 else dicts))
         return 0
     base = results[0].tokens_per_second
-    print(f"{'T':>6} {'K':>4} {'tokens/s':>10} {'speedup':>8} {'layer calls':>12} {'analytic':>9}")
+    print(f"{'T':>6} {'K':>12} {'tokens/s':>10} {'speedup':>8} {'layer calls':>12} {'analytic':>9}")
     for r in results:
-        print(f"{r.num_steps:>6} {r.refresh_interval:>4} {r.tokens_per_second:>10.2f} "
+        print(f"{r.num_steps:>6} {r.policy:>12} {r.tokens_per_second:>10.2f} "
               f"{r.tokens_per_second / base:>7.2f}x {r.layer_calls.get('total', 0):>12} {r.analytic_layer_calls:>9}")
     return 0
 
@@ -496,7 +501,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
                         description="Run (or resume) a sweep; writes results.json/.csv, table.md and two plots.")
     p.add_argument("--models", nargs="+", required=True, metavar="NAME=PATH")
     steps_arg(p, many=True, required=True)
-    refresh_arg(p, many=True, default=[1, 2, 4, 8])
+    refresh_arg(p, many=True, default="1,2,4,8")
     p.add_argument("--samples", type=positive_int, default=16, metavar="N", help="samples per cell (paper: 5000)")
     p.add_argument("--length", type=positive_int, default=None, metavar="L", help="tokens per sample (default: model max)")
     p.add_argument("--sampler", default="auto", help="'auto' (ReMDM-cap for T < L, ReMDM-loop otherwise) or a name")
@@ -524,30 +529,33 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", default=".tadm-cache")
     p.add_argument("--out", default="tadm-sweep", metavar="DIR")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write the tables although the tadm source tree has uncommitted changes (they say so)")
     p.add_argument("--no-progress", action="store_true")
     _evaluator_args(p)
     p.set_defaults(eval_func=_run_sweep)
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
+    from tadm.eval.pipeline import SamplerSection, SamplingSettings
     from tadm.eval.sweep import SweepConfig, parse_model_specs, run_sweep
 
-    buckets = args.num_buckets
-    config = SweepConfig(
-        models=parse_model_specs(args.models), steps=args.steps, refresh=args.refresh, num_samples=args.samples,
-        length=args.length, sampler=args.sampler, top_p=args.top_p, eta=args.eta, schedule=args.schedule,
-        nucleus=args.nucleus, time_grid=args.time_grid, mauve_min_samples=args.mauve_min_samples,
-        batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, evaluator=args.evaluator,
-        eval_batch_size=args.eval_batch_size,
-        reference=None if args.reference.lower() == "none" else args.reference,
-        reference_split=args.reference_split, num_reference=args.num_reference, mauve_num_buckets=buckets,
+    sampling = SamplingSettings(
+        steps=args.steps, refresh=[p.config() for p in refresh_policies(args)], num_samples=args.samples,
+        batch_size=args.batch_size, seed=args.seed,
+        sampler=SamplerSection(name=args.sampler, top_p=args.top_p, eta=args.eta, schedule=args.schedule,
+                               nucleus=args.nucleus, time_grid=args.time_grid),
+        evaluators=[args.evaluator or "smollm2-135m"], eval_batch_size=args.eval_batch_size,
+        reference=None if args.reference.lower() == "none" else args.reference, reference_split=args.reference_split,
+        mauve_min_samples=args.mauve_min_samples, mauve_num_buckets=args.num_buckets,
         throughput_generations=args.throughput_generations, throughput_batch_size=args.throughput_batch_size,
-        throughput_warmup=args.throughput_warmup, dtype=args.dtype, device=args.device,
-        baseline_layers=args.baseline_layers, throughput_baseline=args.throughput_baseline,
-        cache_dir=args.cache_dir, out_dir=os.fspath(args.out),
-    )
-    out = run_sweep(config, overwrite=args.overwrite, progress=not args.no_progress)
-    print(f"{len(out.rows)} result rows ({len(out.evaluated)} cells run now) in {config.out_dir}:")
+        throughput_warmup=args.throughput_warmup, dtype=args.dtype, device=args.device)
+    config = SweepConfig(models=parse_model_specs(args.models), sampling=sampling, length=args.length,
+                         tokenizer=args.tokenizer, num_reference=args.num_reference,
+                         baseline_layers=args.baseline_layers, throughput_baseline=args.throughput_baseline,
+                         cache_dir=args.cache_dir, out_dir=os.fspath(args.out))
+    out = run_sweep(config, overwrite=args.overwrite, progress=not args.no_progress, allow_dirty=args.allow_dirty)
+    print(f"{len(out.rows)} result rows ({len(out.evaluated)} units run now) in {config.out_dir}:")
     for label, path in out.files.items():
         print(f"  {label}: {path}")
     return 0
@@ -580,8 +588,7 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", default=None, metavar="A,B", help="comma-separated tasks (default: the paper's six; the code tasks "
                    "only with --allow-code-execution)")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="local DIR/<task>.jsonl files (default: the Hub)")
-    p.add_argument("-K", "--refresh", type=_int_list(1), nargs="+", default=[[1, 2, 3]], metavar="K,K",
-                   help="anchor refresh intervals (default: 1,2,3)")
+    refresh_arg(p, many=True, default="1,2,3")
     p.add_argument("--seeds", type=_int_list(0), nargs="+", default=[[0, 1, 2]], metavar="S,S",
                    help="seeds (default: 0,1,2)")
     p.add_argument("--naive", action="store_true", help="also run naive reuse (fusion off) at every K")
@@ -612,7 +619,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
     from tadm.tasks.runner import TaskRunConfig, run_tasks
 
     config = TaskRunConfig(
-        tasks=args.tasks, refresh=sorted({k for ks in args.refresh for k in ks}),
+        tasks=args.tasks, refresh=[p.config() for p in refresh_policies(args)],
         seeds=sorted({s for ss in args.seeds for s in ss}), naive=args.naive, base=args.base, adapter=args.adapter,
         model=args.model, split=args.split, data_dir=args.data_dir, limit=args.limit, steps=args.steps,
         canvas_length=args.canvas_length,

@@ -138,9 +138,9 @@ def run_sample(args: argparse.Namespace) -> int:
     from tadm.posttrain.adapter_io import load_anchored
     from tadm.posttrain.generate import generate_blocks
     from tadm.posttrain.prompting import encode_prompts, end_of_sequence_id
-    from tadm.sampling import get_sampler
+    from tadm.sampling import build_sampler
     from tadm.sampling.entropy_bound import StableConfidentStopping
-    from tadm.specs import load_hf_tokenizer
+    from tadm.hf import load_hf_tokenizer
 
     prompts = _prompts(args)
     model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
@@ -150,16 +150,17 @@ def run_sample(args: argparse.Namespace) -> int:
     options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,
                "temperature_min": args.temperature_min}
     try:
-        sampler = get_sampler("entropy-bound", vocab_size=model.vocab_size, num_steps=args.steps,
-                              **{key: value for key, value in options.items() if value is not None})
+        sampler = build_sampler("entropy-bound", model, num_steps=args.steps,
+                                **{key: value for key, value in options.items() if value is not None})
     except ValueError as err:
         raise CLIError(str(err)) from None
+    policy = policy_from_args(args)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     out = generate_blocks(
         model,
         ids.to(args.device),
         sampler=sampler,
-        policy=policy_from_args(args),
+        policy=policy,
         max_new_tokens=args.max_new_tokens,
         canvas_length=args.canvas_length,
         attention_mask=mask.to(args.device),
@@ -178,8 +179,8 @@ def run_sample(args: argparse.Namespace) -> int:
             "base": str(args.base),
             "adapter": args.adapter,
             "fusion_mode": "naive" if args.naive else "paired",
-            "refresh": args.refresh if args.refresh_policy == "fixed" else None,
-            "refresh_policy": args.refresh_policy,
+            "refresh": policy.key,
+            "refresh_policy": policy.config(),
             "steps": args.steps,
             "seed": args.seed,
             "prompts": prompts,

@@ -15,7 +15,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tadm.cli.common import positive_int, refresh_arg, steps_arg
+from tadm.cli.common import positive_int, refresh_arg, refresh_policies, steps_arg
+from tadm.sampling.refresh import parse_refresh
 
 PRESET = "tadm-brown-cpu"
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--source", default=None, help="train on another corpus (file, dir, .jsonl) instead of Brown")
     p.add_argument("--samples", type=positive_int, default=8, help="sequences generated per K")
     steps_arg(p, default=128)
-    refresh_arg(p, many=True, default=[1, 2, 4, 8])
+    refresh_arg(p, many=True, default="1,2,4,8")
     p.add_argument("--sampler", default="remdm-cap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue an interrupted quickstart run in OUT")
@@ -76,14 +77,14 @@ def _load_local_evaluator():
 def _sample_table(model, tokenizer, args, vocabulary, label: str, evaluator=None) -> list[dict]:
     import torch
 
-    from tadm.sampling import generate, get_sampler
+    from tadm.sampling import build_sampler, generate
 
     rows = []
     length = model.config.max_seq_len
-    for K in args.refresh:
-        sampler = get_sampler(args.sampler, model.mask_token_id)
-        kwargs = dict(batch_size=args.samples, seq_len=length, num_steps=args.steps, refresh_interval=K)
-        generate(model, sampler, generator=torch.Generator().manual_seed(10_000 + K), **{**kwargs, "num_steps": 4})
+    for n, policy in enumerate(refresh_policies(args)):
+        sampler = build_sampler(args.sampler, model)
+        kwargs = dict(batch_size=args.samples, seq_len=length, num_steps=args.steps, policy=policy)
+        generate(model, sampler, generator=torch.Generator().manual_seed(10_000 + n), **{**kwargs, "num_steps": 4})
         start = time.perf_counter()
         out = generate(model, sampler, generator=torch.Generator().manual_seed(args.seed), **kwargs)
         seconds = time.perf_counter() - start
@@ -92,7 +93,7 @@ def _sample_table(model, tokenizer, args, vocabulary, label: str, evaluator=None
         rows.append(
             {
                 "model": label,
-                "K": K,
+                "K": policy.fixed_interval or policy.key,  # an int K for a fixed interval
                 "tokens_per_s": out.tokens.numel() / seconds,
                 "layer_calls": out.layer_calls.total,
                 "anchor_refreshes": out.layer_calls.anchor_refreshes,
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     untrained = build_training_model(cfg, tokenizer).eval()
     evaluator = _load_local_evaluator()
-    rows = _sample_table(untrained, tokenizer, argparse.Namespace(**{**vars(args), "refresh": [1]}), vocabulary,
+    rows = _sample_table(untrained, tokenizer, argparse.Namespace(**{**vars(args), "refresh": [[parse_refresh(1)]]}), vocabulary,
                          "untrained", evaluator)
     rows += _sample_table(model, tokenizer, args, vocabulary, "trained", evaluator)
 
@@ -159,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
               f"{r['anchor_refreshes']:>16} | {100 * r['word_validity']:>14.1f}% | {r['entropy']:>7.2f} | {ppl} |")
     if evaluator is None:
         print("(Gen PPL: `pip install -e '.[eval]' && tadm eval prepare-evaluator` once scores samples with SmolLM2-135M)")
+    keys = [p.fixed_interval or p.key for p in refresh_policies(args)]
     for r in rows:
-        if r["model"] == "untrained" or r["K"] in (args.refresh[0], args.refresh[-1]):
+        if r["model"] == "untrained" or r["K"] in (keys[0], keys[-1]):
             print(f"\n--- {r['model']}, K = {r['K']} ---\n{r['texts'][0][:600]}")
     summary = {
         "train_steps": result.step,

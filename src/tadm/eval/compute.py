@@ -48,7 +48,8 @@ def policy_layer_calls(
     refreshes = policy.refresh_count(num_steps)
     if refreshes is None:
         if counted is None:
-            raise ValueError(f"the compute of {policy!r} depends on the sampled canvases; pass the counted layer calls")
+            raise ValueError(f"the compute of the refresh policy {policy.label()!r} depends on the sampled canvases; "
+                             "only a counted generation gives it")
         return counted.total
     return num_steps * (split.shared + split.denoiser) + refreshes * split.anchor
 
@@ -59,7 +60,7 @@ class ComputeRow:
 
     name: str
     num_steps: int
-    refresh_interval: int
+    refresh: int | str  # the refresh policy's key (K for a fixed policy)
     layer_calls: int
     baseline_layer_calls: int
 
@@ -71,7 +72,7 @@ class ComputeRow:
         return {
             "name": self.name,
             "steps": self.num_steps,
-            "refresh": self.refresh_interval,
+            "refresh": self.refresh,
             "layer_calls": self.layer_calls,
             "baseline_layer_calls": self.baseline_layer_calls,
             "relative_to_baseline": self.relative,
@@ -79,23 +80,24 @@ class ComputeRow:
 
 
 def compute_row(
-    name: str, split: LayerSplit, num_steps: int, refresh_interval: int, baseline_layers: int | None = None
+    name: str, split: LayerSplit, num_steps: int, refresh: Any = 1, baseline_layers: int | None = None
 ) -> ComputeRow:
-    """Layer calls of ``split`` at (T, K), normalised to an uncached ``baseline_layers``-layer model.
+    """Layer calls of ``split`` at T under a refresh policy (any refresh spec; K for Algorithm 1), normalised to
+    an uncached ``baseline_layers``-layer model.
 
     The paper normalises to MDLM (12 layers, no cache); by default the baseline is the same split
-    run without cache (K = 1), i.e. T (L_S + L_A + L_D).
+    run without cache (K = 1), i.e. T (L_S + L_A + L_D). A policy whose refreshes depend on the
+    sampled canvases has no analytic compute: ValueError.
     """
+    _check_split(split)
     baseline = split.total if baseline_layers is None else baseline_layers
     if isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 1:
         raise ValueError(f"baseline layers must be an integer >= 1, got {baseline_layers!r}")
-    return ComputeRow(
-        name=name,
-        num_steps=num_steps,
-        refresh_interval=refresh_interval,
-        layer_calls=layer_calls(split, num_steps, refresh_interval),
-        baseline_layer_calls=num_steps * baseline,
-    )
+    policy = parse_refresh(refresh)
+    key = policy.key
+    return ComputeRow(name=name, num_steps=num_steps, refresh=int(key) if key.isdigit() else key,
+                      layer_calls=policy_layer_calls(split, num_steps, policy),
+                      baseline_layer_calls=num_steps * baseline)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tadm.specs import load_hf
+from tadm.hf import is_repo_id, load_hf
 from tadm.training.rundir import remove_stale_temporaries, temporary_path
 
 __all__ = [
@@ -279,9 +279,7 @@ def _is_tadm_checkpoint(path: Path) -> str | None:
         raw = json.loads(config_file.read_text())
     except (OSError, ValueError):
         return None
-    from tadm.nn.hub import MODEL_CLASSES, _import_models
-
-    _import_models()
+    from tadm.nn.hub import MODEL_CLASSES
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type in MODEL_CLASSES and (path / "model.safetensors").is_file() and "architectures" not in raw:
         return str(model_type)
@@ -290,10 +288,8 @@ def _is_tadm_checkpoint(path: Path) -> str | None:
 
 def _is_hub_id(spec: str) -> bool:
     """A hub id: "name" or "owner/name", not starting like a path, whose first part is no local directory."""
-    if spec.startswith((".", "/", "~")) or "\\" in spec:
-        return False
     parts = spec.split("/")
-    return len(parts) <= 2 and all(parts) and not (len(parts) == 2 and Path(parts[0]).is_dir())
+    return is_repo_id(spec) and not (len(parts) == 2 and Path(parts[0]).is_dir())
 
 
 def load_evaluator(

@@ -180,6 +180,8 @@ def plot_nelbo_vs_age(records: Sequence[dict[str, Any]], path: str | os.PathLike
 def plot_task_accuracy_vs_refresh(cells: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Accuracy (%) against K per task: one curve per method (``tadm``, ``naive``), the base as a dashed line.
 
+    Only fixed intervals (an int K) have a place on the K axis; other refresh policies are in the tables.
+
     ``cells`` are :func:`tadm.tasks.task_tables.cells` rows (task, method, K, accuracy_mean, accuracy_std).
     """
     plt = _pyplot()
@@ -190,7 +192,7 @@ def plot_task_accuracy_vs_refresh(cells: Sequence[dict[str, Any]], path: str | o
         mine = [c for c in cells if c["task"] == task]
         for method, (label, marker, color) in styles.items():
             points = sorted((c["K"], 100 * c["accuracy_mean"], 100 * c["accuracy_std"]) for c in mine
-                            if c["method"] == method)
+                            if c["method"] == method and isinstance(c["K"], int))
             if points:
                 ks, means, stds = zip(*points)
                 ax.errorbar(ks, means, yerr=stds, marker=marker, color=color, capsize=3, label=label)
@@ -198,7 +200,7 @@ def plot_task_accuracy_vs_refresh(cells: Sequence[dict[str, Any]], path: str | o
             if c["method"] == "baseline":
                 ax.axhline(100 * c["accuracy_mean"], color="0.4", linestyle="--", label="base, K = 1")
         ax.set_xscale("log", base=2)
-        ks = sorted({c["K"] for c in mine})
+        ks = sorted({c["K"] for c in mine if isinstance(c["K"], int)})
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.set_xlabel("refresh interval K")
         ax.set_ylabel("accuracy (%)")

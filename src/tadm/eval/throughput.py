@@ -31,7 +31,7 @@ from tadm.eval.compute import policy_layer_calls
 from tadm.sampling import GenerationOutput, Sampler, generate
 from tadm.sampling.anchor_cache import LayerCallCounter
 from tadm.sampling.refresh import parse_refresh
-from tadm.specs import DTYPE_SPELLINGS, resolve_dtype
+from tadm.devices import DTYPE_SPELLINGS, resolve_dtype
 
 __all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput", "measure_throughput", "resolve_dtype"]
 

@@ -108,6 +108,10 @@ class MaskedDiffusionNetwork(nn.Module):
         self.time_embed = TimestepEmbedder(config.cond_dim)
 
     @property
+    def max_seq_len(self) -> int:
+        return int(self.config.max_seq_len)
+
+    @property
     def time_conditioned(self) -> bool:
         """Whether the network reads the diffusion time (``config.time_conditioning``)."""
         return bool(self.config.time_conditioning)

@@ -153,6 +153,7 @@ class ARTransformer(nn.Module, HubMixin, model_type="ar"):
     """Left-to-right Transformer from causal DiT blocks (conditioning vector fixed, as in MDLM's AR)."""
 
     config_class = ARConfig
+    mask_token_id: int | None = None  # autoregressive: no mask token
 
     def __init__(self, config: ARConfig | None = None) -> None:
         super().__init__()
@@ -163,6 +164,10 @@ class ARTransformer(nn.Module, HubMixin, model_type="ar"):
         self.time_embed = TimestepEmbedder(config.cond_dim)
         self.blocks = DiTStack(config.num_layers, **stack_kwargs(config), causal=True)
         self.head = FinalLayer(config.hidden_size, config.vocab_size, config.cond_dim)
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.config.max_seq_len)
 
     def forward(self, x: Tensor) -> Tensor:
         """Token ids (B, L) -> float32 next-token logits (B, L, V); position i sees tokens <= i."""

@@ -24,11 +24,12 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import torch
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
-from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
 from torch import nn
+
+from tadm.hf import is_repo_id
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -142,7 +143,7 @@ def resolve_file(name_or_path: str | Path, filename: str, **hub: Any) -> Path:
             f"{path} is a file; pass the directory that holds {CONFIG_NAME} and {WEIGHTS_NAME}"
         )
     name = str(name_or_path)
-    if not _is_repo_id(name):
+    if not is_repo_id(name):
         raise FileNotFoundError(f"model directory {name!r} does not exist")
     try:
         downloaded = hf_hub_download(repo_id=name, filename=filename, **hub)
@@ -152,16 +153,6 @@ def resolve_file(name_or_path: str | Path, filename: str, **hub: Any) -> Path:
             f"Hugging Face Hub repository {name!r}: {err}"
         ) from err
     return Path(downloaded)
-
-
-def _is_repo_id(name: str) -> bool:
-    if name.startswith((".", "/", "~")) or "\\" in name:
-        return False
-    try:
-        validate_repo_id(name)
-    except ValueError:  # HFValidationError subclasses ValueError
-        return False
-    return True
 
 
 def _load_weights(model: nn.Module, weights_file: str | Path, device: str | torch.device) -> tuple[Any, Any]:

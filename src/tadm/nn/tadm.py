@@ -157,6 +157,10 @@ class NaiveReuse(nn.Module):
     def time_conditioned(self) -> bool:
         return self.model.time_conditioned
 
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.max_seq_len
+
     def prepare(self, z_t: Tensor, context: Any = None, t: Tensor | None = None) -> Tensor | None:
         return self.model.prepare(z_t, context, t)
 

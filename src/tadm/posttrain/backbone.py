@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tadm.specs import _first_line, check_hf_source, load_hf, refuse_custom_code, resolve_dtype
+from tadm.devices import resolve_dtype
+from tadm.hf import check_hf_source, first_line, load_hf, refuse_custom_code
 
 if TYPE_CHECKING:  # pragma: no cover
     from tadm.nn.baselines import MDLM
@@ -207,7 +208,7 @@ class DiffusionGemmaBackbone(nn.Module):
             model = load_hf(DiffusionGemmaForBlockDiffusion.from_pretrained, path, "base model",
                             dtype=resolve_dtype(dtype, device), **placement)
         except OSError as err:
-            raise FileNotFoundError(f"could not load base model {str(path)!r}: {_first_line(err)}") from None
+            raise FileNotFoundError(f"could not load base model {str(path)!r}: {first_line(err)}") from None
         return cls(model.to(device))
 
     @property

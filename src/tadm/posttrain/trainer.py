@@ -496,7 +496,7 @@ def _previous_state(config: PosttrainConfig) -> dict[str, Any] | None:
 def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasDataset, int]:
     """The chat JSONL cut into canvases, and the pad id."""
     from tadm.posttrain.data import read_chat_jsonl
-    from tadm.specs import load_hf_tokenizer
+    from tadm.hf import load_hf_tokenizer
 
     d = config.data
     tokenizer = load_hf_tokenizer(d.tokenizer or config.base.path)

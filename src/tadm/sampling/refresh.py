@@ -131,6 +131,11 @@ class RefreshPolicy:
         return "-".join(parts)
 
     @property
+    def record(self) -> int | str:
+        """The key as unit specs and result rows record it: an int K for a plain fixed interval, else :attr:`key`."""
+        return int(self.key) if self.key.isdigit() else self.key
+
+    @property
     def fixed_interval(self) -> int | None:
         """K of a fixed policy that always runs the network (Algorithm 1 exactly), else None."""
         return None

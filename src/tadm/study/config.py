@@ -30,6 +30,9 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tadm.eval.pipeline import SamplingSettings
+from tadm.sampling.refresh import parse_refresh_list
+
 from tadm.config import (
     PRESET_DIR,
     ConfigError,
@@ -53,12 +56,9 @@ __all__ = [
     "StudyConfig",
     "StudyModel",
     "StudySize",
-    "fixed_intervals",
     "list_study_presets",
     "load_study_config",
     "model_experiment_config",
-    "refresh_key",
-    "refresh_policy_of",
     "study_preset_path",
 ]
 
@@ -129,34 +129,14 @@ class StalenessSection:
 
 
 @dataclass
-class SamplingSection:
-    """The K x T sampling sweep of every diffusion model, scored by every evaluator."""
+class SamplingSection(SamplingSettings):
+    """The K x T sampling sweep of every diffusion model, scored by every evaluator (the shared
+    :class:`~tadm.eval.pipeline.SamplingSettings`, nested ``sampler:`` section included), plus which training
+    seeds are sampled and whether each TADM is also sampled with naive reuse."""
 
-    steps: list[int] = field(default_factory=lambda: [32, 128])
-    # each entry: a fixed refresh interval K, or a refresh policy mapping such as
-    # {policy: adaptive, tau: 0.3, max_interval: 16} (see refresh_policy_of)
-    refresh: list[Any] = field(default_factory=lambda: [1, 2, 4, 8])
-    model_seeds: list[int] | None = None  # training seeds whose models are sampled (None: the first seed)
-    num_samples: int = 64
-    batch_size: int = 32
-    seed: int = 0
-    sampler: str = "auto"  # auto: ReMDM-cap for T < L, ReMDM-loop for T >= L (the paper's rule)
-    top_p: float = 0.9
-    eta: float | None = None
-    nucleus: str = "released"
-    time_grid: str = "paper"
-    naive: bool = False  # also sample each TADM with naive reuse
     evaluators: list[str] = field(default_factory=lambda: ["smollm2-135m", IN_DOMAIN_EVALUATOR])
-    eval_batch_size: int = 16
-    reference: str | None = "brown"  # held-out text for MAUVE and the data row
-    reference_split: str = "val"
-    mauve: bool = True
-    mauve_min_samples: int = 50  # fewer samples (or reference texts) per side: MAUVE is not computed
-    throughput_generations: int = 5
-    throughput_warmup: int = 1
-    throughput_batch_size: int = 1
-    device: str = "auto"  # auto: cuda if available
-    dtype: str = "float32"
+    model_seeds: list[int] | None = None  # training seeds whose models are sampled (None: the first seed)
+    naive: bool = False  # also sample each TADM with naive reuse
 
 
 @dataclass
@@ -196,59 +176,7 @@ def _positive_ints(name: str, values: Sequence[int], minimum: int = 1) -> None:
         raise ConfigError(f"{name} must be a non-empty list of integers >= {minimum}, got {list(values)}")
 
 
-def refresh_key(entry: Any) -> int | str:
-    """The name of a ``sampling.refresh`` entry in cells, file names and report rows.
-
-    A fixed interval is its K (``4``); a policy mapping is its name and parameters, sorted, e.g.
-    ``{policy: adaptive, tau: 0.3, max_interval: 16}`` -> ``"adaptive-max_interval16-tau0.3"``.
-    """
-    if not isinstance(entry, dict):
-        return int(entry)
-    parts = [str(entry["policy"])]
-    for key in sorted(k for k in entry if k != "policy"):
-        value = entry[key]
-        text = "_".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
-        parts.append(f"{key}{text}")
-    return "-".join(parts)
-
-
-def refresh_policy_of(entry: Any) -> Any:
-    """The :class:`~tadm.sampling.refresh.RefreshPolicy` of a ``sampling.refresh`` entry (int K or mapping)."""
-    from tadm.sampling.refresh import FixedRefresh, refresh_policy_from_config
-
-    return refresh_policy_from_config(dict(entry)) if isinstance(entry, dict) else FixedRefresh(int(entry))
-
-
-def fixed_intervals(entries: Sequence[Any]) -> list[int]:
-    """The fixed K among ``sampling.refresh`` entries (policy mappings left out), in their order."""
-    return [int(e) for e in entries if not isinstance(e, dict)]
-
-
-def _check_refresh_entries(entries: Sequence[Any]) -> None:
-    if not entries:
-        raise ConfigError("sampling.refresh must be a non-empty list of refresh intervals K or policy mappings")
-    for n, entry in enumerate(entries):
-        if isinstance(entry, dict):
-            try:
-                refresh_policy_of(entry)
-            except ValueError as error:
-                raise ConfigError(f"sampling.refresh[{n}]: {error}") from None
-        elif isinstance(entry, bool) or not isinstance(entry, int) or entry < 1:
-            raise ConfigError(f"sampling.refresh[{n}] must be an integer K >= 1 or a policy mapping such as "
-                              f"{{policy: adaptive, tau: 0.3}}, got {entry!r}")
-    keys = [refresh_key(e) for e in entries]
-    if len(set(keys)) != len(keys):
-        raise ConfigError(f"sampling.refresh lists the same entry twice: {keys}")
-    if 1 not in keys:
-        raise ConfigError(f"sampling.refresh must include K = 1 (the reference of every comparison), got {keys}")
-
-
 def _validate_study(cfg: StudyConfig) -> None:
-    from tadm.eval.throughput import DTYPES
-    from tadm.sampling.base import TIME_GRIDS
-    from tadm.sampling.categorical import NUCLEUS_RULES
-    from tadm.sampling.registry import SAMPLERS
-
     if not cfg.name.strip():
         raise ConfigError("name must not be empty")
     if not cfg.out_dir.strip():
@@ -278,7 +206,13 @@ def _validate_study(cfg: StudyConfig) -> None:
         raise ConfigError(f"size.hidden_size ({s.hidden_size}) must be a multiple of size.num_heads ({s.num_heads})")
     st = cfg.staleness
     _positive_ints("staleness.steps", st.steps)
-    _positive_ints("staleness.refresh", st.refresh)
+    try:
+        fixed = [p.fixed_interval for p in parse_refresh_list(list(st.refresh))]
+    except ValueError as err:
+        raise ConfigError(f"staleness.refresh: {err}") from None
+    if None in fixed:
+        raise ConfigError(f"staleness.refresh: the cached-process bound is defined for fixed intervals K, got "
+                          f"{list(st.refresh)}")
     _positive_ints("staleness.eval_seeds", st.eval_seeds, minimum=0)
     if st.max_age < 0:
         raise ConfigError(f"staleness.max_age must be >= 0, got {st.max_age}")
@@ -288,28 +222,10 @@ def _validate_study(cfg: StudyConfig) -> None:
         if getattr(st, name) < 1:
             raise ConfigError(f"staleness.{name} must be >= 1, got {getattr(st, name)}")
     sp = cfg.sampling
-    _positive_ints("sampling.steps", sp.steps)
-    _check_refresh_entries(sp.refresh)
-    for name in ("num_samples", "batch_size", "eval_batch_size", "throughput_batch_size", "mauve_min_samples"):
-        if getattr(sp, name) < 1:
-            raise ConfigError(f"sampling.{name} must be >= 1, got {getattr(sp, name)}")
-    if sp.throughput_generations < 0 or sp.throughput_warmup < 0:
-        raise ConfigError("sampling.throughput_generations and sampling.throughput_warmup must be >= 0")
-    if 0 < sp.throughput_generations < 5:
-        raise ConfigError(f"sampling.throughput_generations must be 0 (skip) or >= 5 for a median, "
-                          f"got {sp.throughput_generations}")
-    if sp.sampler != "auto" and sp.sampler not in SAMPLERS:
-        raise ConfigError(f"sampling.sampler {sp.sampler!r} is unknown; valid: auto, {', '.join(sorted(SAMPLERS))}")
-    if not 0.0 < sp.top_p <= 1.0:
-        raise ConfigError(f"sampling.top_p must be in (0, 1], got {sp.top_p}")
-    if sp.nucleus not in NUCLEUS_RULES:
-        raise ConfigError(f"sampling.nucleus {sp.nucleus!r} is unknown; valid: {', '.join(NUCLEUS_RULES)}")
-    if sp.time_grid not in TIME_GRIDS:
-        raise ConfigError(f"sampling.time_grid {sp.time_grid!r} is unknown; valid: {', '.join(TIME_GRIDS)}")
-    if sp.dtype not in DTYPES:
-        raise ConfigError(f"sampling.dtype {sp.dtype!r} is unknown; valid: {', '.join(DTYPES)}")
-    if sp.reference_split not in ("val", "all"):
-        raise ConfigError(f"sampling.reference_split must be 'val' or 'all', got {sp.reference_split!r}")
+    try:
+        sp.validate("sampling")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if sp.model_seeds is not None:
         _positive_ints("sampling.model_seeds", sp.model_seeds, minimum=0)
     kinds = {m.kind for m in cfg.models}
@@ -372,4 +288,11 @@ def _resolve_study_path(path: str | Path) -> Path:
 
 def load_study_config(path: str | Path, overrides: Sequence[str] = ()) -> StudyConfig:
     """Defaults <- YAML file or shipped preset (``study-brown-cpu``) <- ``key=value`` overrides, validated."""
-    return load_structured(StudyConfig, path, overrides, validate=_validate_study, resolve=_resolve_study_path)
+    return load_structured(StudyConfig, path, overrides, validate=_validate_study, resolve=_resolve_study_path,
+                           legacy=LEGACY_KEYS)
+
+
+# Keys of studies written before the sampler became a nested section, and where they live now.
+LEGACY_KEYS = {"sampling.sampler": "sampling.sampler.name", "sampling.top_p": "sampling.sampler.top_p",
+               "sampling.eta": "sampling.sampler.eta", "sampling.nucleus": "sampling.sampler.nucleus",
+               "sampling.time_grid": "sampling.sampler.time_grid"}

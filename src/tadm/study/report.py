@@ -28,7 +28,9 @@ from typing import Any
 
 from tadm.eval.report import _fmt, markdown_report
 from tadm.records import write_csv, write_json, write_text
-from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, fixed_intervals, refresh_key
+from tadm.eval.pipeline import Cell, Run, cell_rows, data_row
+from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
+from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
 
 __all__ = ["collect_results", "write_report"]
 
@@ -82,10 +84,9 @@ def _split(cfg: StudyConfig, kind: str) -> Any:
     return LayerSplit(shared=0, anchor=0, denoiser=s.anchor_layers + s.denoiser_layers)
 
 
-def collect_results(cfg: StudyConfig, layout: Any) -> dict[str, Any]:
-    """Every finished unit's numbers, as plain lists of rows (missing units are simply absent)."""
-    from tadm.eval.compute import layer_calls
-
+def collect_results(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell]) -> dict[str, Any]:
+    """Every finished unit's numbers, as plain lists of rows (missing units are simply absent); ``run`` and
+    ``cells`` are the study's pipeline run and sampling cells."""
     models, likelihood, staleness, cached, samples = [], [], [], [], []
     for m in cfg.models:
         for seed in cfg.seeds_of(m):
@@ -109,50 +110,24 @@ def collect_results(cfg: StudyConfig, layout: Any) -> dict[str, Any]:
                     unit = {"model": label, "kind": m.kind, "seed": seed, "eval_seed": eval_seed}
                     staleness.append({**st["staleness"], **unit})
                     cached.append({**st["cached"], **unit})
-    timing = _read(layout.throughput_file)
-    tps = {(r["model"], r["seed"], r["steps"], r["refresh"]): r for r in (timing or {}).get("rows", [])}
-    baseline_layers = None
-    for m in cfg.models:
-        if m.kind == "mdlm":
-            baseline_layers = cfg.size.anchor_layers + cfg.size.denoiser_layers
-    baseline_layers = baseline_layers or 12
+    baseline_layers = next((cfg.size.anchor_layers + cfg.size.denoiser_layers for m in cfg.models
+                            if m.kind == "mdlm"), 12)
+    kind = {m.name: m.kind for m in cfg.models}
     data_rows = []
     for ev in cfg.sampling.evaluators:
-        data = _read(layout.score_file(ev, "data", None, None, None))
+        data = data_row(run, ev)
         if data is not None:
-            data_rows.append({"evaluator": ev, "model": "data", "steps": None, "refresh": None, "gen_ppl": data["gen_ppl"],
-                              "entropy": data["entropy"], "mauve": None, "num_samples": data["num_texts"]})
-        for m in cfg.models:
-            if MODEL_KINDS[m.kind][0] == "ar":
-                continue
-            for seed in cfg.sampled_seeds(m):
-                for label in (m.name, f"{m.name}-naive"):
-                    for T in cfg.sampling.steps:
-                        for K in map(refresh_key, cfg.sampling.refresh):
-                            score = _read(layout.score_file(ev, label, seed, T, K))
-                            sample = _read(layout.sample_file(label, seed, T, K))
-                            if score is None or sample is None:
-                                continue
-                            counted = (sample.get("layer_calls_last_batch") or {}).get("total")
-                            # a canvas-dependent policy's compute is the counted one (its last batch)
-                            calls = layer_calls(_split(cfg, m.kind), T, K) if isinstance(K, int) else counted
-                            t = tps.get((label, seed, T, K), {})
-                            samples.append({
-                                "evaluator": ev, "model": label, "kind": m.kind, "seed": seed, "steps": T, "refresh": K,
-                                "sampler": sample.get("sampler"), "num_samples": len(sample["token_ids"]),
-                                **{k: score.get(k) for k in ("gen_ppl", "gen_ppl_nll", "entropy", "mauve",
-                                                             "mauve_num_samples", "mauve_num_reference",
-                                                             "mauve_buckets", "mauve_note")},
-                                "tokens_per_second": t.get("tokens_per_second"),
-                                "tokens_per_second_min": t.get("tokens_per_second_min"),
-                                "tokens_per_second_max": t.get("tokens_per_second_max"),
-                                "layer_calls": calls,
-                                "layer_calls_counted": counted,
-                                "compute_relative": None if calls is None else calls / (T * baseline_layers),
-                                "length": cfg.data.seq_len,
-                            })
+            data_rows.append(data)
+        rows = cell_rows(run, cells, ev, split_of=lambda cell: _split(cfg, kind[cell.label.removesuffix("-naive")]),
+                         baseline_layers=baseline_layers)
+        samples += [{**r, "kind": kind[r["model"].removesuffix("-naive")]} for r in rows]
     return {"models": models, "likelihood": likelihood, "staleness": staleness, "cached": cached,
             "samples": samples, "data": data_rows, "baseline_layers": baseline_layers}
+
+
+def _largest_fixed(cfg: StudyConfig) -> int:
+    """The largest fixed refresh interval K among the sampling policies (1 when there is none else)."""
+    return max([p.fixed_interval for p in cfg.sampling.policies() if p.fixed_interval is not None] or [1])
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -248,7 +223,7 @@ def _cached_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
 
 def _degradation_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
     """Per model: Gen PPL change K=1 -> K=max per evaluator and T, and the likelihood increase at the largest age."""
-    kmax = max(fixed_intervals(cfg.sampling.refresh))
+    kmax = _largest_fixed(cfg)
     age = cfg.staleness.max_age
     header = ["model"]
     for ev in cfg.sampling.evaluators:
@@ -329,11 +304,10 @@ def _staleness_long(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = print) -> dict[str, Path]:
+def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell], *,
+                 log: Callable[[str], None] = print) -> dict[str, Path]:
     """Rebuild ``results.json``, ``results.csv``, ``staleness.csv``, ``report.md`` and the plots."""
-    from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
-
-    res = collect_results(cfg, layout)
+    res = collect_results(cfg, layout, run, cells)
     manifest = _read(layout.manifest) or {}
     invocations = manifest.get("invocations", [])
     root = layout.root
@@ -420,8 +394,8 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
         table = table.replace("## Refresh-interval sweep (Table 5 layout)", "### Refresh-interval sweep (paper Table 4 layout)")
         lines += [f"## Sampling sweep, Gen PPL and MAUVE under {_ev_label(ev)}", "",
                   f"{cfg.sampling.num_samples} samples of {cfg.data.seq_len} tokens per cell (seed "
-                  f"{cfg.sampling.seed}), sampler `{cfg.sampling.sampler}` (top-p {cfg.sampling.top_p}, nucleus "
-                  f"`{cfg.sampling.nucleus}`, time grid `{cfg.sampling.time_grid}`); models of training seeds "
+                  f"{cfg.sampling.seed}), sampler `{cfg.sampling.sampler.name}` (top-p {cfg.sampling.sampler.top_p}, nucleus "
+                  f"`{cfg.sampling.sampler.nucleus}`, time grid `{cfg.sampling.sampler.time_grid}`); models of training seeds "
                   f"{cfg.sampling.model_seeds or 'first'}. MAUVE [samples, k-means clusters] against "
                   f"{cfg.sampling.reference} ({cfg.sampling.reference_split}). Compute: Transformer-layer calls of one "
                   f"generation relative to a {res['baseline_layers']}-layer MDLM. Throughput: median tokens/s "
@@ -429,7 +403,7 @@ def write_report(cfg: StudyConfig, layout: Any, *, log: Callable[[str], None] = 
                   f"{cfg.sampling.throughput_batch_size}, all cells interleaved in shuffled rounds"
                   + (f"; (x) relative to {adlm} at K = 1." if adlm else "."), "", table.strip(), ""]
     lines += ["## Degradation from K = 1 to the largest K", "",
-              f"Relative change of Gen PPL from K = 1 to K = {max(fixed_intervals(cfg.sampling.refresh))} (same samples' settings), and "
+              f"Relative change of Gen PPL from K = 1 to K = {_largest_fixed(cfg)} (same samples' settings), and "
               f"of the likelihood bound from cache age 0 to {cfg.staleness.max_age}; ± is half the range over seeds "
               "where several were run.", "", _degradation_table(cfg, res), ""]
     lines += ["## Files", "", "`results.json` (everything above, with configs, seeds, machine and commit), "

@@ -36,15 +36,11 @@ import torch
 from tadm.config import ConfigError
 from tadm.records import git_commit, machine_info, read_json, same_spec, write_json
 from tadm.training.rundir import RunDirLock, prepare_run_dir
-from tadm.study.config import (
-    IN_DOMAIN_EVALUATOR,
-    MODEL_KINDS,
-    StudyConfig,
-    StudyModel,
-    model_experiment_config,
-    refresh_key,
-    refresh_policy_of,
-)
+from tadm.eval.gen_ppl import decode_samples
+from tadm.eval.likelihood import packed_eval_blocks
+from tadm.eval.pipeline import Cell, PipelineStore, Run, sample_cells, score_cells, time_cells
+from tadm.sampling.refresh import parse_refresh
+from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, StudyModel, model_experiment_config
 
 __all__ = ["StudyLayout", "StudyOutput", "run_study"]
 
@@ -73,17 +69,6 @@ class StudyLayout:
 
     def eval_file(self, name: str, seed: int, what: str) -> Path:
         return self.root / "evals" / f"{name}-s{seed}" / f"{what}.json"
-
-    def sample_file(self, name: str, seed: int, T: int, K: int | str) -> Path:
-        return self.root / "samples" / f"{name}-s{seed}" / f"T{T}-K{K}.json"
-
-    def score_file(self, evaluator: str, name: str, seed: int | None, T: int | None, K: int | str | None) -> Path:
-        base = self.root / "scores" / _slug(evaluator)
-        return base / ("data.json" if seed is None else f"{name}-s{seed}-T{T}-K{K}.json")
-
-    @property
-    def throughput_file(self) -> Path:
-        return self.root / "throughput.json"
 
     @property
     def manifest(self) -> Path:
@@ -299,82 +284,42 @@ class _Study:
                                        "seconds": {"staleness": mid - start, "cached": end - mid}})
                     self._ran(unit, end - start)
 
-    # ---------------------------------------------------------------- 5. sampling
-    def sampling_cells(self) -> list[tuple[StudyModel, int, bool, int, int | str]]:
-        """(model, seed, naive, T, K) of every sampling cell; models without an anchor only at K = 1.
-
-        K is the entry's :func:`~tadm.study.config.refresh_key`: the interval of a fixed policy, or
-        the name of a policy mapping (``"adaptive-tau0.3"``).
-        """
-        sp = self.cfg.sampling
-        cells = []
+    # ---------------------------------------------------------------- 5.-7. sampling, scoring, timing
+    def sampling_cells(self) -> list[Cell]:
+        """Every sampling cell: each diffusion model x sampled seed (x naive reuse) x T x refresh policy;
+        models without an anchor only at K = 1."""
+        sp, cells = self.cfg.sampling, []
         for m in self.cfg.models:
             if not self.diffusion(m):
                 continue
-            refresh = [refresh_key(e) for e in sp.refresh] if self.anchored(m) else [1]
             for seed in self.cfg.sampled_seeds(m):
                 for naive in self.variants(m, sp.naive):
                     for T in sp.steps:
-                        for K in refresh:
-                            cells.append((m, seed, naive, T, K))
+                        policies = sp.policies() if self.anchored(m) else [parse_refresh(1)]
+                        cells += [Cell(label=self.label(m, naive), model_path=str(self.layout.final_dir(m.name, seed)),
+                                       steps=T, policy=policy, seed=seed, naive=naive) for policy in policies]
         return cells
 
-    def sampler(self, model: Any, T: int) -> tuple[str, Any]:
-        from tadm.eval.sweep import resolve_sampler
-        from tadm.sampling.registry import get_sampler, sampler_options
+    def pipeline(self) -> Run:
+        """The shared pipeline's run over this study's units (:mod:`tadm.eval.pipeline`)."""
+        by_path = {str(self.layout.final_dir(m.name, seed)): (m, seed) for m, seed in self.units()}
 
-        sp = self.cfg.sampling
-        name = resolve_sampler(sp.sampler, T, self.length())
-        settings = {"top_p": sp.top_p, "eta": sp.eta, "schedule": self.cfg.objective.schedule,
-                    "nucleus": sp.nucleus, "time_grid": sp.time_grid}
-        return name, get_sampler(name, model.mask_token_id, **sampler_options(name, settings))
+        def model_of(cell: Cell) -> Any:
+            m, seed = by_path[cell.model_path]
+            return self.model(m, seed, cell.naive)
 
-    def refresh_policy(self, K: int | str) -> Any:
-        """A fresh refresh policy of the ``sampling.refresh`` entry whose key is ``K``."""
-        for entry in self.cfg.sampling.refresh:
-            if refresh_key(entry) == K:
-                return refresh_policy_of(entry)
-        return refresh_policy_of(K)  # K = 1 of models without an anchor
+        return Run(PipelineStore(self.layout.root), self.cfg.sampling, self.length(), model_of,
+                   log=lambda line: self.log(f"[study] {line}"), progress=self.progress)
 
-    def sample_spec(self, m: StudyModel, seed: int, naive: bool, T: int, K: int | str) -> dict[str, Any]:
-        sp = self.cfg.sampling
-        return {"model": str(self.layout.final_dir(m.name, seed)), "naive": naive, "steps": T, "refresh": K,
-                "length": self.length(), "num_samples": sp.num_samples, "batch_size": sp.batch_size,
-                "seed": sp.seed, "sampler": sp.sampler, "top_p": sp.top_p, "eta": sp.eta, "nucleus": sp.nucleus,
-                "time_grid": sp.time_grid, "dtype": sp.dtype}
+    def _account(self, run: Run) -> None:
+        self.out.ran += run.ran
+        self.out.skipped += run.skipped
 
     def sample_all(self) -> None:
-        from tadm.eval.throughput import resolve_dtype
-        from tadm.sampling import generate
+        run = self.pipeline()
+        sample_cells(run, self.sampling_cells())
+        self._account(run)
 
-        sp = self.cfg.sampling
-        amp = resolve_dtype(sp.dtype)
-        for m, seed, naive, T, K in self.sampling_cells():
-            spec = self.sample_spec(m, seed, naive, T, K)
-            path = self.layout.sample_file(self.label(m, naive), seed, T, K)
-            unit = f"sample {self.label(m, naive)} seed {seed} T={T} K={K}"
-            if _done(path, spec):
-                self._skip(unit)
-                continue
-            model = self.model(m, seed, naive)
-            sampler_name, sampler = self.sampler(model, T)
-            gen_device = self.device if self.device.type == "cuda" else torch.device("cpu")
-            generator = torch.Generator(device=gen_device).manual_seed(sp.seed)
-            start = time.perf_counter()
-            rows, calls = [], None
-            for lo in range(0, sp.num_samples, sp.batch_size):
-                size = min(sp.batch_size, sp.num_samples - lo)
-                with torch.autocast(self.device.type, dtype=amp, enabled=amp != torch.float32):
-                    out = generate(model, sampler, batch_size=size, seq_len=self.length(), num_steps=T,
-                                   policy=self.refresh_policy(K), generator=generator, device=self.device)
-                rows.extend(out.tokens.cpu().tolist())
-                calls = out.layer_calls.as_dict()
-            seconds = time.perf_counter() - start
-            write_json(path, {"spec": spec, "sampler": sampler_name, "token_ids": rows,
-                               "layer_calls_last_batch": calls, "seconds": seconds})
-            self._ran(unit, seconds)
-
-    # ---------------------------------------------------------------- 6. scoring
     def evaluator_spec(self, name: str) -> str:
         """The loadable spec of an evaluator name (the in-domain AR is the first seed of the AR model)."""
         if name == IN_DOMAIN_EVALUATOR:
@@ -383,11 +328,8 @@ class _Study:
         return name
 
     def reference(self) -> tuple[list[str], Any]:
-        from tadm.eval.gen_ppl import decode_samples
-        from tadm.eval.likelihood import packed_eval_blocks
-
+        """Held-out blocks decoded like the samples (whole blocks, framing included) and their ids."""
         sp = self.cfg.sampling
-        assert sp.reference is not None
         blocks = packed_eval_blocks(sp.reference, self.tokenizer(), self.length(), cache_dir=self.cfg.data.cache_dir,
                                     split=sp.reference_split, val_fraction=self.cfg.data.val_fraction, seed=0)
         n = min(sp.num_samples, len(blocks))
@@ -395,108 +337,18 @@ class _Study:
             self.log(f"[study] note: {sp.reference!r} ({sp.reference_split}) has only {n} blocks of {self.length()} "
                      f"tokens for {sp.num_samples} samples per cell")
         ids = blocks.get_batch(range(n))  # (n, L)
-        return decode_samples(ids, self.tokenizer()), ids  # whole blocks, framing included, like the samples
+        return decode_samples(ids, self.tokenizer()), ids
 
     def score_all(self) -> None:
-        from tadm.eval.entropy import mean_entropy
-        from tadm.eval.evaluator import load_evaluator
-        from tadm.eval.gen_ppl import decode_samples, gen_ppl
-        from tadm.eval.mauve import mauve_from_features, mauve_sample_problem
+        run = self.pipeline()
+        score_cells(run, self.sampling_cells(), tokenizer=self.tokenizer(), evaluator_spec=self.evaluator_spec,
+                    reference=self.reference if self.cfg.sampling.reference is not None else None)
+        self._account(run)
 
-        sp = self.cfg.sampling
-        cells = self.sampling_cells()
-        for ev_name in sp.evaluators:
-            ev_spec = self.evaluator_spec(ev_name)
-            use_mauve = sp.mauve and sp.reference is not None
-            base_spec = {"evaluator": ev_spec, "reference": sp.reference, "reference_split": sp.reference_split,
-                         "reference_blocks": "whole", "mauve": use_mauve, "mauve_min_samples": sp.mauve_min_samples}
-            todo = []
-            data_path = self.layout.score_file(ev_name, "data", None, None, None)
-            data_spec = {**base_spec, "num_samples": sp.num_samples, "length": self.length()}
-            need_data = sp.reference is not None and not _done(data_path, data_spec)
-            for m, seed, naive, T, K in cells:
-                spec = {**base_spec, "samples": self.sample_spec(m, seed, naive, T, K)}
-                path = self.layout.score_file(ev_name, self.label(m, naive), seed, T, K)
-                if _done(path, spec):
-                    self._skip(f"score {ev_name} {self.label(m, naive)} seed {seed} T={T} K={K}")
-                else:
-                    todo.append((m, seed, naive, T, K, spec, path))
-            if sp.reference is not None and not need_data:
-                self._skip(f"score {ev_name} data")
-            if not todo and not need_data:
-                continue
-            self.log(f"[study] loading evaluator {ev_name} ({ev_spec})")
-            evaluator = load_evaluator(ev_spec, device=self.device)
-            ref_features = None
-            if sp.reference is not None:
-                ref_texts, ref_ids = self.reference()
-                start = time.perf_counter()
-                ref = gen_ppl(ref_texts, evaluator, batch_size=sp.eval_batch_size, features=use_mauve,
-                              progress=self.progress)
-                ref_features = ref.features
-                if need_data:
-                    write_json(data_path, {"spec": data_spec, "gen_ppl": ref.gen_ppl, "gen_ppl_nll": ref.nll,
-                                            "gen_ppl_tokens": ref.num_tokens, "entropy": mean_entropy(ref_ids),
-                                            "num_texts": len(ref_texts)})
-                    self._ran(f"score {ev_name} data", time.perf_counter() - start)
-            for m, seed, naive, T, K, spec, path in todo:
-                start = time.perf_counter()
-                saved = read_json(self.layout.sample_file(self.label(m, naive), seed, T, K))
-                ids = saved["token_ids"]
-                texts = decode_samples(ids, self.tokenizer())
-                want_features = ref_features is not None and use_mauve
-                ppl = gen_ppl(texts, evaluator, batch_size=sp.eval_batch_size, features=want_features,
-                              progress=self.progress)
-                record: dict[str, Any] = {"spec": spec, "gen_ppl": ppl.gen_ppl, "gen_ppl_nll": ppl.nll,
-                                          "gen_ppl_tokens": ppl.num_tokens, "entropy": mean_entropy(ids),
-                                          "mauve": None, "mauve_num_samples": None, "mauve_num_reference": None,
-                                          "mauve_buckets": None, "mauve_note": None}
-                if want_features:
-                    n_ref = len(ref_features)
-                    record.update(mauve_num_samples=len(texts), mauve_num_reference=n_ref)
-                    problem = mauve_sample_problem(len(texts), n_ref, sp.mauve_min_samples)
-                    if problem is None:
-                        result = mauve_from_features(ref_features, ppl.features, min_samples=sp.mauve_min_samples)
-                        record.update(mauve=result.mauve, mauve_buckets=result.num_buckets)
-                    else:
-                        record["mauve_note"] = problem
-                write_json(path, record)
-                self._ran(f"score {ev_name} {self.label(m, naive)} seed {seed} T={T} K={K}",
-                          time.perf_counter() - start)
-
-    # ---------------------------------------------------------------- 7. throughput
     def time_all(self) -> None:
-        from tadm.eval.throughput import TimingCell, interleaved_throughput
-
-        sp = self.cfg.sampling
-        if sp.throughput_generations == 0:
-            return
-        cells = self.sampling_cells()
-        spec = {"cells": [[self.label(m, n), s, T, K] for m, s, n, T, K in cells],
-                "samples": [self.sample_spec(m, s, n, T, K) | {"num_samples": None, "batch_size": None}
-                            for m, s, n, T, K in cells],
-                "generations": sp.throughput_generations, "warmup": sp.throughput_warmup,
-                "batch_size": sp.throughput_batch_size, "device": str(self.device)}
-        if _done(self.layout.throughput_file, spec):
-            self._skip("throughput")
-            return
-        timing = []
-        for m, seed, naive, T, K in cells:
-            model = self.model(m, seed, naive)
-            timing.append(TimingCell(
-                key=(self.label(m, naive), seed, T, K), model=model, seq_len=self.length(), num_steps=T,
-                policy=self.refresh_policy(K), make_sampler=lambda model=model, T=T: self.sampler(model, T)[1]))
-        self.log(f"[study] timing {len(timing)} cells interleaved: {sp.throughput_warmup} warm-up + "
-                 f"{sp.throughput_generations} timed generations of batch {sp.throughput_batch_size} each")
-        start = time.perf_counter()
-        results = interleaved_throughput(timing, num_generations=sp.throughput_generations,
-                                         warmup=sp.throughput_warmup, batch_size=sp.throughput_batch_size,
-                                         dtype=sp.dtype, device=self.device, seed=sp.seed, progress=self.progress)
-        rows = [{"model": key[0], "seed": key[1], "steps": key[2], "refresh": key[3], **r.as_dict()}
-                for key, r in results.items()]
-        write_json(self.layout.throughput_file, {"spec": spec, "rows": rows,
-                                                  "torch_threads": torch.get_num_threads()})
-        self._ran("throughput", time.perf_counter() - start)
+        run = self.pipeline()
+        time_cells(run, self.sampling_cells())
+        self._account(run)
 
 
 def open_study(cfg: StudyConfig, *, log: Callable[[str], None] = print, progress: bool = False) -> _Study:
@@ -562,6 +414,6 @@ def _run_locked(study: _Study, cfg: StudyConfig, log: Callable[[str], None], sta
     invocation["ran"], invocation["skipped"] = len(study.out.ran), len(study.out.skipped)
     write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
     if "report" in stages:
-        study.out.files = write_report(cfg, layout, log=log)
+        study.out.files = write_report(cfg, layout, study.pipeline(), study.sampling_cells(), log=log)
     study.out.seconds = time.perf_counter() - start
     return study.out

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy
-from tadm.sampling.registry import get_sampler
+from tadm.sampling.registry import build_sampler
 
 __all__ = [
     "BASE_STEPS",
@@ -149,8 +149,7 @@ class BlockGenerator:
         self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
         self.fusion_mode = model.fusion_mode  # set on the shared model before each batch
         self.steps = BASE_STEPS if settings.steps is None else settings.steps
-        self.sampler = get_sampler("entropy-bound", vocab_size=model.vocab_size, num_steps=self.steps,
-                                   **settings.sampler_options)
+        self.sampler = build_sampler("entropy-bound", model, num_steps=self.steps, **settings.sampler_options)
         self.device = next(model.parameters()).device
         config = getattr(getattr(backbone, "model", None), "generation_config", None)
         self.eos_ids = _eos_ids(getattr(config, "eos_token_id", None), tokenizer.eos_token_id)
@@ -291,7 +290,7 @@ class PrefixGenerator:
         self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
         self.steps = OWN_MODEL_STEPS if settings.steps is None else settings.steps
         self.sampler_name = settings.sampler or "mdlm"
-        self.sampler = get_sampler(self.sampler_name, model.mask_token_id, **settings.sampler_options)
+        self.sampler = build_sampler(self.sampler_name, model, **settings.sampler_options)
         self.max_seq_len = int(model.config.max_seq_len)
         self.device = next(model.parameters()).device
         self.eos_ids = [tokenizer.eos_id]

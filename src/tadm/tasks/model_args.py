@@ -16,16 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from tadm.posttrain.adapter_io import ADAPTER_CONFIG_NAME
-from tadm.sampling.refresh import RefreshPolicy, get_refresh_policy, refresh_policy_from_config
+from tadm.sampling.refresh import RefreshPolicy, parse_refresh
 from tadm.sampling.registry import sampler_config
-from tadm.specs import check_hf_source, check_model_source, resolve_device, resolve_dtype
+from tadm.devices import resolve_device, resolve_dtype
+from tadm.hf import check_hf_source
+from tadm.specs import check_model_source
 from tadm.tasks.generation import BlockGenerator, GenerationSettings, PrefixGenerator
 
 __all__ = ["SAMPLER_OPTION_KEYS", "TadmModelArgs", "parse_batch_size", "parse_ints"]
 
 SAMPLER_OPTION_KEYS = ("entropy_bound", "temperature_max", "temperature_min", "categorical",
                        "top_p", "eta", "schedule", "nucleus", "time_grid")
-_INT_LIMITS = {"K": 1, "steps": 1, "canvas_length": 1, "max_gen_toks": 1, "min_interval": 1, "max_interval": 1,
+_INT_LIMITS = {"steps": 1, "canvas_length": 1, "max_gen_toks": 1, "min_interval": 1, "max_interval": 1,
                "seed": 0}
 _OPTIONAL_INTS = ("steps", "canvas_length", "max_interval")
 _BOOL_KEYS = ("naive", "skip_unchanged", "self_conditioning", "adaptive_stopping", "thinking")
@@ -65,8 +67,9 @@ class TadmModelArgs:
 
     Model: ``model`` | ``base`` [+ ``adapter``], ``backbone`` (base kind, default diffusion-gemma),
     ``tokenizer``, ``split`` (S:A without an adapter), ``naive`` (naive-reuse baseline: fusion off).
-    Refresh: ``K`` (fixed policy, Algorithm 1), or ``refresh_policy`` schedule (``refresh_steps``) or
-    adaptive (``tau``, ``min_interval``, ``max_interval``); ``skip_unchanged``; ``policy`` (Python).
+    Refresh: ``K``, any refresh spec (``2``, ``adaptive:tau=0.3``, ``schedule:steps=48/40/24``), or
+    the long form ``refresh_policy`` schedule (``refresh_steps``) or adaptive (``tau``,
+    ``min_interval``, ``max_interval``); ``skip_unchanged``; ``policy`` (Python: a policy or mapping).
     Sampler: ``steps`` (T), ``canvas_length`` (L), ``sampler`` and its options (entropy-bound:
     ``entropy_bound``, ``temperature_max``, ``temperature_min``; masked: ``top_p``, ``eta``, ...),
     ``self_conditioning``, ``adaptive_stopping``. Run: ``seed``, ``batch_size``, ``device``,
@@ -80,7 +83,7 @@ class TadmModelArgs:
     tokenizer: str | None = None
     split: Any = None
     naive: bool = False
-    K: int = 1
+    K: Any = 1  # a refresh spec: 4, "adaptive:tau=0.3", ...
     refresh_policy: str = "fixed"
     refresh_steps: Any = None
     tau: float | None = None
@@ -190,23 +193,27 @@ class TadmModelArgs:
         return pair
 
     def build_policy(self) -> RefreshPolicy:
-        """The refresh policy: ``policy`` if given, else the one ``refresh_policy`` names."""
+        """The refresh policy (:func:`~tadm.sampling.refresh.parse_refresh`): ``policy`` if given, else ``K``,
+        else the long form ``refresh_policy`` with its parameters."""
         if self.policy is not None:
-            return refresh_policy_from_config(self.policy)
+            return parse_refresh(self.policy)
         name = self.refresh_policy
-        if name != "fixed" and self.K != 1:
-            raise ValueError(f"K={self.K} is the fixed policy's interval; refresh_policy={name} does not use it")
         if name == "fixed":
-            return get_refresh_policy("fixed", interval=self.K, skip_unchanged=self.skip_unchanged)
-        if name == "schedule":
+            policy = parse_refresh(self.K)
+        elif str(self.K) != "1":
+            raise ValueError(f"K={self.K} and refresh_policy={name} name two policies; give one "
+                             f"(e.g. K={name}:...)")
+        elif name == "schedule":
             steps = parse_ints(self.refresh_steps, "refresh_steps")
             if not steps:
                 raise ValueError("refresh_policy=schedule needs refresh_steps (e.g. refresh_steps=48:40:24)")
-            return get_refresh_policy("schedule", steps=list(steps), skip_unchanged=self.skip_unchanged)
-        if name == "adaptive" and self.tau is None:
+            policy = parse_refresh({"policy": "schedule", "steps": list(steps)})
+        elif name == "adaptive" and self.tau is None:
             raise ValueError("refresh_policy=adaptive needs tau (a share of changed positions, e.g. tau=0.05)")
-        return get_refresh_policy(name, tau=self.tau, min_interval=self.min_interval,
-                                  max_interval=self.max_interval, skip_unchanged=self.skip_unchanged)
+        else:
+            policy = parse_refresh({"policy": name, "tau": self.tau, "min_interval": self.min_interval,
+                                    "max_interval": self.max_interval})
+        return parse_refresh({**policy.config(), "skip_unchanged": True}) if self.skip_unchanged else policy
 
     def load_generator(self) -> Any:
         """The generator these settings name: a :class:`BlockGenerator` (``base``) or a :class:`PrefixGenerator`."""

@@ -11,9 +11,11 @@ With one of tadm's own models (``model``) every row is ``tadm`` at each K (K = 1
 anchor at every step). One model is loaded per base/adapter pair; every K, seed and the naive
 switch reuse it through the generators' ``with_settings``.
 
-Each (task, method, K, seed) *unit* writes ``OUT/units/<task>/<method>-K<K>-seed<S>.json`` holding
-its spec (model, data hash, settings), every prompt, response and check, the accuracy and the
-generation stats. A later run skips units whose file holds the same spec, so a cut-off run resumes.
+K is any refresh spec (``2``, ``adaptive:tau=0.3``; :func:`tadm.sampling.refresh.parse_refresh`).
+Each (task, method, K, seed) *unit* writes ``OUT/units/<task>/<method>-K<key>-seed<S>.json`` through
+the shared :class:`~tadm.records.UnitStore`, holding its spec (model, data hash, settings), every
+prompt, response and check, the accuracy and the generation stats. A later run skips units whose
+file holds the same spec, so a cut-off run resumes.
 With a judge, each unit's corruption is written beside it (``...judge.json``, verdicts cached in
 ``OUT/judge-cache``). :mod:`tadm.tasks.task_tables` then writes the two tables.
 """
@@ -28,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tadm.records import git_commit, machine_info, read_json, same_spec, write_json
+from tadm.records import UnitStore, git_commit, machine_info
+from tadm.sampling.refresh import RefreshPolicy, parse_refresh, parse_refresh_list
 from tadm.tasks.benchmarks import Benchmark, build_prompt, parse_task_list, score
 from tadm.tasks.datasets import TaskData, load_task
 from tadm.tasks.sandbox import (CodeLimits, code_execution_allowed, containment,
@@ -44,7 +47,7 @@ class TaskRunConfig:
     """Everything a run needs; defaults are the paper's (three seeds, K = 1, 2, 3, T = 48, canvas 256)."""
 
     tasks: list[str] | str | None = None  # None: all six
-    refresh: list[int] = field(default_factory=lambda: [1, 2, 3])
+    refresh: list[Any] = field(default_factory=lambda: [1, 2, 3])  # refresh specs
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     naive: bool = False
     base: str | None = None
@@ -67,6 +70,9 @@ class TaskRunConfig:
     allow_code_execution: bool = False  # the opt-in to run model-written code (the environment can grant it)
     allow_code_network: bool = False  # run code where the sandbox cannot block the network
     out_dir: str = "tadm-tasks"
+
+    def policies(self) -> list[RefreshPolicy]:
+        return parse_refresh_list(list(self.refresh))
 
     def code_limits(self) -> CodeLimits:
         return CodeLimits(self.code_timeout, self.code_memory_mb, self.allow_code_execution, self.allow_code_network)
@@ -101,9 +107,12 @@ class TaskRunConfig:
             raise ValueError("--adapter, --split and --naive apply to a post-training base (--base)")
         if self.adapter is not None and self.split is not None:
             raise ValueError("give --adapter or --split, not both: an adapter fixes its own split")
-        for name, values, low in (("K", self.refresh, 1), ("seeds", self.seeds, 0)):
-            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
-                raise ValueError(f"{name} must be a non-empty list of integers >= {low}, got {values!r}")
+        try:
+            self.policies()
+        except ValueError as err:
+            raise ValueError(f"K: {err}") from None
+        if not self.seeds or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.seeds):
+            raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {self.seeds!r}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         return benches
@@ -111,32 +120,39 @@ class TaskRunConfig:
 
 @dataclass(frozen=True)
 class Method:
-    """A row family: ``name`` (baseline, tadm, naive) at refresh interval ``K``, on the adapter's model or not."""
+    """A row family: ``name`` (baseline, tadm, naive) at a refresh ``policy``, on the adapter's model or not."""
 
     name: str
-    K: int
+    policy: RefreshPolicy
     adapter: bool
     naive: bool = False
 
     @property
+    def K(self) -> int | str:
+        """The policy as rows record it: an int for a fixed interval K, else the policy's key."""
+        return self.policy.record
+
+    @property
     def key(self) -> str:
-        return f"{self.name}-K{self.K}"
+        return f"{self.name}-K{self.policy.key}"
 
 
 def methods(cfg: TaskRunConfig) -> list[Method]:
     """The methods a run covers, in table order."""
+    policies = cfg.policies()
     if cfg.model is not None:
-        return [Method("tadm", K, False) for K in cfg.refresh]
+        return [Method("tadm", p, False) for p in policies]
     has = cfg.adapter is not None
-    rows = [Method("baseline", 1, has, naive=True)]  # a fresh anchor at every step: the base model itself
-    rows += [Method("tadm", K, True) for K in cfg.refresh] if has else []
-    rows += [Method("naive", K, has, naive=True) for K in cfg.refresh] if cfg.naive else []
+    rows = [Method("baseline", parse_refresh(1), has, naive=True)]  # a fresh anchor at every step: the base itself
+    rows += [Method("tadm", p, True) for p in policies] if has else []
+    rows += [Method("naive", p, has, naive=True) for p in policies] if cfg.naive else []
     return rows
 
 
 # ------------------------------------------------------------------------------------------ units
-def unit_path(out: Path, task: str, method: Method, seed: int) -> Path:
-    return out / "units" / task / f"{method.key}-seed{seed}.json"
+def unit_path(task: str, method: Method, seed: int) -> Path:
+    """A unit's file, relative to the run's directory."""
+    return Path("units") / task / f"{method.key}-seed{seed}.json"
 
 
 def _data_hash(data: TaskData) -> str:
@@ -184,7 +200,7 @@ def load_generator(cfg: TaskRunConfig, with_adapter: bool) -> Any:
 def _generator_for(generator: Any, cfg: TaskRunConfig, method: Method) -> Any:
     from tadm.tasks.model_args import TadmModelArgs
 
-    settings = TadmModelArgs.from_kwargs(require_model=False, K=method.K, steps=cfg.steps,
+    settings = TadmModelArgs.from_kwargs(require_model=False, policy=method.policy, steps=cfg.steps,
                                          canvas_length=cfg.canvas_length if cfg.base else None).settings()
     if cfg.base is not None:
         return generator.with_settings(settings, naive=method.naive)
@@ -229,29 +245,29 @@ class _Unit:
     path: Path
 
 
-def _units(cfg: TaskRunConfig, benches: list[Benchmark], out: Path) -> list[_Unit]:
+def _units(cfg: TaskRunConfig, benches: list[Benchmark]) -> list[_Unit]:
     units = []
     for bench in benches:
         data = load_task(bench, cfg.data_dir, cfg.limit)
         for method in methods(cfg):
             for seed in cfg.seeds:
                 units.append(_Unit(bench, data, method, seed, unit_spec(cfg, bench, data, method, seed),
-                                   unit_path(out, bench.name, method, seed)))
+                                   unit_path(bench.name, method, seed)))
     return units
 
 
-def _generate_all(cfg: TaskRunConfig, units: list[_Unit], load: Callable[[TaskRunConfig, bool], Any],
-                  log: Log) -> int:
+def _generate_all(cfg: TaskRunConfig, store: UnitStore, units: list[_Unit],
+                  load: Callable[[TaskRunConfig, bool], Any], log: Log) -> int:
     """Run the units without a result of the same spec, one model load per base/adapter pair."""
     ran = 0
     for with_adapter in (False, True):
-        todo = [u for u in units if u.method.adapter == with_adapter and not same_spec(read_json(u.path), u.spec)]
+        todo = [u for u in units if u.method.adapter == with_adapter and not store.done(u.path, u.spec)]
         if not todo:
             continue
         generator = load(cfg, with_adapter)
         for unit in todo:
             result = run_unit(_generator_for(generator, cfg, unit.method), cfg, unit.bench, unit.data, unit.seed)
-            write_json(unit.path, {"spec": unit.spec, **result})
+            store.save(unit.path, unit.spec, result)
             log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: accuracy {result['accuracy']:.3f} "
                 f"({result['correct']}/{result['n']}), {result['stats']['tokens_per_second']:.1f} tok/s")
             ran += 1
@@ -274,22 +290,22 @@ DEFAULT_JUDGE_WARNING = ("the default local judge (SmolLM2-135M-Instruct) does n
                          "its corruption numbers are not evidence")
 
 
-def _judge_all(cfg: TaskRunConfig, units: list[_Unit], out: Path, log: Log) -> str:
+def _judge_all(cfg: TaskRunConfig, store: UnitStore, units: list[_Unit], log: Log) -> str:
     """Corruption of each unit's responses (degeneration judge), written beside the unit's result; the judge's id."""
     from tadm.tasks.judge import DegenerationJudge
 
-    judge = DegenerationJudge(_judge_client(cfg), cache_dir=out / "judge-cache", concurrency=cfg.judge_concurrency)
+    judge = DegenerationJudge(_judge_client(cfg), cache_dir=store.path("judge-cache"),
+                              concurrency=cfg.judge_concurrency)
     if cfg.judge in ("local", "local-free"):
         log(f"note: {DEFAULT_JUDGE_WARNING}")
     for unit in units:
         path = unit.path.with_suffix(".judge.json")
         spec = {"unit": unit.spec, "judge": judge.client.judge_id}
-        if same_spec(read_json(path), spec):
+        if store.done(path, spec):
             continue
-        records = read_json(unit.path)["records"]
+        records = store.load(unit.path)["records"]
         result = judge.evaluate([(r["prompt"], r["response"]) for r in records])
-        write_json(path, {"spec": spec, "summary": result.summary.as_dict(),
-                           "verdicts": [v.as_dict() for v in result.verdicts]})
+        store.save(path, spec, {"summary": result.summary.as_dict(), "verdicts": [v.as_dict() for v in result.verdicts]})
         log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: corruption {result.summary.corruption:.3f}")
     return judge.client.judge_id
 
@@ -303,13 +319,14 @@ class TaskRunResult:
     files: dict[str, Path]
 
 
-def _payload(unit: _Unit) -> dict[str, Any]:
-    stored = read_json(unit.path)
-    judged = read_json(unit.path.with_suffix(".judge.json"))
+def _payload(store: UnitStore, unit: _Unit) -> dict[str, Any]:
+    stored = store.load(unit.path)
+    judged = store.load(unit.path.with_suffix(".judge.json"))
     return {"task": unit.bench.name, "method": unit.method.name, "K": unit.method.K, "seed": unit.seed,
             "accuracy": stored["accuracy"], "n": stored["n"], "stats": stored["stats"],
             "correct": [bool(r["correct"]) for r in stored["records"]],
-            "judge": judged.get("summary") if isinstance(judged, dict) else None}
+            "judge": judged.get("summary") if judged is not None else None,
+            "provenance": stored.get("provenance")}
 
 
 def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] | None = None,
@@ -324,10 +341,11 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     started = time.perf_counter()
     benches = cfg.check(log)
     out = Path(cfg.out_dir)
-    units = _units(cfg, benches, out)
-    ran = _generate_all(cfg, units, load or load_generator, log)
-    judge_id = _judge_all(cfg, units, out, log) if cfg.judge not in (None, "", "none") else None
-    payloads = [_payload(u) for u in units]
+    store = UnitStore(out)
+    units = _units(cfg, benches)
+    ran = _generate_all(cfg, store, units, load or load_generator, log)
+    judge_id = _judge_all(cfg, store, units, log) if cfg.judge not in (None, "", "none") else None
+    payloads = [_payload(store, u) for u in units]
     home = str(Path.home())
     provenance = {"command": command, "machine": machine_info(), **git_commit(),
                   "judge": judge_id.replace(home, "~") if judge_id and home not in ("", "/") else judge_id,

@@ -232,7 +232,7 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
 
     all_cells = cells(units)
     tasks = task_rows(all_cells, units, benches, rows)
-    Ks = sorted({m.K for m in rows if m.name == "naive"})
+    Ks = list(dict.fromkeys(m.K for m in rows if m.name == "naive"))
     naive = naive_rows(all_cells, units, Ks) if Ks else []
     out.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out / "table.md", "task_csv": out / "task_table.csv", "cells_csv": out / "cells.csv",

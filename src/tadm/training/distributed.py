@@ -62,8 +62,8 @@ def _env_int(name: str, default: int) -> int:
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """:func:`tadm.specs.resolve_device`, with ``auto`` and ``cuda`` meaning this process's GPU, ``cuda:LOCAL_RANK``."""
-    from tadm.specs import resolve_device as resolve_named_device
+    """:func:`tadm.devices.resolve_device`, with ``auto`` and ``cuda`` meaning this process's GPU, ``cuda:LOCAL_RANK``."""
+    from tadm.devices import resolve_device as resolve_named_device
 
     device = resolve_named_device(spec)
     if device.type == "cuda" and str(spec).strip().lower() in ("auto", "cuda"):

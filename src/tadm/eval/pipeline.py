@@ -1,0 +1,420 @@
+"""The one experiment pipeline: sampling cells generated, scored and timed, each a resumable unit.
+
+A sweep (``tadm eval sweep``) and a study (``tadm study``) are lists of :class:`Cell` (a model, a
+step budget T and a refresh policy) fed through the same stages, each stage writing one
+spec-keyed unit per cell into a :class:`PipelineStore` (a :class:`~tadm.records.UnitStore`) and
+skipping the cells already done:
+
+1. :func:`sample_cells`: ``num_samples`` unconditional samples with anchor-cache inference
+   (Algorithm 1), their token ids and the layer calls counted (``samples/…/T*-K*.json``);
+2. :func:`score_cells`: per evaluator, Gen PPL with the MAUVE features of the same forward passes
+   (one pass over the samples), MAUVE against the held-out reference, and the unigram entropy;
+   the reference text's own row (``scores/EVALUATOR/…``);
+3. :func:`time_cells`: tokens/s of every cell, timed together in shuffled interleaved rounds
+   (``throughput.json``);
+4. :func:`cell_rows`: one row per (cell, evaluator) merging the three with the analytic compute.
+
+Settings every stage reads are one :class:`SamplingSettings`, with its sampler in a nested
+:class:`SamplerSection` and its refresh entries in the one refresh currency
+(:func:`tadm.sampling.refresh.parse_refresh`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tadm.eval.compute import policy_layer_calls
+from tadm.eval.entropy import mean_entropy
+from tadm.eval.evaluator import load_evaluator
+from tadm.eval.gen_ppl import decode_samples, gen_ppl
+from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_from_features, mauve_sample_problem
+from tadm.devices import resolve_device, resolve_dtype
+from tadm.eval.throughput import DTYPES, MIN_TIMED_GENERATIONS, TimingCell, interleaved_throughput
+from tadm.records import UnitStore
+from tadm.sampling import generate
+from tadm.sampling.base import TIME_GRIDS
+from tadm.sampling.categorical import NUCLEUS_RULES
+from tadm.sampling.refresh import RefreshPolicy, parse_refresh, parse_refresh_list
+from tadm.sampling.registry import SAMPLERS, build_sampler, sampler_config, sampler_options
+
+__all__ = ["MAUVE_SEED", "Cell", "PipelineStore", "SamplerSection", "SamplingSettings", "cell_rows", "sample_cells",
+           "score_cells", "time_cells"]
+
+MAUVE_SEED = 25  # mauve-text's default k-means seed
+Log = Callable[[str], None]
+
+
+# ========================================================================================= settings
+@dataclass
+class SamplerSection:
+    """The nested ``sampler:`` section: a registry name (``auto``: the paper's rule, ReMDM-cap for T < L and
+    ReMDM-loop for T >= L) and its options (unset ones keep the sampler's defaults)."""
+
+    name: str = "auto"
+    top_p: float | None = 0.9
+    eta: float | None = None
+    schedule: str | None = None
+    nucleus: str = "released"
+    time_grid: str = "paper"
+
+    def resolve(self, num_steps: int, length: int) -> str:
+        if self.name == "auto":
+            return "remdm-cap" if num_steps < length else "remdm-loop"
+        return self.name
+
+    def options(self, name: str) -> dict[str, Any]:
+        settings = {"top_p": self.top_p, "eta": self.eta, "schedule": self.schedule, "nucleus": self.nucleus,
+                    "time_grid": self.time_grid}
+        return sampler_options(name, settings)
+
+    def build(self, model: Any, num_steps: int, length: int) -> tuple[str, Any]:
+        """(resolved name, sampler) for ``model`` at T = ``num_steps`` and canvas ``length``."""
+        name = self.resolve(num_steps, length)
+        return name, build_sampler(name, model, **self.options(name))
+
+    def spec(self) -> dict[str, Any]:
+        """The settings a sample unit depends on (the keys units have always recorded)."""
+        return {"sampler": self.name, "top_p": self.top_p, "eta": self.eta, "nucleus": self.nucleus,
+                "time_grid": self.time_grid}
+
+    def validate(self, where: str) -> None:
+        masked = sorted(n for n, e in SAMPLERS.items() if e.needs == "mask_id")
+        if self.name != "auto" and self.name not in masked:
+            raise ValueError(f"{where}.name {self.name!r} is unknown; valid: auto, {', '.join(masked)}")
+        if self.nucleus not in NUCLEUS_RULES:
+            raise ValueError(f"{where}.nucleus {self.nucleus!r} is unknown; valid: {', '.join(NUCLEUS_RULES)}")
+        if self.time_grid not in TIME_GRIDS:
+            raise ValueError(f"{where}.time_grid {self.time_grid!r} is unknown; valid: {', '.join(TIME_GRIDS)}")
+        for name in ("remdm-cap", "remdm-loop") if self.name == "auto" else (self.name,):
+            try:
+                sampler_config(name, **self.options(name))
+            except ValueError as err:
+                raise ValueError(f"{where}: {err}") from None
+
+
+@dataclass
+class SamplingSettings:
+    """How cells are sampled, scored and timed; shared by sweeps and studies, validated in one place."""
+
+    steps: list[int] = field(default_factory=lambda: [32, 128])
+    refresh: list[Any] = field(default_factory=lambda: [1, 2, 4, 8])  # refresh specs: 4, "adaptive:tau=0.3", ...
+    num_samples: int = 64
+    batch_size: int = 32
+    seed: int = 0
+    sampler: SamplerSection = field(default_factory=SamplerSection)
+    evaluators: list[str] = field(default_factory=lambda: ["smollm2-135m"])
+    eval_batch_size: int = 16
+    reference: str | None = "brown"  # held-out text for MAUVE and the data row (None: neither)
+    reference_split: str = "val"
+    mauve: bool = True
+    mauve_min_samples: int = MAUVE_MIN_SAMPLES  # fewer samples or reference texts per side: no MAUVE
+    mauve_num_buckets: Any = "auto"
+    throughput_generations: int = 5  # 0: not timed
+    throughput_warmup: int = 1
+    throughput_batch_size: int = 1
+    device: str = "auto"
+    dtype: str = "float32"
+
+    def policies(self) -> list[RefreshPolicy]:
+        return parse_refresh_list(list(self.refresh))
+
+    def validate(self, where: str = "sampling") -> None:
+        """A ValueError naming ``where.key`` for the first bad value."""
+        _ints(f"{where}.steps", self.steps, 1)
+        specs = list(self.refresh) if isinstance(self.refresh, (list, tuple)) else [self.refresh]
+        for i, spec in enumerate(specs):
+            try:
+                parse_refresh(spec)
+            except ValueError as err:
+                raise ValueError(f"{where}.refresh[{i}]: {err}") from None
+        try:
+            policies = self.policies()
+        except ValueError as err:
+            raise ValueError(f"{where}.refresh: {err}") from None
+        if "1" not in [p.key for p in policies]:
+            raise ValueError(f"{where}.refresh must include K = 1 (the reference of every comparison), got "
+                             f"{[p.key for p in policies]}")
+        for name in ("num_samples", "batch_size", "eval_batch_size", "throughput_batch_size", "mauve_min_samples"):
+            _ints(f"{where}.{name}", [getattr(self, name)], 1)
+        _ints(f"{where}.seed", [self.seed], 0)
+        if self.throughput_generations < 0 or self.throughput_warmup < 0:
+            raise ValueError(f"{where}.throughput_generations and {where}.throughput_warmup must be >= 0")
+        if 0 < self.throughput_generations < MIN_TIMED_GENERATIONS:
+            raise ValueError(f"{where}.throughput_generations must be 0 (skip) or >= {MIN_TIMED_GENERATIONS} for a "
+                             f"median, got {self.throughput_generations}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{where}.dtype {self.dtype!r} is unknown; valid: {', '.join(DTYPES)}")
+        if self.reference_split not in ("val", "all"):
+            raise ValueError(f"{where}.reference_split must be 'val' or 'all', got {self.reference_split!r}")
+        if not self.evaluators:
+            raise ValueError(f"{where}.evaluators is empty: name at least one evaluator")
+        self.sampler.validate(f"{where}.sampler")
+
+
+def _ints(name: str, values: Sequence[Any], minimum: int) -> None:
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in values):
+        raise ValueError(f"{name} must be a non-empty list of integers >= {minimum}, got {list(values)!r}")
+
+
+# ============================================================================================ cells
+@dataclass(frozen=True)
+class Cell:
+    """One sampling configuration: a model (by its label in files and tables), T and a refresh policy."""
+
+    label: str  # e.g. "tadm", "tadm-naive"
+    model_path: str  # what the model was loaded from (part of the unit's spec)
+    steps: int
+    policy: RefreshPolicy
+    seed: int | None = None  # training seed of a study's model; None for a sweep's
+    naive: bool = False
+
+    @property
+    def refresh(self) -> int | str:
+        """The policy's key as units and rows record it (an int for fixed K)."""
+        return self.policy.record
+
+    @property
+    def key(self) -> tuple[str, int | None, int, int | str]:
+        return (self.label, self.seed, self.steps, self.refresh)
+
+    @property
+    def stem(self) -> str:
+        return self.label if self.seed is None else f"{self.label}-s{self.seed}"
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip("_") or "x"
+
+
+class PipelineStore(UnitStore):
+    """Where each stage's units live: ``samples/``, ``scores/EVALUATOR/`` and ``throughput.json``."""
+
+    def sample_path(self, cell: Cell) -> Path:
+        return self.path(Path("samples") / cell.stem / f"T{cell.steps}-K{cell.refresh}.json")
+
+    def score_path(self, evaluator: str, cell: Cell | None) -> Path:
+        base = Path("scores") / _slug(evaluator)
+        return self.path(base / ("data.json" if cell is None else f"{cell.stem}-T{cell.steps}-K{cell.refresh}.json"))
+
+    @property
+    def throughput_path(self) -> Path:
+        return self.path("throughput.json")
+
+
+def sample_spec(cell: Cell, settings: SamplingSettings, length: int) -> dict[str, Any]:
+    return {"model": cell.model_path, "naive": cell.naive, "steps": cell.steps, "refresh": cell.refresh,
+            "length": length, "num_samples": settings.num_samples, "batch_size": settings.batch_size,
+            "seed": settings.seed, **settings.sampler.spec(), "dtype": settings.dtype}
+
+
+@dataclass
+class Run:
+    """What every stage needs besides the cells: the store, settings, canvas length and how to get models."""
+
+    store: PipelineStore
+    settings: SamplingSettings
+    length: int
+    model_of: Callable[[Cell], Any]
+    log: Log = print
+    progress: bool = False
+    length_of: Callable[[Cell], int] | None = None  # per-cell canvas length (models of a sweep may differ)
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def device(self) -> torch.device:
+        return resolve_device(self.settings.device)
+
+    def done(self, unit: str, seconds: float) -> None:
+        self.ran.append(unit)
+        self.log(f"{unit}: done in {seconds:.1f}s")
+
+
+# =========================================================================================== stages
+def _unit(cell: Cell) -> str:
+    return f"{cell.label}{'' if cell.seed is None else f' seed {cell.seed}'} T={cell.steps} K={cell.refresh}"
+
+
+def sample_cells(run: Run, cells: Sequence[Cell]) -> None:
+    """Stage 1: the samples of every cell not yet sampled with the same spec."""
+    s = run.settings
+    amp = resolve_dtype(s.dtype)
+    device = run.device
+    for cell in cells:
+        spec, path = sample_spec(cell, s, run.length), run.store.sample_path(cell)
+        if run.store.done(path, spec):
+            run.skipped.append(f"sample {_unit(cell)}")
+            continue
+        model = run.model_of(cell)
+        sampler_name, sampler = s.sampler.build(model, cell.steps, run.length)
+        generator = torch.Generator(device=device if device.type == "cuda" else "cpu").manual_seed(s.seed)
+        start, rows, calls = time.perf_counter(), [], None
+        for lo in range(0, s.num_samples, s.batch_size):
+            with torch.autocast(device.type, dtype=amp, enabled=amp != torch.float32):
+                out = generate(model, sampler, batch_size=min(s.batch_size, s.num_samples - lo), seq_len=run.length,
+                               num_steps=cell.steps, policy=cell.policy, generator=generator, device=device)
+            rows.extend(out.tokens.cpu().tolist())
+            calls = out.layer_calls.as_dict()
+        seconds = time.perf_counter() - start
+        run.store.save(path, spec, {"sampler": sampler_name, "token_ids": rows, "layer_calls_last_batch": calls,
+                                    "seconds": seconds})
+        run.done(f"sample {_unit(cell)}", seconds)
+
+
+def _mauve(settings: SamplingSettings, reference: Any, features: Any, num_samples: int) -> dict[str, Any]:
+    record: dict[str, Any] = {"mauve": None, "mauve_num_samples": None, "mauve_num_reference": None,
+                              "mauve_buckets": None, "mauve_note": None}
+    if reference is None or features is None:
+        return record
+    record.update(mauve_num_samples=num_samples, mauve_num_reference=len(reference))
+    problem = mauve_sample_problem(num_samples, len(reference), settings.mauve_min_samples)
+    if problem is not None:
+        record["mauve_note"] = problem
+        return record
+    result = mauve_from_features(reference, features, num_buckets=settings.mauve_num_buckets, seed=MAUVE_SEED,
+                                 min_samples=settings.mauve_min_samples)
+    record.update(mauve=result.mauve, mauve_buckets=result.num_buckets)
+    return record
+
+
+def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_spec: Callable[[str], str],
+                reference: Callable[[], tuple[list[str], Any]] | None,
+                load: Callable[[str], Any] | None = None) -> None:
+    """Stage 2: per evaluator, Gen PPL, MAUVE (features from the same pass) and entropy of every sample set.
+
+    ``evaluator_spec(name)`` is the loadable spec of an evaluator name (recorded in the units);
+    ``load(name)`` returns the evaluator (default: :func:`~tadm.eval.evaluator.load_evaluator` of its
+    spec), only when some unit needs it; ``reference()`` returns the held-out texts and their ids.
+    """
+    s = run.settings
+    use_mauve = s.mauve and s.reference is not None
+    if use_mauve and s.num_samples < s.mauve_min_samples:
+        run.log(f"note: MAUVE is not computed: {s.num_samples} samples per cell < the minimum of "
+                f"{s.mauve_min_samples} (raise the sample count, or lower mauve_min_samples knowingly)")
+    for name in s.evaluators:
+        spec_of = evaluator_spec(name)
+        base = {"evaluator": spec_of, "reference": s.reference, "reference_split": s.reference_split,
+                "reference_blocks": "whole", "mauve": use_mauve, "mauve_min_samples": s.mauve_min_samples}
+        data_path, data_spec = run.store.score_path(name, None), {**base, "num_samples": s.num_samples,
+                                                                   "length": run.length}
+        need_data = s.reference is not None and not run.store.done(data_path, data_spec)
+        todo = [(c, {**base, "samples": sample_spec(c, s, run.length)}) for c in cells]
+        todo = [(c, spec) for c, spec in todo if not run.store.done(run.store.score_path(name, c), spec)]
+        run.skipped += [f"score {name} data"] if s.reference is not None and not need_data else []
+        run.skipped += [f"score {name} {_unit(c)}" for c in cells if c not in {t[0] for t in todo}]
+        if not todo and not need_data:
+            continue
+        run.log(f"loading evaluator {name} ({spec_of})")
+        evaluator = load(name) if load is not None else load_evaluator(spec_of, device=run.device)
+        ref_features = None
+        if s.reference is not None and reference is not None:
+            ref_texts, ref_ids = reference()
+            start = time.perf_counter()
+            ref = gen_ppl(ref_texts, evaluator, batch_size=s.eval_batch_size, features=use_mauve, progress=run.progress)
+            ref_features = ref.features
+            if need_data:
+                run.store.save(data_path, data_spec, {"gen_ppl": ref.gen_ppl, "gen_ppl_nll": ref.nll,
+                                                      "gen_ppl_tokens": ref.num_tokens, "entropy": mean_entropy(ref_ids),
+                                                      "num_texts": len(ref_texts)})
+                run.done(f"score {name} data", time.perf_counter() - start)
+        for cell, spec in todo:
+            start = time.perf_counter()
+            ids = run.store.load(run.store.sample_path(cell))["token_ids"]
+            texts = decode_samples(ids, tokenizer)
+            ppl = gen_ppl(texts, evaluator, batch_size=s.eval_batch_size, features=ref_features is not None,
+                          progress=run.progress)
+            run.store.save(run.store.score_path(name, cell), spec, {
+                "gen_ppl": ppl.gen_ppl, "gen_ppl_nll": ppl.nll, "gen_ppl_tokens": ppl.num_tokens,
+                "entropy": mean_entropy(ids), **_mauve(s, ref_features, ppl.features, len(texts))})
+            run.done(f"score {name} {_unit(cell)}", time.perf_counter() - start)
+
+
+def time_spec(run: Run, cells: Sequence[Cell]) -> dict[str, Any]:
+    s = run.settings
+    return {"cells": [[c.label, c.seed, c.steps, c.refresh] for c in cells],
+            "samples": [sample_spec(c, s, run.length) | {"num_samples": None, "batch_size": None} for c in cells],
+            "generations": s.throughput_generations, "warmup": s.throughput_warmup,
+            "batch_size": s.throughput_batch_size, "device": str(run.device)}
+
+
+def time_cells(run: Run, cells: Sequence[Cell]) -> None:
+    """Stage 3: tokens/s of every cell, all timed together in shuffled interleaved rounds (one unit)."""
+    s = run.settings
+    if s.throughput_generations == 0 or not cells:
+        return
+    spec = time_spec(run, cells)
+    if run.store.done(run.store.throughput_path, spec):
+        run.skipped.append("throughput")
+        return
+    length = run.length_of or (lambda cell: run.length)
+    timing = [TimingCell(key=cell.key, model=run.model_of(cell), seq_len=length(cell), num_steps=cell.steps,
+                         policy=cell.policy,
+                         make_sampler=lambda cell=cell: s.sampler.build(run.model_of(cell), cell.steps, length(cell))[1])
+              for cell in cells]
+    run.log(f"timing {len(timing)} cells interleaved: {s.throughput_warmup} warm-up + {s.throughput_generations} "
+            f"timed generations of batch {s.throughput_batch_size} each")
+    start = time.perf_counter()
+    results = interleaved_throughput(timing, num_generations=s.throughput_generations, warmup=s.throughput_warmup,
+                                     batch_size=s.throughput_batch_size, dtype=s.dtype, device=run.device,
+                                     seed=s.seed, progress=run.progress)
+    rows = [{"model": key[0], "seed": key[1], "steps": key[2], "refresh": key[3], **r.as_dict()}
+            for key, r in results.items()]
+    run.store.save(run.store.throughput_path, spec, {"rows": rows, "torch_threads": torch.get_num_threads()})
+    run.done("throughput", time.perf_counter() - start)
+
+
+# ============================================================================================= rows
+def cell_rows(run: Run, cells: Sequence[Cell], evaluator: str, *, split_of: Callable[[Cell], Any],
+              baseline_layers: int) -> list[dict[str, Any]]:
+    """One row per finished cell for ``evaluator``: samples, scores, timing and compute merged."""
+    s = run.settings
+    timing = run.store.load(run.store.throughput_path) or {}
+    tps = {(r["model"], r["seed"], r["steps"], r["refresh"]): r for r in timing.get("rows", [])}
+    rows = []
+    for cell in cells:
+        sample, score = run.store.load(run.store.sample_path(cell)), run.store.load(run.store.score_path(evaluator, cell))
+        if sample is None or score is None:
+            continue
+        counted = (sample.get("layer_calls_last_batch") or {}).get("total")
+        calls = _calls(split_of(cell), cell, counted)
+        t = tps.get(cell.key, {})
+        baseline = cell.steps * baseline_layers
+        rows.append({
+            "evaluator": evaluator, "model": cell.label, "path": cell.model_path, "seed": cell.seed,
+            "steps": cell.steps, "refresh": cell.refresh, "refresh_label": cell.policy.label(),
+            "sampler": sample.get("sampler"), "length": run.length, "num_samples": s.num_samples,
+            **{k: score.get(k) for k in ("gen_ppl", "gen_ppl_nll", "gen_ppl_tokens", "entropy", "mauve",
+                                         "mauve_num_samples", "mauve_num_reference", "mauve_buckets", "mauve_note")},
+            "layer_calls": calls, "layer_calls_counted": counted, "baseline_layer_calls": baseline,
+            "compute_relative": calls / baseline if calls is not None and baseline else None,
+            "tokens_per_second": t.get("tokens_per_second"), "tokens_per_second_min": t.get("tokens_per_second_min"),
+            "tokens_per_second_max": t.get("tokens_per_second_max"),
+            "throughput_generations": s.throughput_generations, "throughput_batch_size": s.throughput_batch_size,
+            "sampling_seconds": sample.get("seconds"), "commit": (sample.get("provenance") or {}).get("commit"),
+            "dirty": (sample.get("provenance") or {}).get("dirty")})
+    return rows
+
+
+def _calls(split: Any, cell: Cell, counted: int | None) -> int | None:
+    """Eq. (anchor-cache-compute) for analytic policies; a canvas-dependent policy's compute is its count."""
+    if cell.policy.refresh_count(cell.steps) is None:
+        return counted
+    return policy_layer_calls(split, cell.steps, cell.policy)
+
+
+def data_row(run: Run, evaluator: str) -> dict[str, Any] | None:
+    """The reference text's own row for ``evaluator`` (None until scored)."""
+    data = run.store.load(run.store.score_path(evaluator, None))
+    if data is None:
+        return None
+    return {"evaluator": evaluator, "model": "data", "path": run.settings.reference, "steps": None, "refresh": None,
+            "length": run.length, "num_samples": data["num_texts"], "gen_ppl": data["gen_ppl"],
+            "gen_ppl_nll": data.get("gen_ppl_nll"), "gen_ppl_tokens": data.get("gen_ppl_tokens"),
+            "entropy": data["entropy"], "mauve": None, "commit": (data.get("provenance") or {}).get("commit"),
+            "dirty": (data.get("provenance") or {}).get("dirty")}

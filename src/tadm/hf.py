@@ -1,0 +1,112 @@
+"""Hugging Face directories and Hub ids, loaded without running code shipped with them.
+
+A directory or id is loaded through :func:`load_hf` (or :func:`load_hf_tokenizer`) with
+``trust_remote_code=False``; a directory that needs custom code is refused in one line
+(:func:`refuse_custom_code`), and a missing source is named (:func:`check_hf_source`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub.utils import validate_repo_id
+
+__all__ = ["NO_CUSTOM_CODE", "check_hf_source", "first_line", "is_repo_id", "load_hf", "load_hf_tokenizer",
+           "refuse_custom_code"]
+
+NO_CUSTOM_CODE = "tadm never runs code shipped with a model (trust_remote_code=False)"
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none), for one-line errors."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def refuse_custom_code(path: str | os.PathLike[str], what: str = "model") -> None:
+    """Raise a one-line ValueError when the local Hugging Face directory ``path`` needs custom code to load.
+
+    It does when its ``config.json`` maps classes to its own code (``auto_map``) for a model type
+    that ``transformers`` does not know. An unreadable ``config.json`` is a ValueError too.
+    """
+    config_file = Path(path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{what} {os.fspath(path)!r}: {config_file} is not valid JSON ({first_line(err)})") from None
+    if not isinstance(raw, dict) or not raw.get("auto_map"):
+        return
+    # transformers is optional (the eval, posttrain and tasks extras): imported when a directory is checked
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if raw.get("model_type") not in CONFIG_MAPPING:
+        raise ValueError(f"{what} {os.fspath(path)!r} needs custom code (auto_map for model_type "
+                         f"{raw.get('model_type')!r} in {config_file}); {NO_CUSTOM_CODE}")
+
+
+def load_hf(loader: Callable[..., Any], source: str | os.PathLike[str], what: str = "model", **kwargs: Any) -> Any:
+    """``loader(source, trust_remote_code=False, **kwargs)``: a Hugging Face ``from_pretrained`` that runs no custom code.
+
+    A directory or Hub repository that needs custom code, or whose files ``transformers`` rejects,
+    is a one-line ValueError naming ``what`` and ``source``; OSError (missing files, no network)
+    passes through for the caller to word.
+    """
+    text = os.fspath(source)
+    local = Path(text).expanduser()
+    if local.is_dir():
+        refuse_custom_code(local, what)
+    try:
+        return loader(str(local) if local.is_dir() else text, trust_remote_code=False, **kwargs)
+    except ValueError as err:
+        if "trust_remote_code" in str(err) or "custom code" in str(err):
+            raise ValueError(f"{what} {text!r} needs custom code to load; {NO_CUSTOM_CODE}") from None
+        raise ValueError(f"could not load {what} {text!r}: {first_line(err)}") from None
+
+
+def load_hf_tokenizer(source: str | os.PathLike[str], what: str = "tokenizer", **kwargs: Any) -> Any:
+    """``transformers.AutoTokenizer`` from a directory or Hub id without custom code; errors are one line.
+
+    Raises FileNotFoundError naming ``source`` when it cannot be found or read, ValueError when it
+    needs custom code (see :func:`load_hf`).
+    """
+    from transformers import AutoTokenizer  # optional dependency (the eval, posttrain and tasks extras)
+
+    text = os.fspath(source)
+    check_hf_source(text, what, files=("tokenizer_config.json", "tokenizer.json", "config.json"))
+    try:
+        return load_hf(AutoTokenizer.from_pretrained, text, what, **kwargs)
+    except OSError as err:
+        raise FileNotFoundError(f"could not load {what} {text!r}: {first_line(err)}") from None
+
+
+def check_hf_source(
+    source: str | os.PathLike[str], what: str = "model", files: tuple[str, ...] = ("config.json",)
+) -> None:
+    """Raise a one-line FileNotFoundError naming ``source`` unless it is a directory holding one of
+    ``files``, or could be a Hub id (``name`` or ``owner/name``, not path-like)."""
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in files):
+            raise FileNotFoundError(f"{what} {text!r} is not a saved Hugging Face directory (no {' or '.join(files)})")
+    elif path.exists():
+        raise FileNotFoundError(f"{what} {text!r} is a file, not a model directory")
+    elif not is_repo_id(text):
+        raise FileNotFoundError(f"{what} {text!r} does not exist")
+
+
+def is_repo_id(name: str) -> bool:
+    """Whether ``name`` could be a Hub repository id (``name`` or ``owner/name``), not a path."""
+    if name.startswith((".", "/", "~")) or "\\" in name:
+        return False
+    try:
+        validate_repo_id(name)
+    except ValueError:  # HFValidationError subclasses ValueError
+        return False
+    return True
