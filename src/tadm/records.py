@@ -26,6 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch  # heavy: only when a result is written
+
+from tadm import __version__
+
 __all__ = [
     "ALLOW_DIRTY_ENV",
     "DirtyTreeError",
@@ -134,10 +138,6 @@ def git_commit(where: Path | None = None) -> dict[str, Any]:
 
 def machine_info() -> dict[str, Any]:
     """Python, torch, CPU/GPU and thread count of this machine, for result files."""
-    import torch  # heavy: only when a result is written
-
-    from tadm import __version__
-
     info: dict[str, Any] = {
         "python": sys.version.split()[0], "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),

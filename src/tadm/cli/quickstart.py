@@ -15,8 +15,18 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import torch
+
 from tadm.cli.common import positive_int, refresh_arg, refresh_policies, steps_arg
+from tadm.config import load_config, preset_path
+from tadm.eval.evaluator import load_evaluator
+from tadm.eval.gen_ppl import gen_ppl
+from tadm.nn import load_model
+from tadm.sampling import build_sampler, generate
 from tadm.sampling.refresh import parse_refresh
+from tadm.training.data import load_texts
+from tadm.training.tokenization import TextTokenizer
+from tadm.training.trainer import build_training_model, train
 
 PRESET = "tadm-brown-cpu"
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
@@ -67,18 +77,12 @@ def unigram_entropy(rows: list[list[int]]) -> float:
 def _load_local_evaluator():
     """The prepared SmolLM2 evaluator if present (``tadm eval prepare-evaluator``), else None."""
     try:
-        from tadm.eval.evaluator import load_evaluator
-
         return load_evaluator()
     except (FileNotFoundError, ImportError):
         return None
 
 
 def _sample_table(model, tokenizer, args, vocabulary, label: str, evaluator=None) -> list[dict]:
-    import torch
-
-    from tadm.sampling import build_sampler, generate
-
     rows = []
     length = model.config.max_seq_len
     for n, policy in enumerate(refresh_policies(args)):
@@ -109,19 +113,11 @@ def _sample_table(model, tokenizer, args, vocabulary, label: str, evaluator=None
 def _gen_ppl(texts: list[str], evaluator) -> float | None:
     if evaluator is None:
         return None
-    from tadm.eval.gen_ppl import gen_ppl
 
     return gen_ppl(texts, evaluator).gen_ppl
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from tadm.config import load_config, preset_path
-    from tadm.nn import load_model
-    from tadm.training.data import load_texts
-    from tadm.training.tokenization import TextTokenizer
-    from tadm.training.trainer import build_training_model, train
 
     out_dir = Path(args.out)
     overrides = [f"train.out_dir={out_dir}"]

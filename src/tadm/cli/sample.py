@@ -5,8 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from tadm.cli.common import (CLIError, device_arg, policy_from_args, positive_int,
-                             refresh_arg, refresh_policy_args, sampler_args, sampler_from_args, steps_arg)
+import torch
+
+from tadm.cli.common import (
+    CLIError,
+    device_arg,
+    policy_from_args,
+    positive_int,
+    refresh_arg,
+    refresh_policy_args,
+    sampler_args,
+    sampler_from_args,
+    steps_arg,
+)
+from tadm.sampling import generate
+from tadm.specs import find_tokenizer, find_tokenizer_dir, resolve_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,18 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _load_tokenizer(args: argparse.Namespace):
     """The tokenizer given by --tokenizer, else the checkpoint's own, else None (token ids are printed)."""
-    from tadm.specs import find_tokenizer, find_tokenizer_dir
-
     if args.tokenizer is None and find_tokenizer_dir(args.model) is None:
         return None
     return find_tokenizer(args.model, args.tokenizer)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from tadm.sampling import generate
-    from tadm.specs import resolve_model
 
     model = resolve_model(args.model, device=args.device)
     mask_id = model.mask_token_id

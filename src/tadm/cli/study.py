@@ -6,6 +6,9 @@ import argparse
 import shlex
 import sys
 
+from tadm.study import load_study_config, run_study
+from tadm.training.trainer import NonFiniteLossError
+
 STAGES = ("train", "likelihood", "sample", "score", "throughput", "report")
 
 
@@ -29,8 +32,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tadm.study import load_study_config, run_study
-    from tadm.training.trainer import NonFiniteLossError
 
     cfg = load_study_config(args.config, args.overrides)
     command = "tadm study " + " ".join(shlex.quote(a) for a in [args.config, *args.overrides])

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from tadm.cli.common import CLIError, positive_int
+from tadm.training.provenance import read_provenance, train_recorded_tokenizer
+from tadm.training.tokenization import META_FILENAME, TOKENIZER_FILENAME
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +33,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _check_out(out: Path, overwrite: bool) -> None:
     """Refuse a file as --out, and a directory holding a tokenizer unless --overwrite."""
-    from tadm.training.provenance import read_provenance
-    from tadm.training.tokenization import META_FILENAME, TOKENIZER_FILENAME
 
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {str(out)!r} is an existing file, not a directory")
@@ -45,8 +45,6 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from tadm.training.provenance import train_recorded_tokenizer
-
     _check_out(Path(args.out), args.overwrite)
     tok = train_recorded_tokenizer(args.source, args.vocab_size, args.out, text_field=args.text_field,
                                    min_frequency=args.min_frequency)

@@ -7,6 +7,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from tadm.config import load_config
+from tadm.training.checkpoint import STATE_FILENAME
+from tadm.training.trainer import NonFiniteLossError, TrainingInterrupted, train
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -36,8 +40,6 @@ def resume_command(args: argparse.Namespace) -> str:
 
 def _interrupted(args: argparse.Namespace, out_dir: str) -> str:
     """The line printed when Ctrl-C ended the run before it saved its state at a step boundary."""
-    from tadm.training.checkpoint import STATE_FILENAME
-
     state = Path(out_dir) / STATE_FILENAME
     if state.is_file():
         return f"interrupted; the last training state is {state}; resume with: {resume_command(args)}"
@@ -45,8 +47,6 @@ def _interrupted(args: argparse.Namespace, out_dir: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tadm.config import load_config
-    from tadm.training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
     cfg = load_config(args.config, args.overrides)
     try:

@@ -35,6 +35,10 @@ import torch
 from torch import Tensor, nn
 
 from tadm.hf import is_repo_id, load_hf
+from tadm.nn import load_model
+from tadm.nn.dit import time_condition
+from tadm.nn.hub import MODEL_CLASSES
+from tadm.specs import find_tokenizer
 from tadm.training.rundir import remove_stale_temporaries, temporary_path
 
 __all__ = [
@@ -228,8 +232,6 @@ def evaluator_from_ar_model(
     on the tokenizer's EOS string and the pieces are joined with the EOS id, as a Hugging Face
     tokenizer would. Features are the last DiT block's output (before the output layer's norm).
     """
-    from tadm.nn.dit import time_condition
-
     device = torch.device(device)
     model = model.to(device).eval()
     size = min(DEFAULT_CONTEXT_SIZE, int(model.config.max_seq_len))
@@ -279,7 +281,6 @@ def _is_tadm_checkpoint(path: Path) -> str | None:
         raw = json.loads(config_file.read_text())
     except (OSError, ValueError):
         return None
-    from tadm.nn.hub import MODEL_CLASSES
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type in MODEL_CLASSES and (path / "model.safetensors").is_file() and "architectures" not in raw:
         return str(model_type)
@@ -329,8 +330,6 @@ def load_evaluator(
                 raise ValueError(
                     f"evaluator {name!r} is a tadm {model_type!r} checkpoint; an evaluator must be autoregressive ('ar')"
                 )
-            from tadm.nn import load_model
-            from tadm.specs import find_tokenizer
 
             model = load_model(path, device=str(device))
             return evaluator_from_ar_model(
@@ -359,9 +358,11 @@ def _load_hf(
 ) -> Evaluator:
     """A Hugging Face causal LM and its tokenizer as an :class:`Evaluator`, never running custom code."""
     try:
+        # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         import transformers
     except ImportError as err:
         raise ImportError("a Hugging Face evaluator needs `pip install transformers`") from err
+    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -482,6 +483,7 @@ def _obtain_gguf(
 
 def _dequantize(gguf_path: Path, name: str, log: Callable[[str], None]) -> tuple[nn.Module, Any]:
     """A plain float32 causal LM and its tokenizer from a GGUF file."""
+    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     import transformers
 
     log(f"de-quantizing {gguf_path.name} into a float32 model (about 30 s) ...")

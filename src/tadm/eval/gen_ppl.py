@@ -30,11 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from tadm.eval.evaluator import Evaluator
+from tadm.eval.mauve import text_features
 
 __all__ = ["GenPPLResult", "counted_positions", "decode_samples", "gen_ppl"]
 
@@ -193,12 +195,8 @@ def gen_ppl(
     mean_nll = math.fsum(nll_sum) / total_tokens
     feature_array = None
     if features:
-        import numpy as np
-
         missing = [n for n, f in enumerate(feats) if f is None]  # texts of a single evaluator token
         if missing:
-            from tadm.eval.mauve import text_features
-
             for n, f in zip(missing, text_features([texts[n] for n in missing], evaluator, max_tokens=size)):
                 feats[n] = f
         feature_array = np.stack(feats).astype(np.float32)

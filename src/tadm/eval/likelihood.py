@@ -56,6 +56,7 @@ from tadm.diffusion import (
     masked_diffusion_loss,
     sample_t,
 )
+from tadm.training.data import build_packed_dataset
 
 __all__ = [
     "CachedBoundResult",
@@ -119,8 +120,6 @@ def packed_eval_blocks(
     documents of :func:`~tadm.training.data.build_packed_dataset` with ``val_fraction`` and ``seed``
     (the validation split of a training corpus). Returns a ``PackedTokens``.
     """
-    from tadm.training.data import build_packed_dataset
-
     if split not in ("all", "val"):
         raise ValueError(f"split must be 'all' or 'val', got {split!r}")
     fraction = 0.0 if split == "all" else val_fraction

@@ -118,6 +118,7 @@ def mauve_from_features(
         ValueError: fewer than ``min_samples`` rows on either side (the message names the minimum).
     """
     try:
+        # deferred: mauve-text is an optional dependency (the eval extra; GPL-3.0, loaded only for MAUVE)
         import mauve
     except ImportError as err:
         raise ImportError("MAUVE needs `pip install mauve-text`") from err

@@ -36,9 +36,11 @@ __all__ = [
 
 
 def _pyplot() -> Any:
+    # deferred: matplotlib is an optional dependency (the eval extra)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # deferred: matplotlib is an optional dependency (the eval extra)
     import matplotlib.pyplot as plt
 
     return plt
@@ -248,6 +250,7 @@ def plot_pareto(
         ax.legend(fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    # deferred: matplotlib is an optional dependency (the eval extra)
     from matplotlib.ticker import FormatStrFormatter
 
     for axis in (ax.xaxis, ax.yaxis):  # plain numbers rather than 2 x 10^1 on the log axes

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,6 @@ def format_mauve(row: dict[str, Any]) -> str:
 
 
 def _minimum_in(note: str) -> str | None:
-    import re
-
     found = re.search(r"at least (\d+)", note)
     return found.group(1) if found else None
 

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 
 __all__ = [
@@ -181,8 +182,6 @@ def load_anchored(
     ``naive=True``: naive reuse of the cached anchor, no fusion). Returns the model in eval mode and
     a note when the adapter was trained on a base of another name (None otherwise).
     """
-    from tadm.posttrain.backbone import load_backbone
-
     loaded = load_backbone(backbone, base, dtype=dtype, device=device)
     mode = "naive" if naive else "paired"
     note = None

@@ -38,6 +38,9 @@ from torch import Tensor, nn
 
 from tadm.devices import resolve_dtype
 from tadm.hf import check_hf_source, first_line, load_hf, refuse_custom_code
+from tadm.nn import load_model
+from tadm.nn.baselines import MDLM
+from tadm.nn.dit import subs_log_probs, time_condition
 
 if TYPE_CHECKING:  # pragma: no cover
     from tadm.nn.baselines import MDLM
@@ -199,6 +202,7 @@ class DiffusionGemmaBackbone(nn.Module):
         directory that is no DiffusionGemma checkpoint or an unreachable hub id is a one-line
         FileNotFoundError or ValueError naming ``path``.
         """
+        # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import DiffusionGemmaForBlockDiffusion
 
         _check_base(path, model_type="diffusion_gemma")
@@ -255,6 +259,7 @@ class DiffusionGemmaBackbone(nn.Module):
 
         Positions are 0..P-1 for every row, as in ``generate``. Every row needs at least one real token.
         """
+        # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import DynamicCache
 
         _check_tokens(prompt_ids, self.vocab_size)
@@ -381,6 +386,7 @@ def tiny_diffusion_gemma_config(
     vision tower cannot be left out of a ``DiffusionGemmaConfig``; it gets one 8-wide layer (a few
     hundred parameters) and is never run on text.
     """
+    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     from transformers import DiffusionGemmaConfig
 
     text = dict(
@@ -439,6 +445,7 @@ def diffusion_gemma_26b_config() -> Any:
     ``tadm posttrain plan`` builds the model from it on the meta device; the GPU campaign builds it
     with random bf16 weights. A downloaded checkpoint's own ``config.json`` always takes precedence.
     """
+    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     from transformers import DiffusionGemmaConfig
 
     layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(30)]
@@ -478,7 +485,6 @@ class MDLMBackbone(nn.Module):
 
     def __init__(self, model: MDLM) -> None:
         super().__init__()
-        from tadm.nn.baselines import MDLM
 
         if not isinstance(model, MDLM):
             raise TypeError(f"expected a tadm MDLM, got {type(model).__name__}")
@@ -495,8 +501,6 @@ class MDLMBackbone(nn.Module):
         cls, path: str | Path, *, dtype: str | torch.dtype | None = "fp32", device: str | torch.device = "cpu"
     ) -> MDLMBackbone:
         """Load a tadm MDLM checkpoint directory (or hub id); a missing path is a one-line FileNotFoundError."""
-        from tadm.nn import load_model
-
         _check_base(path, model_type="mdlm")
         return cls(load_model(path).to(device=device, dtype=resolve_dtype(dtype, device)))
 
@@ -505,8 +509,6 @@ class MDLMBackbone(nn.Module):
         return super().train(False)
 
     def prepare(self, batch_size: int, length: int, device: torch.device, context: StackContext | None) -> _DiTPass:
-        from tadm.nn.dit import time_condition
-
         context = context if context is not None else StackContext()
         if context.self_conditioning_logits is not None:
             raise ValueError("MDLM has no self-conditioning input; pass self_conditioning_logits=None")
@@ -532,8 +534,6 @@ class MDLMBackbone(nn.Module):
 
     def log_probs(self, logits: Tensor, z: Tensor) -> Tensor:
         """SUBS: the mask gets zero probability and unmasked positions are carried over."""
-        from tadm.nn.dit import subs_log_probs
-
         assert self.mask_token_id is not None
         return subs_log_probs(logits, z, self.mask_token_id)
 
@@ -563,7 +563,6 @@ def wrap_backbone(model: nn.Module) -> nn.Module:
         return model
     if type(model).__name__ == "DiffusionGemmaForBlockDiffusion":
         return DiffusionGemmaBackbone(model)
-    from tadm.nn.baselines import MDLM
 
     if isinstance(model, MDLM):
         return MDLMBackbone(model)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from tokenizers import Tokenizer
 from torch import Tensor
 
 __all__ = [
@@ -102,7 +103,7 @@ def make_chat_tokenizer(backend: Any, *, chat_template: str = DEFAULT_CHAT_TEMPL
     missing (after the existing ids); ``<end_of_turn>`` is the end-of-sequence token. The given
     backend is copied, not modified.
     """
-    from tokenizers import Tokenizer
+    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer.from_str(backend.to_str())

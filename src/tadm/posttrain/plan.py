@@ -68,6 +68,7 @@ def resolve_base_config(path: str, backbone: str = "diffusion-gemma") -> tuple[A
     """
     if backbone != "diffusion-gemma":
         raise ValueError(f"a plan needs a DiffusionGemma base (base.backbone diffusion-gemma), got {backbone!r}")
+    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     from transformers import AutoConfig
 
     local = Path(path).expanduser()
@@ -257,6 +258,7 @@ class PosttrainPlan:
 
 def build_meta_model(config: Any, split: SplitSpec, fusion: FusionSpec) -> AnchoredBackbone:
     """The split base with its fusion on the meta device: shapes and counts, no weights, no memory."""
+    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     from transformers import DiffusionGemmaForBlockDiffusion
 
     with torch.device("meta"):

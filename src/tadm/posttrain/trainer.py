@@ -31,11 +31,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from tadm.config import ConfigError, check_range, load_structured
 from tadm.diffusion import get_schedule, kd_loss
-from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases
+from tadm.hf import load_hf_tokenizer
+from tadm.posttrain.adapter_io import save_adapter
+from tadm.posttrain.backbone import load_backbone
+from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases, read_chat_jsonl
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.posttrain.rollout import ROLLOUT_MODES, RolloutState, forward_rollout, on_policy_rollout
 from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
@@ -495,8 +499,6 @@ def _previous_state(config: PosttrainConfig) -> dict[str, Any] | None:
 
 def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasDataset, int]:
     """The chat JSONL cut into canvases, and the pad id."""
-    from tadm.posttrain.data import read_chat_jsonl
-    from tadm.hf import load_hf_tokenizer
 
     d = config.data
     tokenizer = load_hf_tokenizer(d.tokenizer or config.base.path)
@@ -521,8 +523,6 @@ def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasD
 
 def _build_run(config: PosttrainConfig, info: DistInfo, log: Callable[[str], None]) -> _PosttrainRun:
     """Frozen backbone, canvases, fusion (DDP-wrapped when distributed; the backbone is not) and trainer."""
-    from tadm.posttrain.backbone import load_backbone
-
     torch.manual_seed(config.train.seed)
     if not config.data.train_file:
         raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
@@ -562,9 +562,6 @@ def _save(run: _PosttrainRun) -> None:
     """Rank 0 writes the adapter, the training state (atomically) and the resolved config."""
     if not run.info.is_main:
         return
-    from omegaconf import OmegaConf
-
-    from tadm.posttrain.adapter_io import save_adapter
 
     config = run.config
     extra = {"step": run.trainer.step, "config": config.to_dict()}

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from tadm.diffusion import get_schedule
 from tadm.sampling.masked_transition import Moves, apply_moves, draw_moves
 
 
@@ -102,8 +103,6 @@ class MaskedSampler(ConfiguredSampler):
     """
 
     def _set_masked(self, mask_id: int, config: Any) -> None:
-        from tadm.diffusion import get_schedule
-
         self.config = config
         self.mask_id = check_mask_id(mask_id)
         self.schedule = get_schedule(config.schedule)

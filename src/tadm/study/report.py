@@ -26,10 +26,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tadm.eval.report import _fmt, markdown_report
-from tadm.records import write_csv, write_json, write_text
 from tadm.eval.pipeline import Cell, Run, cell_rows, data_row
 from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
+from tadm.eval.report import _fmt, markdown_report
+from tadm.protocol import LayerSplit
+from tadm.records import write_csv, write_json, write_text
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
 
 __all__ = ["collect_results", "write_report"]
@@ -76,8 +77,6 @@ def _table(header: list[str], body: list[list[str]]) -> str:
 # ---------------------------------------------------------------------------------------- collect
 def _split(cfg: StudyConfig, kind: str) -> Any:
     """Shared / anchor / denoiser Transformer layers of a study model (MDLM: one stack, no anchor)."""
-    from tadm.protocol import LayerSplit
-
     s = cfg.size
     if MODEL_KINDS[kind][0] in ("tadm", "adlm"):
         return LayerSplit(shared=0, anchor=s.anchor_layers, denoiser=s.denoiser_layers)

@@ -34,13 +34,19 @@ from typing import Any
 import torch
 
 from tadm.config import ConfigError
-from tadm.records import git_commit, machine_info, read_json, same_spec, write_json
-from tadm.training.rundir import RunDirLock, prepare_run_dir
 from tadm.eval.gen_ppl import decode_samples
-from tadm.eval.likelihood import packed_eval_blocks
+from tadm.eval.likelihood import cached_process_nelbo, evaluate_likelihood, packed_eval_blocks, stale_anchor_nelbo
 from tadm.eval.pipeline import Cell, PipelineStore, Run, sample_cells, score_cells, time_cells
+from tadm.nn import NaiveReuse, load_model
+from tadm.records import git_commit, machine_info, read_json, same_spec, write_json
 from tadm.sampling.refresh import parse_refresh
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, StudyModel, model_experiment_config
+from tadm.study.report import write_report
+from tadm.training.checkpoint import STATE_FILENAME
+from tadm.training.provenance import check_provenance, train_recorded_tokenizer
+from tadm.training.rundir import RunDirLock, prepare_run_dir
+from tadm.training.tokenization import META_FILENAME, load_tokenizer
+from tadm.training.trainer import train
 
 __all__ = ["StudyLayout", "StudyOutput", "run_study"]
 
@@ -148,8 +154,6 @@ class _Study:
             return self.cfg.data.tokenizer
         if self._tokenizer_source is not None:
             return self._tokenizer_source
-        from tadm.training.provenance import check_provenance, train_recorded_tokenizer
-        from tadm.training.tokenization import META_FILENAME
 
         data, tok_dir = self.cfg.data, self.layout.tokenizer_dir
         if not (tok_dir / META_FILENAME).is_file():
@@ -166,15 +170,11 @@ class _Study:
 
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from tadm.training.tokenization import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.tokenizer_source())
         return self._tokenizer
 
     # ---------------------------------------------------------------- 2. training
     def train_all(self) -> None:
-        from tadm.training.checkpoint import STATE_FILENAME
-        from tadm.training.trainer import train
 
         tok = self.tokenizer_source()
         for m, seed in self.units():
@@ -210,8 +210,6 @@ class _Study:
     def model(self, m: StudyModel, seed: int, naive: bool = False) -> Any:
         key = (m.name, seed, naive)
         if key not in self._models:
-            from tadm.nn import NaiveReuse, load_model
-
             base_key = (m.name, seed, False)
             if base_key not in self._models:
                 self._models[base_key] = load_model(self.layout.final_dir(m.name, seed), device=str(self.device))
@@ -224,8 +222,6 @@ class _Study:
         return int(self.cfg.data.seq_len)
 
     def val_blocks(self) -> Any:
-        from tadm.eval.likelihood import packed_eval_blocks
-
         L = self.length()
         if L not in self._val_blocks:
             self._val_blocks[L] = packed_eval_blocks(self.cfg.data.source, self.tokenizer(), L,
@@ -235,8 +231,6 @@ class _Study:
 
     # ---------------------------------------------------------------- 3. + 4. likelihood
     def evaluate_likelihoods(self) -> None:
-        from tadm.eval.likelihood import cached_process_nelbo, evaluate_likelihood, stale_anchor_nelbo
-
         st = self.cfg.staleness
         for m, seed in self.units():
             final = str(self.layout.final_dir(m.name, seed))
@@ -392,8 +386,6 @@ def run_study(
 def _run_locked(study: _Study, cfg: StudyConfig, log: Callable[[str], None], stages: tuple[str, ...],
                 command: str | None, start: float) -> StudyOutput:
     """The stages of :func:`run_study`, with the study directory locked."""
-    from tadm.study.report import write_report
-
     layout = study.layout
     manifest = read_json(layout.manifest) or {}
     history = list(manifest.get("invocations", []))

@@ -26,7 +26,7 @@ def register_lm_eval_model() -> type:
 
     Raises ImportError with the install hint when lm-eval is not installed.
     """
-    try:
+    try:  # deferred: lm_eval_model needs lm-eval, an optional dependency (the tasks extra)
         from tadm.tasks.lm_eval_model import TadmLM
     except ImportError as err:
         if getattr(err, "name", "") and str(err.name).startswith("lm_eval"):

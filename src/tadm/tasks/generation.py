@@ -26,9 +26,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tadm.posttrain.adapter_io import attach_adapter
+from tadm.posttrain.backbone import load_backbone
+from tadm.posttrain.generate import generate_blocks
+from tadm.posttrain.model import AnchoredBackbone, SplitSpec
+from tadm.sampling.entropy_bound import StableConfidentStopping
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy
 from tadm.sampling.registry import build_sampler
+from tadm.specs import find_tokenizer, resolve_model
 
 __all__ = [
     "BASE_STEPS",
@@ -162,11 +168,9 @@ class BlockGenerator:
         device: str | torch.device = "cpu", dtype: str = "auto",
     ) -> BlockGenerator:
         """Load ``base`` (a directory or Hub id), attach ``adapter`` (or split it by ``split`` = (S, A))."""
+        # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import AutoTokenizer
 
-        from tadm.posttrain.adapter_io import attach_adapter
-        from tadm.posttrain.backbone import load_backbone
-        from tadm.posttrain.model import AnchoredBackbone, SplitSpec
 
         if adapter is not None and split is not None:
             raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
@@ -228,8 +232,6 @@ class BlockGenerator:
         ``stop(row, ids)`` is asked after each canvas; a row for which it is true (e.g. a stop string
         appeared) gets no further canvas, and the batch ends when every row is done.
         """
-        from tadm.posttrain.generate import generate_blocks
-        from tadm.sampling.entropy_bound import StableConfidentStopping
 
         ids, mask = self._left_padded(prompts)
         self.model.fusion_mode = self.fusion_mode
@@ -299,8 +301,6 @@ class PrefixGenerator:
     def load(cls, spec: str, settings: GenerationSettings, *, tokenizer: str | None = None,
              device: str | torch.device = "cpu") -> PrefixGenerator:
         """The model named by ``spec`` (:func:`tadm.specs.resolve_model`) and its tokenizer."""
-        from tadm.specs import find_tokenizer, resolve_model
-
         model = resolve_model(spec, device=device)
         try:
             found = find_tokenizer(spec, tokenizer)

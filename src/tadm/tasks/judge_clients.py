@@ -37,6 +37,10 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
+from tadm.eval.evaluator import default_evaluator_path
+
 __all__ = ["LABEL_CHOICES", "LOCAL_DECODINGS", "ChatClient", "JudgeRequestError", "LocalChatClient", "OpenAIChatClient", "make_judge_client"]
 
 Messages = list[dict[str, str]]
@@ -167,6 +171,7 @@ class LocalChatClient:
                  decoding: str = "labels") -> None:
         if decoding not in LOCAL_DECODINGS:
             raise ValueError(f"unknown local judge decoding {decoding!r}; valid: {', '.join(LOCAL_DECODINGS)}")
+        # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         directory = Path(path).expanduser()
@@ -203,7 +208,7 @@ class LocalChatClient:
 
     def _logprob(self, full: list[int], start: int) -> float:
         """Sum of log p(full[n] | full[:n]) for n >= start, reusing the cached prefix of ``full``."""
-        import torch
+        # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import DynamicCache
 
         shared = next((n for n, (a, b) in enumerate(zip(self._cached_ids, full)) if a != b),
@@ -234,8 +239,6 @@ class LocalChatClient:
         return answer + ', "evidence": [], "brief_reason": ' + json.dumps(reason) + "}"
 
     def _free(self, messages: Messages) -> str:
-        import torch
-
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                      return_dict=True)
         inputs = {k: v.to(self.device) for k, v in encoded.items()}
@@ -264,8 +267,6 @@ def make_judge_client(judge: str | None = None, *, url: str | None = None, model
             raise ValueError(f"give --judge local:PATH or --judge URL with --judge-model, not both ({judge!r})")
         return OpenAIChatClient(url, model or "", **options)
     if judge in (None, "local", "local-free"):
-        from tadm.eval.evaluator import default_evaluator_path
-
         decoding = "free" if judge == "local-free" else "labels"
         return LocalChatClient(default_evaluator_path(), **{"decoding": decoding, **options})
     raise ValueError(f"unknown judge {judge!r}: use none, local, local:PATH, local-free:PATH, or an "

@@ -113,6 +113,7 @@ class TadmLM(LM):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> TadmLM:
+        # deferred: lm-eval is an optional dependency (the tasks extra)
         from lm_eval.utils import simple_parse_args_string
 
         return cls(**cls._merged(simple_parse_args_string(arg_string), additional_config))

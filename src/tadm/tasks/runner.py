@@ -34,8 +34,11 @@ from tadm.records import UnitStore, git_commit, machine_info
 from tadm.sampling.refresh import RefreshPolicy, parse_refresh, parse_refresh_list
 from tadm.tasks.benchmarks import Benchmark, build_prompt, parse_task_list, score
 from tadm.tasks.datasets import TaskData, load_task
-from tadm.tasks.sandbox import (CodeLimits, code_execution_allowed, containment,
-                                 not_allowed_message)
+from tadm.tasks.judge import DegenerationJudge, make_judge_client
+from tadm.tasks.lm_eval_model import TadmLM
+from tadm.tasks.model_args import TadmModelArgs
+from tadm.tasks.sandbox import CodeLimits, code_execution_allowed, containment, not_allowed_message
+from tadm.tasks.task_tables import write_tables
 
 __all__ = ["Method", "TaskRunConfig", "TaskRunResult", "methods", "run_tasks"]
 
@@ -188,8 +191,6 @@ class _Request:
 
 def load_generator(cfg: TaskRunConfig, with_adapter: bool) -> Any:
     """The generator of ``cfg``'s base (with its adapter when ``with_adapter``) or of its own model."""
-    from tadm.tasks.model_args import TadmModelArgs
-
     args = TadmModelArgs.from_kwargs(model=cfg.model, base=cfg.base, adapter=cfg.adapter if with_adapter else None,
                                      split=None if with_adapter else cfg.split, steps=cfg.steps,
                                      canvas_length=cfg.canvas_length if cfg.base else None,
@@ -198,8 +199,6 @@ def load_generator(cfg: TaskRunConfig, with_adapter: bool) -> Any:
 
 
 def _generator_for(generator: Any, cfg: TaskRunConfig, method: Method) -> Any:
-    from tadm.tasks.model_args import TadmModelArgs
-
     settings = TadmModelArgs.from_kwargs(require_model=False, policy=method.policy, steps=cfg.steps,
                                          canvas_length=cfg.canvas_length if cfg.base else None).settings()
     if cfg.base is not None:
@@ -216,8 +215,6 @@ def _contexts(lm: Any, prompts: list[str]) -> list[str]:
 
 def run_unit(generator: Any, cfg: TaskRunConfig, bench: Benchmark, data: TaskData, seed: int) -> dict[str, Any]:
     """Generate and check every example of ``data`` with ``generator`` and ``seed``."""
-    from tadm.tasks.lm_eval_model import TadmLM
-
     tokens = budget(cfg, bench)
     lm = TadmLM(generator=generator, seed=seed, batch_size=cfg.batch_size, max_gen_toks=tokens)
     prompts = [build_prompt(bench, ex, data.shots_for(ex)) for ex in data.examples]
@@ -275,8 +272,6 @@ def _generate_all(cfg: TaskRunConfig, store: UnitStore, units: list[_Unit],
 
 
 def _judge_client(cfg: TaskRunConfig) -> Any:
-    from tadm.tasks.judge import make_judge_client
-
     judge = cfg.judge
     if judge.startswith(("http://", "https://")):
         if not cfg.judge_model:
@@ -292,8 +287,6 @@ DEFAULT_JUDGE_WARNING = ("the default local judge (SmolLM2-135M-Instruct) does n
 
 def _judge_all(cfg: TaskRunConfig, store: UnitStore, units: list[_Unit], log: Log) -> str:
     """Corruption of each unit's responses (degeneration judge), written beside the unit's result; the judge's id."""
-    from tadm.tasks.judge import DegenerationJudge
-
     judge = DegenerationJudge(_judge_client(cfg), cache_dir=store.path("judge-cache"),
                               concurrency=cfg.judge_concurrency)
     if cfg.judge in ("local", "local-free"):
@@ -336,8 +329,6 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     ``load(cfg, with_adapter)`` returns a generator (default: :func:`load_generator`); tests pass a fake.
     ``command`` (the command line that runs this) is written with the machine, commit and wall time.
     """
-    from tadm.tasks.task_tables import write_tables
-
     started = time.perf_counter()
     benches = cfg.check(log)
     out = Path(cfg.out_dir)

@@ -34,6 +34,7 @@ not an adversary inside the interpreter; that is what the containment above is f
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import re
@@ -200,7 +201,6 @@ class Containment:
 def _landlock_abi() -> int:
     if not sys.platform.startswith("linux"):
         return 0
-    import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)

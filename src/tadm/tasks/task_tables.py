@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tadm.eval.plots import plot_task_accuracy_vs_refresh
 from tadm.records import write_csv, write_json, write_text
 
 __all__ = ["CELL_FIELDS", "cells", "naive_rows", "task_rows", "write_tables"]
@@ -245,8 +246,6 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
         files["naive_csv"] = write_csv(out / "naive_table.csv", list(naive[0]), naive)
     write_csv(files["cells_csv"], CELL_FIELDS, all_cells)
     if len({c["K"] for c in all_cells}) > 1:
-        from tadm.eval.plots import plot_task_accuracy_vs_refresh
-
         files["plot"] = plot_task_accuracy_vs_refresh(all_cells, out / "accuracy_vs_k.png")
     payload = {"config": config, "provenance": provenance, "cells": all_cells, "task_table": flat,
                "naive_table": naive}

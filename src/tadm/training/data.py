@@ -114,6 +114,7 @@ def _read_table(path: Path, text_field: str) -> Iterator[str]:
     """The ``text_field`` column of a Parquet file or an Arrow file (IPC stream or file, as ``datasets``
     writes its cache), read batch by batch with pyarrow (installed with ``datasets``)."""
     try:
+        # deferred: pyarrow is optional (only for Parquet and Arrow corpora)
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as err:
@@ -167,6 +168,7 @@ def _hf_hint(source: str) -> str:
 
 def _import_datasets(source: str) -> Any:
     try:
+        # deferred: the Hugging Face datasets package is optional (only for Hub datasets)
         import datasets
     except ImportError as err:
         raise ImportError(

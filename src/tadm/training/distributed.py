@@ -17,6 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tadm.devices import resolve_device as resolve_named_device
 
 __all__ = [
     "DistInfo",
@@ -63,8 +66,6 @@ def _env_int(name: str, default: int) -> int:
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     """:func:`tadm.devices.resolve_device`, with ``auto`` and ``cuda`` meaning this process's GPU, ``cuda:LOCAL_RANK``."""
-    from tadm.devices import resolve_device as resolve_named_device
-
     device = resolve_named_device(spec)
     if device.type == "cuda" and str(spec).strip().lower() in ("auto", "cuda"):
         return torch.device(f"cuda:{local_rank}")
@@ -146,7 +147,6 @@ def wrap_model(model: nn.Module, info: DistInfo, find_unused_parameters: bool = 
     """``DistributedDataParallel(model)`` in a distributed run (rank 0's weights are broadcast), else ``model``."""
     if not info.distributed:
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [info.device.index] if info.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)

@@ -100,6 +100,7 @@ class MetricsLogger:
             self._kept = {(int(r.get("step", 0)), str(r.get("split"))) for r in kept}
         if tensorboard:
             try:
+                # deferred: tensorboard is optional (only with --tensorboard)
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 warnings.warn(

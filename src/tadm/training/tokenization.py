@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from huggingface_hub import hf_hub_download
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 __all__ = [
@@ -293,8 +294,6 @@ def load_gpt2_tokenizer(path_or_name: str | os.PathLike[str] = "gpt2") -> TextTo
         raise FileNotFoundError(f"GPT-2 tokenizer directory {spec!r} does not exist")
     repo = _GPT2_HUB_REPO.get(spec, spec)
     try:
-        from huggingface_hub import hf_hub_download
-
         tokenizer_file = hf_hub_download(repo, TOKENIZER_FILENAME)
     except Exception as err:  # offline, unknown repo, no tokenizer.json: all end the same way
         raise OSError(
