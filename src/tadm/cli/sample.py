@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     mask_id = model.mask_token_id
     if mask_id is None:
         raise CLIError(f"model {args.model!r} has no mask token: it is not a masked diffusion model")
-    max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+    max_len = model.max_seq_len
     length = args.length if args.length is not None else max_len
     if length is None:
         raise CLIError("--length is required for this model")

@@ -8,6 +8,7 @@ from typing import Any
 
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import check_num_steps
+from tadm.nn import TADM
 from tadm.protocol import LayerSplit
 from tadm.sampling.refresh import parse_refresh
 
@@ -136,7 +137,7 @@ def generation_flops(
     d, r, vocab = config.hidden_size, config.mlp_ratio, config.vocab_size
     tokens = batch_size * seq_len
     block = tokens * ((4 + 2 * r) * d * d + 2 * seq_len * d)
-    fusion = tokens * 14 * d * d if hasattr(model, "fusion") else 0
+    fusion = tokens * 14 * d * d if isinstance(model, TADM) else 0
     rows = tokens * num_steps if head_rows is None else head_rows
     return GenerationFlops(
         layers=2 * block * layer_calls(model.layer_split, num_steps, refresh_interval),

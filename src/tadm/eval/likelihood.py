@@ -163,7 +163,7 @@ def _batches(blocks: Any, batch_size: int, max_blocks: int | None) -> Iterator[T
 
 
 def _check_ids(x: Tensor, model: nn.Module, mask_id: int | None) -> None:
-    vocab = int(getattr(model, "vocab_size"))
+    vocab = int(model.vocab_size)
     if int(x.min()) < 0 or int(x.max()) >= vocab:
         raise ValueError(
             f"mismatched tokenizer: the text holds token id {int(x.max())} but the model's vocabulary has "
@@ -174,8 +174,8 @@ def _check_ids(x: Tensor, model: nn.Module, mask_id: int | None) -> None:
 
 
 def is_autoregressive(model: nn.Module) -> bool:
-    """True for the AR baseline (no mask token, no ``compute_anchor``)."""
-    return getattr(model, "mask_token_id", None) is None and not hasattr(model, "compute_anchor")
+    """True for the AR baseline, the one network without a mask token."""
+    return model.mask_token_id is None
 
 
 def _device_of(model: nn.Module, device: torch.device | str | None) -> torch.device:
@@ -188,7 +188,7 @@ def _device_of(model: nn.Module, device: torch.device | str | None) -> torch.dev
 
 def _fresh_anchor_log_probs(model: nn.Module, z_t: Tensor, t: Tensor) -> Tensor:
     """log x_theta(z_t) with the anchor computed from z_t itself (t' = t): (B, L, V)."""
-    t_arg = t if bool(getattr(getattr(model, "config", None), "time_conditioning", False)) else None
+    t_arg = _time_arg(model, t)
     c = model.encode(z_t, t_arg)  # (B, L, D)
     h = model.compute_anchor(c, t_arg)  # (B, L, D_a)
     return model.predict(z_t, c, h, t_arg)  # (B, L, V)
@@ -222,8 +222,8 @@ def diffusion_nelbo(
         seed: seeds the CPU generator for t and the masks.
         discrete_steps: use the discrete-time bound with this many steps instead.
     """
-    mask_id = getattr(model, "mask_token_id", None)
-    if mask_id is None or not hasattr(model, "compute_anchor"):
+    mask_id = model.mask_token_id
+    if mask_id is None:
         raise ValueError(f"{type(model).__name__} is not a masked diffusion model; use ar_perplexity")
     if num_t_samples < 1:
         raise ValueError(f"num_t_samples must be >= 1, got {num_t_samples}")
@@ -315,17 +315,16 @@ def _anchor_seed(seed: int) -> int:
 
 
 def _time_arg(model: nn.Module, t: Tensor) -> Tensor | None:
-    return t if bool(getattr(getattr(model, "config", None), "time_conditioning", False)) else None
+    """t for a time-conditioned network (tadm.protocol), None for one that does not read it."""
+    return t if model.time_conditioned else None
 
 
 def check_anchored(model: nn.Module) -> None:
     """Refuse a model without an anchor network (MDLM, AR): a stale anchor means nothing for it."""
-    mask_id = getattr(model, "mask_token_id", None)
-    split = getattr(model, "layer_split", None)
-    if mask_id is None or not hasattr(model, "compute_anchor") or split is None:
+    if model.mask_token_id is None:
         raise ValueError(f"{type(model).__name__} is not a masked diffusion model with an anchor: "
                          "stale-anchor bounds need TADM or ADLM")
-    if split.anchor == 0:
+    if model.layer_split.anchor == 0:
         raise ValueError(f"{type(model).__name__} has no anchor network (0 anchor layers): "
                          "stale-anchor bounds need TADM or ADLM")
 

@@ -109,6 +109,7 @@ class LayerStackBackbone(Protocol):
     prior: str  # forward-process prior: "uniform" or "mask"
     supports_self_conditioning: bool
     time_conditioned: bool  # the stack reads the diffusion time
+    dtype: torch.dtype  # of its embeddings (self-conditioning logits are cast to it)
 
     def prepare(self, batch_size: int, length: int, device: torch.device, context: StackContext | None) -> Any:
         """Per-pass state (rotary tables, attention masks, conditioning) for a (B, L) canvas."""
@@ -482,6 +483,10 @@ class MDLMBackbone(nn.Module):
     @property
     def time_conditioned(self) -> bool:
         return bool(self.model.config.time_conditioning)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed.weight.dtype
 
     def __init__(self, model: MDLM) -> None:
         super().__init__()

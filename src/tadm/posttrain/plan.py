@@ -178,7 +178,7 @@ def estimate_training_memory(model: AnchoredBackbone, *, micro_batch: int, promp
     vocab = micro_batch * canvas * backbone.vocab_size
     split = model.layer_split
     shapes = _layer_shapes(backbone)[split.shared + split.anchor:split.shared + split.anchor + split.denoiser]
-    fusion_width = int(getattr(model.fusion, "rank", backbone.hidden_size))
+    fusion_width = int(model.fusion.rank)
     items = _weights(model, dtype)
     items.update({
         "fusion gradients + AdamW moments (float32)": fusion * 4.0 * 3,

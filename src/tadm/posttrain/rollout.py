@@ -151,14 +151,14 @@ class _RolloutContext(LoopContext):
 
 @torch.no_grad()
 def _check_rollout(model: AnchoredBackbone, self_conditioning_prob: float) -> None:
-    if getattr(model.backbone, "prior", "uniform") != "uniform":
+    if model.backbone.prior != "uniform":
         raise ValueError(
             f"on-policy rollouts use the uniform-noise entropy-bound sampler; backbone "
             f"{type(model.backbone).__name__} has prior {model.backbone.prior!r}"
         )
     if not 0.0 <= self_conditioning_prob <= 1.0:
         raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")
-    if self_conditioning_prob > 0 and not getattr(model.backbone, "supports_self_conditioning", False):
+    if self_conditioning_prob > 0 and not model.backbone.supports_self_conditioning:
         raise ValueError(f"{type(model.backbone).__name__} has no self-conditioning; set self_conditioning_prob=0")
 
 
@@ -175,7 +175,7 @@ def _self_conditioning(
     where = generator.device if generator is not None else z.device
     sc_rows = (torch.rand(B, generator=generator, device=where) < probability).to(z.device)  # (B,)
     has_signal = sc_rows & (i_a < T)  # (B,) a previous step exists
-    embed_dtype = getattr(model.backbone, "dtype", torch.float32)
+    embed_dtype = model.backbone.dtype
     sc_logits: Tensor | None = None
     if bool(has_signal.any()):
         first = model.prepare(z, StackContext(prompt=prompt))

@@ -31,9 +31,9 @@ class GenerationOutput:
 
 
 def _model_device(model: object) -> torch.device:
-    parameters = getattr(model, "parameters", None)
-    if callable(parameters):
-        for p in parameters():
+    """Where a module's parameters live; CPU for a network that is no torch module (the protocol allows it)."""
+    if isinstance(model, torch.nn.Module):
+        for p in model.parameters():
             return p.device
     return torch.device("cpu")
 

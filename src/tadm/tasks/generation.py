@@ -285,7 +285,7 @@ class PrefixGenerator:
     kind = "tadm"
 
     def __init__(self, model: Any, tokenizer: Any, settings: GenerationSettings, *, name: str = "") -> None:
-        if getattr(model, "mask_token_id", None) is None:
+        if model.mask_token_id is None:
             raise ValueError(f"model {name or type(model).__name__!r} has no mask token: not a masked diffusion model")
         if tokenizer.vocab_size != model.vocab_size:
             raise ValueError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")

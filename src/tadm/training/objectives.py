@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from tadm.diffusion import (
     further_mask,
@@ -93,7 +94,8 @@ class Objective(Protocol):
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)
+    """The network inside a DistributedDataParallel wrapper (the model itself otherwise)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def _mask_id(model: nn.Module) -> int:

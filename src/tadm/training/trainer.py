@@ -56,7 +56,7 @@ from tqdm.auto import tqdm
 
 from tadm.config import ConfigError, ExperimentConfig
 from tadm.diffusion import get_schedule
-from tadm.nn import build_model
+from tadm.nn import TADM, build_model
 from tadm.training.checkpoint import (
     STATE_FILENAME,
     STATE_FORMAT,
@@ -544,8 +544,8 @@ def _initial_model(cfg: ExperimentConfig, tokenizer: TextTokenizer, info: DistIn
     """The model with identical initial weights on every rank; afterwards the global RNGs follow the rank."""
     _seed_everything(cfg.train.seed)
     model = build_training_model(cfg, tokenizer).to(info.device)
-    anchor_head = getattr(model, "anchor_head", None)
-    if cfg.model.arch == "tadm" and anchor_head is not None and cfg.objective.gamma == 0:
+    anchor_head = model.anchor_head if isinstance(model, TADM) else None
+    if anchor_head is not None and cfg.objective.gamma == 0:
         # An anchor LM head kept on request (model.overrides.anchor_lm_head) gets no loss without
         # gamma; freezing it keeps it out of the optimizer and out of DDP's gradient reduction.
         anchor_head.requires_grad_(False)
