@@ -110,7 +110,8 @@ class ExperimentConfig:
         return asdict(self)
 
 
-def _fail(err: OmegaConfBaseException, origin: str, error: type[ConfigError] = ConfigError) -> ConfigError:
+def config_error(err: OmegaConfBaseException, origin: str, error: type[ConfigError] = ConfigError) -> ConfigError:
+    """One line naming the key (or ``origin``) of an OmegaConf error, as ``error``."""
     key = getattr(err, "full_key", None)
     first = str(err).splitlines()[0]
     where = f" (key '{key}')" if key else ""
@@ -172,20 +173,21 @@ def _validate_objective(objective: ObjectiveSection) -> None:
             raise ConfigError(f"objective.{name} must be a non-empty list of integers >= 1, got {list(values)}")
 
 
-def _validate_optim(optim: OptimSection) -> None:
-    check_range("optim.lr", optim.lr, 0, low_open=True)
+def validate_optim(optim: OptimSection, *, error: type[ConfigError] = ConfigError) -> None:
+    """Every value of an optimiser section finite and in range (shared by pretraining and post-training)."""
+    check_range("optim.lr", optim.lr, 0, low_open=True, error=error)
     if len(optim.betas) != 2:
-        raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(optim.betas)}")
+        raise error(f"optim.betas must be two numbers in [0, 1), got {list(optim.betas)}")
     for i, beta in enumerate(optim.betas):
-        check_range(f"optim.betas[{i}]", beta, 0, 1, high_open=True)
-    check_range("optim.eps", optim.eps, 0, low_open=True)
+        check_range(f"optim.betas[{i}]", beta, 0, 1, high_open=True, error=error)
+    check_range("optim.eps", optim.eps, 0, low_open=True, error=error)
     if optim.lr_schedule not in ("constant", "cosine"):
-        raise ConfigError(f"optim.lr_schedule {optim.lr_schedule!r} is unknown; valid: constant, cosine")
+        raise error(f"optim.lr_schedule {optim.lr_schedule!r} is unknown; valid: constant, cosine")
     if optim.warmup_steps < 0:
-        raise ConfigError(f"optim.warmup_steps must be >= 0, got {optim.warmup_steps}")
-    check_range("optim.min_lr_ratio", optim.min_lr_ratio, 0, 1)
-    check_range("optim.grad_clip", optim.grad_clip, 0, note="(0 disables clipping)")
-    check_range("optim.weight_decay", optim.weight_decay, 0)
+        raise error(f"optim.warmup_steps must be >= 0, got {optim.warmup_steps}")
+    check_range("optim.min_lr_ratio", optim.min_lr_ratio, 0, 1, error=error)
+    check_range("optim.grad_clip", optim.grad_clip, 0, note="(0 disables clipping)", error=error)
+    check_range("optim.weight_decay", optim.weight_decay, 0, error=error)
 
 
 def _validate_train(train: TrainSection) -> None:
@@ -207,7 +209,7 @@ def _validate_train(train: TrainSection) -> None:
         raise ConfigError("train.out_dir must not be empty")
 
 
-def _validate(cfg: ExperimentConfig) -> None:
+def validate_experiment_config(cfg: ExperimentConfig) -> None:
     """Every section's values: names, ranges (finite numbers only) and settings that must fit together."""
     if cfg.model.arch not in ARCHITECTURES:
         raise ConfigError(f"model.arch {cfg.model.arch!r} is unknown; valid: {', '.join(ARCHITECTURES)}")
@@ -215,7 +217,7 @@ def _validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"model.preset {cfg.model.preset!r} is unknown; valid: {', '.join(MODEL_PRESETS)}")
     _validate_data(cfg.data)
     _validate_objective(cfg.objective)
-    _validate_optim(cfg.optim)
+    validate_optim(cfg.optim)
     _validate_train(cfg.train)
 
 
@@ -269,7 +271,7 @@ def _read_yaml(path: Path, error: type[ConfigError]) -> Any:
     try:
         return OmegaConf.load(path)
     except OmegaConfBaseException as err:
-        raise _fail(err, str(path), error) from None
+        raise config_error(err, str(path), error) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -340,7 +342,7 @@ def load_structured(
         try:
             merged = OmegaConf.merge(merged, loaded)
         except OmegaConfBaseException as err:
-            raise _fail(err, origin, error) from None
+            raise config_error(err, origin, error) from None
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise error(f"overrides must look like section.key=value, got {bad[0]!r}")
@@ -352,7 +354,7 @@ def load_structured(
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise _fail(err, origin, error) from None
+        raise config_error(err, origin, error) from None
     except ConfigError:
         raise
     except ValueError as err:  # a section's own validation in __post_init__
@@ -365,7 +367,7 @@ def load_structured(
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Defaults <- YAML file or shipped preset ``path`` <- ``key=value`` overrides, validated strictly."""
-    return load_structured(ExperimentConfig, path, overrides, validate=_validate)
+    return load_structured(ExperimentConfig, path, overrides, validate=validate_experiment_config)
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:

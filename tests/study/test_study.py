@@ -210,7 +210,7 @@ def test_derived_training_configs_share_size_data_and_budget(tmp_path):
     ({"sampling.throughput_generations": 3}, "throughput_generations must be 0 \\(skip\\) or >= 5"),
     ({"sampling.sampler": {"name": "auto", "nucleus": "top"}}, "sampling.sampler.nucleus 'top' is unknown"),
     ({"sampling.nucleus": "top"}, "sampling.sampler.nucleus 'top' is unknown"),
-    ({"size.num_heads": 3}, "size.hidden_size \\(16\\) must be a multiple of size.num_heads \\(3\\)"),
+    ({"size.num_heads": 3}, "size.hidden_size \\(16\\) must be divisible by size.num_heads \\(3\\)"),
 ])
 def test_bad_configs_name_the_value(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):

@@ -29,7 +29,8 @@ from tadm.posttrain.generate import generate_blocks
 from tadm.posttrain.model import SplitSpec
 from tadm.posttrain.plan import plan_posttrain
 from tadm.posttrain.prompting import encode_prompts, end_of_sequence_id
-from tadm.posttrain.trainer import load_posttrain_config, run_posttrain
+from tadm.posttrain.config import load_posttrain_config
+from tadm.posttrain.trainer import run_posttrain
 from tadm.sampling import build_sampler
 from tadm.sampling.entropy_bound import StableConfidentStopping
 

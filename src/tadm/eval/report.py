@@ -28,6 +28,7 @@ from tadm.records import machine_info, write_csv, write_json
 __all__ = [
     "DATA_MODEL",
     "format_mauve",
+    "format_number",
     "format_tps",
     "RESULT_FIELDS",
     "cell_key",
@@ -129,7 +130,8 @@ def read_results(out_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[
 
 
 # ----------------------------------------------------------------------------------------- tables
-def _fmt(value: Any, digits: int) -> str:
+def format_number(value: Any, digits: int) -> str:
+    """``value`` to ``digits`` decimals; "-" for a missing or non-finite value."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return f"{float(value):.{digits}f}"
@@ -142,7 +144,7 @@ def format_mauve(row: dict[str, Any]) -> str:
         if note:
             return f"n<{_minimum_in(note)}" if _minimum_in(note) else "-"
         return "-"
-    value = _fmt(row.get("mauve"), 3)
+    value = format_number(row.get("mauve"), 3)
     if row.get("mauve_buckets") is None:
         return value
     return f"{value} [{row.get('mauve_num_samples')}, {row.get('mauve_buckets')} cl.]"
@@ -160,8 +162,8 @@ def format_tps(row: dict[str, Any], digits: int = 2) -> str:
         return "-"
     low, high = row.get("tokens_per_second_min"), row.get("tokens_per_second_max")
     if low is None or high is None:
-        return _fmt(tps, digits)
-    return f"{_fmt(tps, digits)} [{_fmt(low, 1)}-{_fmt(high, 1)}]"
+        return format_number(tps, digits)
+    return f"{format_number(tps, digits)} [{format_number(low, 1)}-{format_number(high, 1)}]"
 
 
 def _row_label(row: dict[str, Any]) -> str:
@@ -219,17 +221,17 @@ def markdown_report(
         if name == "mauve":
             return format_mauve(row)
         if name == "gen_ppl":
-            return _fmt(row.get("gen_ppl"), 2)
+            return format_number(row.get("gen_ppl"), 2)
         if name == "entropy":
-            return _fmt(row.get("entropy"), 3)
+            return format_number(row.get("entropy"), 3)
         if name == "compute":
             calls, rel = row.get("layer_calls"), row.get("compute_relative")
-            return "-" if calls is None else f"{int(calls)} ({_fmt(rel, 2)}x)"
+            return "-" if calls is None else f"{int(calls)} ({format_number(rel, 2)}x)"
         tps = row.get("tokens_per_second")
         base = base_tps(T)
         if tps is None:
             return "-"
-        return f"{_fmt(tps, 2)} ({float(tps) / base:.2f}x)" if base else _fmt(tps, 2)
+        return f"{format_number(tps, 2)} ({float(tps) / base:.2f}x)" if base else format_number(tps, 2)
 
     parts = [f"# {title}", ""]
     parts += list(notes) + ([""] if notes else [])
@@ -239,7 +241,7 @@ def markdown_report(
     header = ["Method"] + [f"{label} T={T}" for _, label in names for T in steps]
     body = []
     if data is not None:
-        span = [_fmt(data.get("mauve"), 2), _fmt(data.get("gen_ppl"), 2), _fmt(data.get("entropy"), 3), "-", "-"]
+        span = [format_number(data.get("mauve"), 2), format_number(data.get("gen_ppl"), 2), format_number(data.get("entropy"), 3), "-", "-"]
         body.append(["Data"] + [span[i] for i in range(len(names)) for _ in steps])
     for model, K in pairs:
         cells = [metric(index.get((model, T, K)), n, T) for n, _ in names for T in steps]
@@ -273,6 +275,6 @@ def zero_shot_markdown(records: Sequence[dict[str, Any]]) -> str:
         cells = []
         for data in datasets:
             r = index.get((model, data))
-            cells.append("-" if r is None else ("≤ " if r.get("kind") == "nelbo" else "") + _fmt(r.get("ppl"), 2))
+            cells.append("-" if r is None else ("≤ " if r.get("kind") == "nelbo" else "") + format_number(r.get("ppl"), 2))
         body.append([model] + cells)
     return _table(["Model"] + datasets, body)

@@ -7,6 +7,7 @@
 * :mod:`~tadm.posttrain.generate` - block-wise generation over a prompt (Algorithm 2 inside
   Algorithm 1, with the prompt KV cache);
 * :mod:`~tadm.posttrain.rollout` - the on-policy rollouts of Eq. (anchor-sft-rollout);
+* :mod:`~tadm.posttrain.config` - the post-training config schema and its validation;
 * :mod:`~tadm.posttrain.trainer` - the cache objective, Eq. (anchor-sft-objective), and the loop;
 * :mod:`~tadm.posttrain.data` - chat JSONL -> (context, canvas) pairs;
 * :mod:`~tadm.posttrain.adapter_io` - the fusion saved apart from the backbone.
@@ -15,7 +16,12 @@ Importing this package does not import ``transformers``; it is loaded when a Dif
 backbone is built or loaded.
 """
 
-from tadm.posttrain.adapter_io import AdapterConfig, attach_adapter, load_adapter_config, save_adapter
+from tadm.posttrain.adapter_io import (
+    AdapterConfig,
+    attach_adapter,
+    load_adapter_config,
+    save_adapter,
+)
 from tadm.posttrain.backbone import (
     BACKBONES,
     DiffusionGemmaBackbone,
@@ -25,6 +31,11 @@ from tadm.posttrain.backbone import (
     StackContext,
     load_backbone,
     wrap_backbone,
+)
+from tadm.posttrain.config import (
+    PosttrainConfig,
+    PosttrainConfigError,
+    load_posttrain_config,
 )
 from tadm.posttrain.data import (
     CanvasBatch,
@@ -49,12 +60,9 @@ from tadm.posttrain.rollout import (
     sample_cache_ages,
 )
 from tadm.posttrain.trainer import (
-    PosttrainConfig,
-    PosttrainConfigError,
     PosttrainLoss,
     PosttrainTrainer,
     canvas_batches,
-    load_posttrain_config,
     posttrain_loss,
     run_posttrain,
 )

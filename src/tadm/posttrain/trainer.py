@@ -1,4 +1,4 @@
-"""TADM:Post-train training: config schema, the cache objective, and the fusion-only training loop.
+"""TADM:Post-train training: the cache objective and the fusion-only training loop (schema: :mod:`tadm.posttrain.config`).
 
 Objective, Eq. (anchor-sft-objective): for a rollout end point ``z~_t`` (see
 :mod:`tadm.posttrain.rollout`) with cached anchor ``h_t'``, the student prediction
@@ -22,221 +22,59 @@ synchronised).
 from __future__ import annotations
 
 import json
-import os
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from tadm.config import ConfigError, check_range, load_structured
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import save_adapter
 from tadm.posttrain.backbone import load_backbone
-from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases, read_chat_jsonl
+from tadm.posttrain.config import PosttrainConfig, PosttrainConfigError
+from tadm.posttrain.data import (
+    CanvasBatch,
+    ChatCanvasDataset,
+    collate_canvases,
+    read_chat_jsonl,
+)
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
-from tadm.posttrain.rollout import ROLLOUT_MODES, RolloutState, forward_rollout, on_policy_rollout
-from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
-from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
-from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
+from tadm.posttrain.rollout import (
+    RolloutState,
+    forward_rollout,
+    on_policy_rollout,
+)
+from tadm.sampling.entropy_bound import EntropyBoundSampler
+from tadm.training.checkpoint import (
+    STATE_FILENAME,
+    STATE_FORMAT,
+    load_training_state,
+    save_training_state,
+)
+from tadm.training.distributed import (
+    DistInfo,
+    barrier,
+    cleanup,
+    init_distributed,
+    wrap_model,
+)
 from tadm.training.lr import build_lr_scheduler
-from tadm.training.precision import PRECISIONS, autocast_context
+from tadm.training.precision import autocast_context
 
 __all__ = [
-    "BaseSection",
-    "DataSection",
-    "FusionSection",
-    "LossSection",
-    "OptimSection",
-    "PosttrainConfig",
-    "PosttrainConfigError",
     "PosttrainLoss",
     "PosttrainTrainer",
-    "RolloutSection",
-    "SplitSection",
-    "TrainSection",
     "canvas_batches",
-    "load_posttrain_config",
     "posttrain_loss",
     "run_posttrain",
 ]
-
-
-# ===================================================================================== configuration
-class PosttrainConfigError(ConfigError):
-    """A post-training configuration problem; the message names the key."""
-
-
-@dataclass
-class BaseSection:
-    """The frozen pretrained model."""
-
-    path: str = "google/diffusiongemma-26B-A4B-it"  # checkpoint directory or hub id
-    backbone: str = "diffusion-gemma"  # adapter kind, see tadm.posttrain.backbone.BACKBONES
-    dtype: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
-
-
-@dataclass
-class SplitSection:
-    """Layer counts of S / A / D (paper, 30 layers: 2 / 20 / 8)."""
-
-    shared_layers: int = 2
-    anchor_layers: int = 20
-    denoiser_layers: Optional[int] = 8
-
-
-@dataclass
-class FusionSection:
-    """Paired-attention fusion size (paper: rank 256, 4 heads, gate bias -3)."""
-
-    rank: int = 256
-    num_heads: int = 4
-    gate_bias: float = -3.0
-    eps: float = 1e-6
-
-
-@dataclass
-class RolloutSection:
-    """Rollout construction and the sampler it shares with inference."""
-
-    cache_ages: list[int] = field(default_factory=lambda: [0, 1, 2])
-    cache_age_probs: list[float] = field(default_factory=lambda: [0.34, 0.33, 0.33])
-    sampler: EntropyBoundSamplerConfig = field(default_factory=EntropyBoundSamplerConfig)  # T = sampler.num_steps
-    schedule: str = "loglinear"  # alpha_t of the uniform forward process for z_t'
-    antithetic: bool = True
-    self_conditioning_prob: float = 0.5
-    mode: str = "on-policy"  # "on-policy" (the paper's rollouts) or "forward" (canvases of the forward process)
-
-
-@dataclass
-class LossSection:
-    """Weights of Eq. (anchor-sft-objective)."""
-
-    ce_weight: float = 1.0
-    kd_weight: float = 1.0  # lambda_KD
-    kd_temperature: float = 1.0
-    loss_on_padding: bool = False  # also train the padding after a reply's end
-
-
-@dataclass
-class DataSection:
-    """Chat JSONL and how it becomes canvases."""
-
-    train_file: str = ""
-    tokenizer: Optional[str] = None  # default: base.path
-    prompt_field: str = "prompt"
-    response_field: str = "response"
-    max_prompt_tokens: int = 2048
-    max_response_tokens: int = 2048
-    canvases_per_example: int = 8
-    canvas_length: Optional[int] = None  # default: the backbone's canvas length
-    pad_id: Optional[int] = None  # default: the tokenizer's pad id
-
-
-@dataclass
-class OptimSection:
-    lr: float = 1.5e-4
-    betas: list[float] = field(default_factory=lambda: [0.95, 0.99])
-    eps: float = 1e-8
-    weight_decay: float = 1e-4
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0
-
-
-@dataclass
-class TrainSection:
-    max_steps: int = 18750
-    micro_batch_size: int = 1  # per device
-    grad_accum_steps: int = 4
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
-    device: str = "auto"
-    seed: int = 42
-    out_dir: str = "runs/posttrain"
-    log_every: int = 10
-    save_every: int = 1000
-    resume: bool = True
-
-
-@dataclass
-class PosttrainConfig:
-    base: BaseSection = field(default_factory=BaseSection)
-    split: SplitSection = field(default_factory=SplitSection)
-    fusion: FusionSection = field(default_factory=FusionSection)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
-    loss: LossSection = field(default_factory=LossSection)
-    data: DataSection = field(default_factory=DataSection)
-    optim: OptimSection = field(default_factory=OptimSection)
-    train: TrainSection = field(default_factory=TrainSection)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _validate_optim(o: OptimSection) -> None:
-    """Every float of the optimiser section finite and in range (NaN and inf never are)."""
-    for name, low, low_open in (("lr", 0.0, True), ("eps", 0.0, True), ("weight_decay", 0.0, False),
-                                ("grad_clip", 0.0, True)):
-        check_range(f"optim.{name}", getattr(o, name), low, low_open=low_open, error=PosttrainConfigError)
-    if len(o.betas) != 2:
-        raise PosttrainConfigError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
-    for n, beta in enumerate(o.betas):
-        check_range(f"optim.betas[{n}]", beta, 0.0, 1.0, high_open=True, error=PosttrainConfigError)
-    if o.warmup_steps < 0:
-        raise PosttrainConfigError(f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
-    check_range("optim.min_lr_ratio", o.min_lr_ratio, 0.0, 1.0, error=PosttrainConfigError)
-
-
-def _validate(cfg: PosttrainConfig) -> None:
-    def positive(name: str, value: float) -> None:
-        if value <= 0:
-            raise PosttrainConfigError(f"{name} must be > 0, got {value!r}")
-
-    ages, probs = list(cfg.rollout.cache_ages), list(cfg.rollout.cache_age_probs)
-    if not ages or len(ages) != len(probs):
-        raise PosttrainConfigError(
-            f"rollout.cache_ages {ages} and rollout.cache_age_probs {probs} must be non-empty and equally long"
-        )
-    if any(a < 0 or a >= cfg.rollout.sampler.num_steps for a in ages):
-        raise PosttrainConfigError(f"rollout.cache_ages must lie in 0..rollout.sampler.num_steps-1, got {ages}")
-    for n, p in enumerate(probs):
-        check_range(f"rollout.cache_age_probs[{n}]", p, 0.0, error=PosttrainConfigError)
-    if sum(probs) <= 0:
-        raise PosttrainConfigError(f"rollout.cache_age_probs must be >= 0 with a positive sum, got {probs}")
-    check_range("rollout.self_conditioning_prob", cfg.rollout.self_conditioning_prob, 0.0, 1.0,
-                error=PosttrainConfigError)
-    if cfg.rollout.mode not in ROLLOUT_MODES:
-        raise PosttrainConfigError(f"rollout.mode {cfg.rollout.mode!r} is unknown; valid: {', '.join(ROLLOUT_MODES)}")
-    try:
-        get_schedule(cfg.rollout.schedule)
-    except ValueError as err:
-        raise PosttrainConfigError(f"rollout.schedule: {err}") from None
-    for name in ("ce_weight", "kd_weight"):
-        check_range(f"loss.{name}", getattr(cfg.loss, name), 0.0, error=PosttrainConfigError)
-    check_range("loss.kd_temperature", cfg.loss.kd_temperature, 0.0, low_open=True, error=PosttrainConfigError)
-    for name in ("rank", "num_heads"):
-        positive(f"fusion.{name}", getattr(cfg.fusion, name))
-    if cfg.fusion.rank % cfg.fusion.num_heads:
-        raise PosttrainConfigError(f"fusion.rank {cfg.fusion.rank} must be divisible by fusion.num_heads {cfg.fusion.num_heads}")
-    for name in ("max_prompt_tokens", "max_response_tokens", "canvases_per_example"):
-        positive(f"data.{name}", getattr(cfg.data, name))
-    _validate_optim(cfg.optim)
-    for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "log_every", "save_every"):
-        positive(f"train.{name}", getattr(cfg.train, name))
-    if cfg.train.precision not in PRECISIONS:
-        valid = ", ".join(PRECISIONS)
-        raise PosttrainConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: {valid}")
-
-
-def load_posttrain_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> PosttrainConfig:
-    """Defaults <- YAML preset at ``path`` <- ``key=value`` overrides; unknown keys and bad types fail by name."""
-    return load_structured(PosttrainConfig, path, overrides, error=PosttrainConfigError, validate=_validate)
 
 
 # ========================================================================================= objective
@@ -335,7 +173,7 @@ class PosttrainTrainer:
             self.optimizer,
             warmup_steps=o.warmup_steps,
             max_steps=config.train.max_steps,
-            schedule="cosine",
+            schedule=o.lr_schedule,
             min_lr_ratio=o.min_lr_ratio,
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.train.seed * 1000 + rank)
@@ -396,7 +234,8 @@ class PosttrainTrainer:
             kds.append(out.kd)
             tokens += out.tokens
         params = [p for p in self.model.fusion.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.grad_clip)
+        clip = self.config.optim.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)  # 0: no clipping
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()

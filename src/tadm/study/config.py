@@ -23,15 +23,12 @@ Unknown keys, wrong types and unknown model kinds fail with a one-line message n
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-
-from tadm.eval.pipeline import SamplingSettings
-from tadm.sampling.refresh import parse_refresh_list
 
 from tadm.config import (
     PRESET_DIR,
@@ -42,11 +39,14 @@ from tadm.config import (
     ObjectiveSection,
     OptimSection,
     TrainSection,
-    _fail,
-    _validate,
+    config_error,
     load_structured,
     resolve_config_path,
+    validate_experiment_config,
 )
+from tadm.eval.pipeline import SamplingSettings
+from tadm.nn import DiTSizes
+from tadm.sampling.refresh import parse_refresh_list
 
 __all__ = [
     "MODEL_KINDS",
@@ -101,7 +101,11 @@ class StudyModel:
 
 @dataclass
 class StudySize:
-    """Width and depth shared by every model (equal-size comparison)."""
+    """Width and depth shared by every model (equal-size comparison).
+
+    The width fields are :class:`~tadm.nn.DiTSizes`' own (with the study's small defaults) and are
+    validated there, when each model's training config is built; the layer split is the study's.
+    """
 
     hidden_size: int = 128
     num_heads: int = 4
@@ -198,12 +202,7 @@ def _validate_study(cfg: StudyConfig) -> None:
         bad = [o for o in m.overrides if "=" not in o]
         if bad:
             raise ConfigError(f"models[{n}].overrides must look like section.key=value, got {bad[0]!r}")
-    s = cfg.size
-    for name in ("hidden_size", "num_heads", "anchor_layers", "denoiser_layers", "cond_dim", "mlp_ratio"):
-        if getattr(s, name) < 1:
-            raise ConfigError(f"size.{name} must be >= 1, got {getattr(s, name)}")
-    if s.hidden_size % s.num_heads:
-        raise ConfigError(f"size.hidden_size ({s.hidden_size}) must be a multiple of size.num_heads ({s.num_heads})")
+    _check_size(cfg.size)
     st = cfg.staleness
     _positive_ints("staleness.steps", st.steps)
     try:
@@ -236,6 +235,22 @@ def _validate_study(cfg: StudyConfig) -> None:
         model_experiment_config(cfg, m, cfg.seeds_of(m)[0])  # every derived training config must validate
 
 
+def _width(size: StudySize) -> dict[str, Any]:
+    """The :class:`~tadm.nn.DiTSizes` fields that ``size`` sets (everything but the layer split)."""
+    return {f.name: getattr(size, f.name) for f in fields(DiTSizes) if hasattr(size, f.name)}
+
+
+def _check_size(size: StudySize) -> None:
+    """The width validated by :class:`~tadm.nn.DiTSizes` itself; the layer counts >= 1."""
+    for name in ("anchor_layers", "denoiser_layers"):
+        if getattr(size, name) < 1:
+            raise ConfigError(f"size.{name} must be >= 1, got {getattr(size, name)}")
+    try:
+        DiTSizes(**_width(size))
+    except ValueError as err:
+        raise ConfigError(str(err).replace("DiTSizes.", "size.")) from None
+
+
 def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> ExperimentConfig:
     """The ``tadm train`` config of one (model, seed) unit of the study, validated.
 
@@ -250,8 +265,7 @@ def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> E
         sizes: dict[str, Any] = {"anchor_layers": s.anchor_layers, "denoiser_layers": s.denoiser_layers}
     else:
         sizes = {"num_layers": s.anchor_layers + s.denoiser_layers}
-    sizes.update(hidden_size=s.hidden_size, num_heads=s.num_heads, cond_dim=s.cond_dim, mlp_ratio=s.mlp_ratio,
-                 dropout=s.dropout)
+    sizes.update(_width(s))
     objective = ObjectiveSection(**asdict(cfg.objective))
     if model.kind == "tadm-fresh":
         objective.refresh_intervals = [1]
@@ -273,10 +287,10 @@ def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> E
         merged = OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(list(model.overrides)))
         out = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise _fail(err, f"models {model.name!r} overrides") from None
+        raise config_error(err, f"models {model.name!r} overrides") from None
     assert isinstance(out, ExperimentConfig)
     try:
-        _validate(out)
+        validate_experiment_config(out)
     except ConfigError as err:
         raise ConfigError(f"model {model.name!r}: {err}") from None
     return out

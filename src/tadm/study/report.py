@@ -28,7 +28,7 @@ from typing import Any
 
 from tadm.eval.pipeline import Cell, Run, cell_rows, data_row
 from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
-from tadm.eval.report import _fmt, markdown_report
+from tadm.eval.report import format_number, markdown_report
 from tadm.protocol import LayerSplit
 from tadm.records import write_csv, write_json, write_text
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
@@ -147,7 +147,7 @@ def _model_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
             f"{_mean([r['train_seconds'] for r in runs]) / 60:.1f} min x {len(runs)}",
             f"{_pm(_mean(nll), _spread(nll), 4)} ({kind})" if nll else "-",
             f"{_pm(_mean(nll) and math.exp(_mean(nll)), None, 1)}" if nll else "-",
-            (f"{_fmt(_mean([r['uninformative'] for r in blank]), 4)} "
+            (f"{format_number(_mean([r['uninformative'] for r in blank]), 4)} "
              f"({_pm(_mean(uninf), _spread(uninf), 1, 100.0, '%')})") if uninf else "-",
         ])
     header = ["model", "kind", "parameters", "tokens / run", "training", "val nats/token (mean ± half-range)",
@@ -185,7 +185,7 @@ def _per_seed_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
             cached = [r for r in res["cached"] if r["model"] == label and r["seed"] == seed]
             fresh = _mean([r["fresh"] for r in rows])
             blank = [r["uninformative"] / r["fresh"] - 1.0 for r in rows if r.get("uninformative") is not None]
-            cells = [label, str(seed), _fmt(fresh, 4), _pm(_mean(blank), None, 1, 100.0, "%") if blank else "-"]
+            cells = [label, str(seed), format_number(fresh, 4), _pm(_mean(blank), None, 1, 100.0, "%") if blank else "-"]
             for T in cfg.staleness.steps:
                 inc = [r["curves"][str(T)][age] / r["curves"][str(T)][0] - 1.0 for r in rows if str(T) in r["curves"]]
                 cells.append(_pm(_mean(inc), None, 2, 100.0, "%") if inc else "-")
@@ -213,9 +213,9 @@ def _cached_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
             if not values:
                 cells.append("-")
             elif K == 1 or not incs:
-                cells.append(_fmt(_mean(values), 4))
+                cells.append(format_number(_mean(values), 4))
             else:
-                cells.append(f"{_fmt(_mean(values), 4)} ({_pm(_mean(incs), _spread(incs), 2, 100.0, '%')})")
+                cells.append(f"{format_number(_mean(values), 4)} ({_pm(_mean(incs), _spread(incs), 2, 100.0, '%')})")
         body.append(cells)
     return _table(["model"] + [f"K={K}" for K in Ks], body)
 
