@@ -9,7 +9,8 @@ import re
 import pytest
 
 from tadm.tasks.runner import TaskRunConfig, methods, run_tasks
-from tadm.tasks.task_tables import paired_outcomes, sign_test
+from tadm.eval.significance import sign_test
+from tadm.tasks.task_tables import prompt_comparison
 from tests.tasks.fakes import FakeGenerator
 from tests.tasks.test_datasets import GSM, write_jsonl
 
@@ -101,19 +102,23 @@ def test_accuracy_tables_and_resume(data_dir, tmp_path):
     assert (out / "accuracy_vs_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     unit = json.loads((out / "units" / "gsm8k" / "naive-K1-seed0.json").read_text())
     assert unit["spec"]["K"] == 1 and unit["records"][0]["extracted"] == "1005" and not unit["records"][0]["correct"]
-    # the paired column counts, over the same problems and seeds, who alone got each one right
+    # the paired columns count distinct prompts: per (task, prompt), TADM's mean correctness minus naive's
     naive_table = {int(r["K"]): r for r in csv.DictReader((out / "naive_table.csv").open())}
     for K in (1, 2):
-        tadm_only = naive_only = 0
+        per_prompt: dict[tuple, list[float]] = {}
         for unit_file in (out / "units").glob(f"*/tadm-K{K}-seed*.json"):
-            tadm_checks = [r["correct"] for r in json.loads(unit_file.read_text())["records"]]
+            tadm_records = json.loads(unit_file.read_text())["records"]
             naive_file = unit_file.with_name(unit_file.name.replace("tadm-", "naive-"))
-            naive_checks = [r["correct"] for r in json.loads(naive_file.read_text())["records"]]
-            tadm_only += sum(t and not n for t, n in zip(tadm_checks, naive_checks))
-            naive_only += sum(n and not t for t, n in zip(tadm_checks, naive_checks))
-        assert naive_table[K]["only TADM / only naive right"] == f"{tadm_only} / {naive_only}"
-        assert float(naive_table[K]["sign test p"]) == pytest.approx(sign_test(tadm_only, naive_only), rel=0.03)  # 2 digits
-    assert tadm_only + naive_only > 0
+            naive_records = json.loads(naive_file.read_text())["records"]
+            for t, n in zip(tadm_records, naive_records):
+                per_prompt.setdefault((unit_file.parent.name, t["prompt"]), []).append(t["correct"] - n["correct"])
+        diffs = [sum(v) / len(v) for v in per_prompt.values()]
+        ahead, behind = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+        assert int(naive_table[K]["prompts"]) == len(per_prompt)
+        assert naive_table[K]["prompts TADM / naive ahead"] == f"{ahead} / {behind}"
+        assert float(naive_table[K]["sign test p (prompts)"]) == pytest.approx(sign_test(ahead, behind), rel=0.03)
+        assert naive_table[K]["TADM - naive (pp, 95% CI)"].startswith(f"{100 * sum(diffs) / len(diffs):+.1f} [")
+    assert ahead + behind > 0
     # the tables say how they were made: command, machine, commit, wall time
     provenance = json.loads((out / "results.json").read_text())["provenance"]
     assert provenance["command"] == "tadm eval tasks --fake" and provenance["machine"]["cpu_count"] >= 1
@@ -201,18 +206,17 @@ def test_a_tiny_base_and_adapter_end_to_end(base_dir, adapter_dir, data_dir, tmp
     assert (tmp_path / "out" / "table.md").is_file()
 
 
-def test_sign_test_against_hand_computed_binomial_tails():
-    assert sign_test(7, 1) == pytest.approx(2 * (1 + 8) / 2 ** 8)  # 0.0703
-    assert sign_test(8, 3) == pytest.approx(2 * (1 + 11 + 55 + 165) / 2 ** 11)  # 0.2266
-    assert sign_test(3, 3) == 1.0 and sign_test(0, 0) == 1.0 and sign_test(0, 5) == pytest.approx(2 / 32)
+def test_prompt_comparison_pairs_units_by_task_and_seed_and_counts_prompts():
+    def unit(method, seed, correct, prompts, task="t", K=2):
+        return {"task": task, "method": method, "K": K, "seed": seed, "correct": correct, "prompts": prompts}
 
-
-def test_paired_outcomes_pair_units_by_task_and_seed():
-    def unit(method, seed, correct, task="t", K=2):
-        return {"task": task, "method": method, "K": K, "seed": seed, "correct": correct}
-
-    units = [unit("tadm", 0, [True, True, False, False]), unit("naive", 0, [True, False, True, False]),
-             unit("tadm", 1, [True, True, True, True]), unit("naive", 1, [False, False, False, True]),
-             unit("tadm", 2, [False]), unit("naive", 5, [True]), unit("naive", 0, [True] * 4, K=3)]
-    assert paired_outcomes(units, 2) == (1 + 3, 1)  # seeds 2 and 5 have no partner
-    assert paired_outcomes(units, 3) is None and paired_outcomes([unit("tadm", 0, None), unit("naive", 0, None)], 2) is None
+    p = ["a", "a", "b", "c"]  # four items, three distinct prompts
+    units = [unit("tadm", 0, [True, True, False, False], p), unit("naive", 0, [True, False, True, False], p),
+             unit("tadm", 1, [True, True, True, True], p), unit("naive", 1, [False, False, False, True], p),
+             unit("tadm", 2, [False], ["a"]), unit("naive", 5, [True], ["a"]), unit("naive", 0, [True] * 4, p, K=3)]
+    s = prompt_comparison(units, 2)  # seeds 2 and 5 have no partner
+    # a: tadm 4/4, naive 1/4 -> +0.75; b: tadm 1/2, naive 1/2 -> 0; c: tadm 1/2, naive 1/2 -> 0
+    assert (s.units, s.ahead, s.behind, s.tied) == (3, 1, 0, 2)
+    assert s.mean == pytest.approx(0.25) and s.sign_p == 1.0
+    assert prompt_comparison(units, 3) is None
+    assert prompt_comparison([unit("tadm", 0, None, None), unit("naive", 0, None, None)], 2) is None

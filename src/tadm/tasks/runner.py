@@ -318,6 +318,7 @@ def _payload(store: UnitStore, unit: _Unit) -> dict[str, Any]:
     return {"task": unit.bench.name, "method": unit.method.name, "K": unit.method.K, "seed": unit.seed,
             "accuracy": stored["accuracy"], "n": stored["n"], "stats": stored["stats"],
             "correct": [bool(r["correct"]) for r in stored["records"]],
+            "prompts": [r.get("prompt", r.get("id")) for r in stored["records"]],
             "judge": judged.get("summary") if judged is not None else None,
             "provenance": stored.get("provenance")}
 

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from tadm.eval.plots import plot_task_accuracy_vs_refresh
+from tadm.eval.significance import PairedSummary, paired_summary, prompt_differences
 from tadm.records import write_csv, write_json, write_text
 
-__all__ = ["CELL_FIELDS", "cells", "naive_rows", "task_rows", "write_tables"]
+__all__ = ["CELL_FIELDS", "cells", "naive_rows", "prompt_comparison", "task_rows", "write_tables"]
 
 CELL_FIELDS = ("task", "method", "K", "seeds", "examples", "accuracy_mean", "accuracy_std", "tokens_per_second",
                "layer_calls_per_request", "generated_tokens", "seconds", "corruption", "null_share", "unparsed",
@@ -97,42 +98,41 @@ def _mean_accuracy(all_cells: list[dict[str, Any]], method: str, K: int) -> floa
     return statistics.fmean(mine) if mine else None
 
 
-def sign_test(wins: int, losses: int) -> float:
-    """Two-sided exact sign test of ``wins`` vs ``losses`` (ties left out): P(as unbalanced | p = 1/2)."""
-    n = wins + losses
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+def prompt_comparison(units: Sequence[dict[str, Any]], K: int) -> PairedSummary | None:
+    """TADM against naive reuse at ``K``, over distinct prompts (:mod:`tadm.eval.significance`).
 
-
-def paired_outcomes(units: Sequence[dict[str, Any]], K: int) -> tuple[int, int] | None:
-    """(TADM right and naive wrong, naive right and TADM wrong) over the same problems and seeds at ``K``.
-
-    Units are paired by (task, seed); None when no pair has its per-problem checks (``correct``).
+    Per benchmark and distinct prompt, the mean correctness over the items with that prompt and over
+    every seed both methods ran; units are (benchmark, prompt). None when no (benchmark, seed) has both
+    methods with per-problem checks.
     """
-    naive = {(u["task"], u["seed"]): u.get("correct") for u in units if u["method"] == "naive" and u["K"] == K}
-    tadm = {(u["task"], u["seed"]): u.get("correct") for u in units if u["method"] == "tadm" and u["K"] == K}
-    pairs = [(tadm[key], naive[key]) for key in tadm.keys() & naive.keys() if tadm[key] and naive[key]]
-    if not pairs:
+    def runs(method: str, key: tuple[str, int]) -> list[tuple[Any, bool]]:
+        u = by[method][key]
+        return [((u["task"], p), c) for p, c in zip(u["prompts"], u["correct"])]
+
+    by = {m: {(u["task"], u["seed"]): u for u in units if u["method"] == m and u["K"] == K and u.get("correct")
+              and u.get("prompts")} for m in ("tadm", "naive")}
+    keys = sorted(by["tadm"].keys() & by["naive"].keys())
+    if not keys:
         return None
-    tadm_only = sum(t and not n for a, b in pairs for t, n in zip(a, b))
-    naive_only = sum(n and not t for a, b in pairs for t, n in zip(a, b))
-    return tadm_only, naive_only
+    d = prompt_differences([runs("tadm", k) for k in keys], [runs("naive", k) for k in keys])
+    return paired_summary(d.values())
 
 
 def naive_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], Ks: Sequence[int]) -> list[dict]:
     """The naive-reuse comparison: per K, accuracy and corruption of naive reuse and of TADM, and the paired
-    count of problems only one of them got right, with its sign test."""
+    difference over distinct prompts with its 95 % interval and sign test."""
     table = []
     for K in Ks:
         row: dict[str, Any] = {"K": K}
         for method, title in (("naive", "naive"), ("tadm", "TADM")):
             row[f"{title} accuracy"] = _mean_accuracy(all_cells, method, K)
             row.update(_judge_columns(title, _judged([u for u in units if u["method"] == method and u["K"] == K])))
-        paired = paired_outcomes(units, K)
-        row["only TADM / only naive right"] = f"{paired[0]} / {paired[1]}" if paired else None
-        row["sign test p"] = f"{sign_test(*paired):.2g}" if paired else None
+        paired = prompt_comparison(units, K)
+        row["prompts"] = paired.units if paired else None
+        row["TADM - naive (pp, 95% CI)"] = (
+            f"{100 * paired.mean:+.1f} [{100 * paired.low:+.1f}, {100 * paired.high:+.1f}]" if paired else None)
+        row["prompts TADM / naive ahead"] = f"{paired.ahead} / {paired.behind}" if paired else None
+        row["sign test p (prompts)"] = f"{paired.sign_p:.2g}" if paired else None
         table.append(row)
     return table
 
@@ -218,8 +218,10 @@ def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], ben
                  "corruption (%): share of parsed "
                  "judge verdicts flagged incoherent or repetition_loop, null share (%): parsed verdicts "
                  "with no flag true and at least one null, unparsed: verdicts that did not parse "
-                 "('-': not judged); only TADM / only naive right: problems x seeds that one of the two "
-                 "got right and the other not, with the two-sided exact sign test of that split.\n\n"
+                 "('-': not judged). The paired columns count distinct prompts, not items or seeds: per "
+                 "benchmark and prompt, TADM's mean correctness minus naive reuse's over the items with that "
+                 "prompt and every seed; then the mean of those differences with its 95 % Student-t interval, "
+                 "the prompts where each is ahead, and the two-sided exact sign test over untied prompts.\n\n"
                  + _markdown(naive))
     return text
 

@@ -1,0 +1,61 @@
+"""Significance over independent units, checked against hand computations."""
+
+import math
+
+import pytest
+
+from tadm.eval.significance import mean_interval, paired_summary, prompt_differences, recovered_share, sign_test
+
+
+@pytest.mark.parametrize("wins,losses,expected", [
+    (5, 0, 2 / 32),  # 2 * P(X <= 0), n = 5
+    (3, 0, 0.25),  # three of three training seeds
+    (6, 4, 2 * (1 + 10 + 45 + 120 + 210) / 1024),  # 2 * P(X <= 4), n = 10
+    (0, 0, 1.0),
+    (10, 10, 1.0),
+])
+def test_sign_test_matches_the_binomial_tail(wins, losses, expected):
+    assert sign_test(wins, losses) == pytest.approx(expected, rel=1e-12)
+    assert sign_test(losses, wins) == pytest.approx(expected, rel=1e-12)
+
+
+def test_mean_interval_is_the_student_t_interval():
+    values = [1.0, 2.0, 3.0, 4.0]
+    sd = math.sqrt(sum((v - 2.5) ** 2 for v in values) / 3)  # 1.2910
+    half = 3.182446305284263 * sd / 2  # t_{0.975, 3} * sd / sqrt(4)
+    mean, low, high = mean_interval(values)
+    assert (mean, low, high) == pytest.approx((2.5, 2.5 - half, 2.5 + half), rel=1e-9)
+    assert math.isnan(mean_interval([0.3])[1])
+    with pytest.raises(ValueError):
+        mean_interval([])
+
+
+def test_repeated_prompts_and_seeds_collapse_into_one_unit_each():
+    # Method A and B on four items holding two distinct prompts, two sampling seeds each.
+    a = [[("p", True), ("p", True), ("q", False), ("q", True)], [("p", True), ("p", False), ("q", True), ("q", True)]]
+    b = [[("p", False), ("p", False), ("q", True), ("q", True)], [("p", True), ("p", False), ("q", True), ("q", True)]]
+    d = prompt_differences(a, b)
+    assert d == {"p": pytest.approx(3 / 4 - 1 / 4), "q": pytest.approx(3 / 4 - 1.0)}
+    summary = paired_summary(d.values())
+    assert (summary.units, summary.ahead, summary.behind, summary.tied) == (2, 1, 1, 0)
+    assert summary.mean == pytest.approx((0.5 - 0.25) / 2)
+    assert summary.sign_p == 1.0
+
+
+def test_prompts_seen_by_one_method_only_are_an_error():
+    with pytest.raises(ValueError, match="same prompts"):
+        prompt_differences([[("p", True)]], [[("q", True)]])
+
+
+def test_paired_summary_counts_ties_and_tests_the_rest():
+    s = paired_summary([0.5, -0.25, 0.0, 1 / 3])
+    assert (s.units, s.ahead, s.behind, s.tied) == (4, 2, 1, 1)
+    assert s.sign_p == pytest.approx(1.0)  # 2 * P(X <= 1), n = 3 = 2 * 4/8
+    s = paired_summary([0.1] * 6)
+    assert s.sign_p == pytest.approx(2 / 64) and s.low == pytest.approx(0.1) and s.high == pytest.approx(0.1)
+
+
+def test_recovered_share():
+    assert recovered_share(0.570, 0.442, 0.546) == pytest.approx(0.104 / 0.128)
+    assert recovered_share(0.5, 0.3, 0.3) == 0.0
+    assert math.isnan(recovered_share(0.4, 0.5, 0.6))
