@@ -53,6 +53,19 @@ def test_paired_summary_counts_ties_and_tests_the_rest():
     assert s.sign_p == pytest.approx(1.0)  # 2 * P(X <= 1), n = 3 = 2 * 4/8
     s = paired_summary([0.1] * 6)
     assert s.sign_p == pytest.approx(2 / 64) and s.low == pytest.approx(0.1) and s.high == pytest.approx(0.1)
+    assert math.isnan(s.t_p)  # no spread: no t statistic
+
+
+def test_paired_t_test_of_a_zero_mean():
+    d = [1.0, 2.0, 3.0, 4.0]
+    t = 2.5 / (math.sqrt(5 / 3) / 2)  # mean / (sd / sqrt(n)) = 3.873
+    assert t == pytest.approx(3.872983346)
+    # two-sided p of t = 3.873 with 3 degrees of freedom: 2 * (1 - F_t3(t)), with the closed form of
+    # the t3 CDF: F(t) = 1/2 + (atan(x) + x / (1 + x^2)) / pi, x = t / sqrt(3)
+    x = t / math.sqrt(3)
+    p = 2 * (0.5 - (math.atan(x) + x / (1 + x * x)) / math.pi)
+    assert paired_summary(d).t_p == pytest.approx(p, rel=1e-9)
+    assert math.isnan(paired_summary([0.2]).t_p)
 
 
 def test_recovered_share():

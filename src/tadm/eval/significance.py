@@ -10,7 +10,8 @@ per model). Everything here is plain arithmetic over those units:
   method B, over every item with that prompt and every sampling seed (the paired design: both
   methods saw the same prompts with the same seeds);
 * :func:`paired_summary`: over units ``d_1..d_n``, the mean difference with its two-sided 95 %
-  Student-t interval ``mean +- t_{0.975, n-1} * sd / sqrt(n)``, the count of units where A is
+  Student-t interval ``mean +- t_{0.975, n-1} * sd / sqrt(n)``, the two-sided paired t-test of a
+  zero mean (``t = mean / (sd / sqrt(n))``, n - 1 degrees of freedom), the count of units where A is
   ahead, behind or tied, and the two-sided exact sign test over the untied units;
 * :func:`sign_test`: ``min(1, 2 * P(X <= min(wins, losses)))`` for ``X ~ Binomial(wins + losses, 1/2)``;
 * :func:`recovered_share`: the share of the naive-reuse loss a method wins back,
@@ -63,6 +64,7 @@ class PairedSummary:
     behind: int  # units where A - B < 0
     tied: int
     sign_p: float  # two-sided exact sign test of ahead vs behind
+    t_p: float  # two-sided paired t-test of a zero mean difference (NaN for one unit or no spread)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,7 +77,10 @@ def paired_summary(differences: Iterable[float], confidence: float = 0.95) -> Pa
         raise ValueError("paired_summary needs at least one unit")
     mean, low, high = mean_interval(d, confidence)
     ahead, behind = sum(x > 0 for x in d), sum(x < 0 for x in d)
-    return PairedSummary(len(d), mean, low, high, ahead, behind, len(d) - ahead - behind, sign_test(ahead, behind))
+    spread = len(d) > 1 and statistics.stdev(d) > 0
+    t_p = float(stats.ttest_1samp(d, 0.0).pvalue) if spread else math.nan
+    return PairedSummary(len(d), mean, low, high, ahead, behind, len(d) - ahead - behind,
+                         sign_test(ahead, behind), t_p)
 
 
 def _per_prompt(runs: Iterable[Sequence[tuple[Hashable, bool]]]) -> dict[Hashable, float]:

@@ -6,12 +6,15 @@
 2. the trained models: parameters, tokens seen, training time, fresh validation NELBO (AR: exact
    NLL), and the bound with an uninformative anchor (computed on a fully masked canvas);
 3. the stale-anchor likelihood: the increase of the T-ANELBO over the fresh anchor at each cache
-   age k, per step budget T, mean over training and evaluation seeds with the range over training
-   seeds (the run-to-run noise);
-4. the discrete-time bound of the cached process of Algorithm 1 per refresh interval K;
-5. per evaluator, the sampling sweep in the layouts of the paper's Table 2 (metric x T) and
+   age k, per step budget T: one value per training seed (averaged over its evaluation seeds), then
+   their mean ± half their range (the run-to-run noise);
+4. stale- against fresh-trained TADM paired by training seed (same initialisation and data order):
+   per measure, the mean difference with its 95 % interval over seeds, the paired t-test and the
+   sign test (:mod:`tadm.eval.significance`);
+5. the discrete-time bound of the cached process of Algorithm 1 per refresh interval K;
+6. per evaluator, the sampling sweep in the layouts of the paper's Table 2 (metric x T) and
    Table 4 (refresh-interval sweep: per T, MAUVE / Gen PPL / entropy / tok/s per model and K);
-6. the degradation from K = 1 to the largest K per model, in Gen PPL and in likelihood, side by
+7. the degradation from K = 1 to the largest K per model, in Gen PPL and in likelihood, side by
    side, with the seed range.
 
 Plots (``plots/``): NELBO increase against cache age (one line per model, one panel per T) and,
@@ -29,8 +32,9 @@ from typing import Any
 from tadm.eval.pipeline import Cell, Run, cell_rows, data_row
 from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
 from tadm.eval.report import format_number, markdown_report
+from tadm.eval.significance import paired_summary
 from tadm.protocol import LayerSplit
-from tadm.records import write_csv, write_json, write_text
+from tadm.records import provenance_note, write_csv, write_json, write_text
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
 
 __all__ = ["collect_results", "write_report"]
@@ -60,6 +64,16 @@ def _spread(values: Sequence[float]) -> float | None:
     """Half the range of ``values`` (None for fewer than two)."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     return (max(values) - min(values)) / 2.0 if len(values) > 1 else None
+
+
+def _seed_means(rows: Sequence[dict[str, Any]], value: Callable[[dict[str, Any]], float | None]) -> dict[int, float]:
+    """One number per training seed: ``value(row)`` averaged over that seed's rows (its evaluation seeds)."""
+    per_seed: dict[int, list[float]] = {}
+    for r in rows:
+        v = value(r)
+        if v is not None and math.isfinite(v):
+            per_seed.setdefault(r["seed"], []).append(v)
+    return {seed: sum(v) / len(v) for seed, v in per_seed.items()}
 
 
 def _pm(mean: float | None, spread: float | None, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
@@ -138,10 +152,10 @@ def _model_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
             body.append([m.name, m.kind] + ["-"] * 6)
             continue
         lik = [r for r in res["likelihood"] if r["model"] == m.name]
-        nll = [r["nll"] for r in lik]
+        nll = list(_seed_means(lik, lambda r: r["nll"]).values())
         kind = "exact NLL" if lik and lik[0]["bound"] == "exact" else "NELBO"
         blank = [r for r in res["staleness"] if r["model"] == m.name and r.get("uninformative") is not None]
-        uninf = [r["uninformative"] / r["fresh"] - 1.0 for r in blank]
+        uninf = list(_seed_means(blank, lambda r: r["uninformative"] / r["fresh"] - 1.0).values())
         body.append([
             m.name, m.kind, f"{runs[0]['num_parameters'] / 1e6:.2f}M", f"{runs[0]['tokens_seen'] / 1e6:.2f}M",
             f"{_mean([r['train_seconds'] for r in runs]) / 60:.1f} min x {len(runs)}",
@@ -255,6 +269,65 @@ def _degradation_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
     return _table(header, body)
 
 
+# ------------------------------------------------------------------------------- paired by training seed
+def _paired_measures(cfg: StudyConfig, res: dict[str, Any]) -> list[tuple[str, Callable[[str], dict[int, float]]]]:
+    """(name, model label -> {training seed: value}) for every measure of degradation with K or cache age."""
+    age, kmax = cfg.staleness.max_age, max(cfg.staleness.refresh)
+    Kmax = _largest_fixed(cfg)
+
+    def nelbo_increase(T: int) -> Callable[[str], dict[int, float]]:
+        return lambda label: _seed_means([r for r in res["staleness"] if r["model"] == label and str(T) in r["curves"]],
+                                         lambda r: r["curves"][str(T)][age] / r["curves"][str(T)][0] - 1.0)
+
+    def cached_increase(label: str) -> dict[int, float]:
+        return _seed_means([r for r in res["cached"] if r["model"] == label],
+                           lambda r: (r.get("increase") or {}).get(str(kmax)))
+
+    def sample_ratio(field: str, ev: str, T: int) -> Callable[[str], dict[int, float]]:
+        def per_seed(label: str) -> dict[int, float]:
+            out = {}
+            for seed in {r["seed"] for r in res["samples"] if r["model"] == label}:
+                pick = {r["refresh"]: r for r in res["samples"] if r["model"] == label and r["evaluator"] == ev
+                        and r["steps"] == T and r["seed"] == seed}
+                if 1 in pick and Kmax in pick and pick[1].get(field) and pick[Kmax].get(field) is not None:
+                    out[seed] = pick[Kmax][field] / pick[1][field] - 1.0
+            return out
+        return per_seed
+
+    measures = [(f"NELBO increase at k = {age}, T = {T}", nelbo_increase(T)) for T in cfg.staleness.steps]
+    measures.append((f"cached-process bound, K = {kmax} over K = 1", cached_increase))
+    for ev in cfg.sampling.evaluators:
+        for T in cfg.sampling.steps:
+            measures.append((f"Gen PPL ({_ev_label(ev)}) K = 1 → {Kmax}, T = {T}", sample_ratio("gen_ppl", ev, T)))
+            measures.append((f"unigram entropy K = 1 → {Kmax}, T = {T}", sample_ratio("entropy", ev, T)))
+    return measures
+
+
+def _paired_table(cfg: StudyConfig, res: dict[str, Any]) -> str | None:
+    """Stale- against fresh-trained TADM, paired by training seed (same initialisation and data order)."""
+    stale = [m.name for m in cfg.models if m.kind == "tadm"]
+    fresh = [m.name for m in cfg.models if m.kind == "tadm-fresh"]
+    body = []
+    for a, b in ((a, b) for a in stale for b in fresh):
+        for name, per_seed in _paired_measures(cfg, res):
+            va, vb = per_seed(a), per_seed(b)
+            seeds = sorted(va.keys() & vb.keys())
+            if not seeds:
+                continue
+            s = paired_summary([va[k] - vb[k] for k in seeds])
+            body.append([name, f"{a} − {b}", str(len(seeds)), _pm(_mean([va[k] for k in seeds]), None, 2, 100.0, "%"),
+                         _pm(_mean([vb[k] for k in seeds]), None, 2, 100.0, "%"),
+                         f"{100 * s.mean:+.2f} [{100 * s.low:+.2f}, {100 * s.high:+.2f}]" if s.units > 1
+                         else f"{100 * s.mean:+.2f}",
+                         f"{s.behind} / {s.ahead} / {s.tied}", f"{s.t_p:.3g}" if math.isfinite(s.t_p) else "-",
+                         f"{s.sign_p:.3g}"])
+    if not body:
+        return None
+    header = ["measure", "pair", "seeds", "stale-trained", "fresh-trained", "difference (pp, 95% CI)",
+              "seeds lower / higher / tied", "paired t p", "sign p"]
+    return _table(header, body)
+
+
 def _invocation_table(invocations: Sequence[dict[str, Any]]) -> str:
     """The invocations that ran at least one unit: when, at which commit, and how long each stage took."""
     body = []
@@ -303,23 +376,11 @@ def _staleness_long(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell], *,
-                 log: Callable[[str], None] = print) -> dict[str, Path]:
-    """Rebuild ``results.json``, ``results.csv``, ``staleness.csv``, ``report.md`` and the plots."""
-    res = collect_results(cfg, layout, run, cells)
-    manifest = _read(layout.manifest) or {}
-    invocations = manifest.get("invocations", [])
-    root = layout.root
-    files: dict[str, Path] = {}
-    payload = {"config": cfg.to_dict(), "invocations": invocations, **res}
-    json_path = root / "results.json"
-    write_json(json_path, payload)
-    files["json"] = json_path
-    write_csv(root / "results.csv", SAMPLE_FIELDS, res["samples"])
-    files["csv"] = root / "results.csv"
-    write_csv(root / "staleness.csv", STALENESS_FIELDS, _staleness_long(res))
-    files["staleness_csv"] = root / "staleness.csv"
-
+def _write_data_files(cfg: StudyConfig, res: dict[str, Any], invocations: list, root: Path) -> dict[str, Path]:
+    """``results.json`` (everything), ``results.csv`` (sampling cells), ``staleness.csv`` and the plots."""
+    files = {"json": write_json(root / "results.json", {"config": cfg.to_dict(), "invocations": invocations, **res}),
+             "csv": write_csv(root / "results.csv", SAMPLE_FIELDS, res["samples"]),
+             "staleness_csv": write_csv(root / "staleness.csv", STALENESS_FIELDS, _staleness_long(res))}
     plots = root / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     if res["staleness"]:
@@ -330,15 +391,20 @@ def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell],
             files[f"plot_pareto_{ev}"] = plot_pareto(_sweep_rows({"samples": rows, "data": []}, ev),
                                                      plots / f"genppl_vs_tokens_per_s_{Path(ev).name}.png",
                                                      title=f"Gen PPL under {_ev_label(ev)} vs measured tokens/s")
+    return files
 
+
+def _setup_lines(cfg: StudyConfig, invocations: list) -> list[str]:
+    """Title, command, data, size, training, machine and wall time, the invocations, and a dirty-tree note."""
     last = invocations[-1] if invocations else {}
     machine = last.get("machine", {})
     total = sum(inv.get("seconds", {}).get("total", 0.0) for inv in invocations)
-    adlm = next((m.name for m in cfg.models if m.kind == "adlm"), None)
     s = cfg.size
-    lines = [
+    note = provenance_note(invocations)
+    return [
         f"# Staleness study `{cfg.name}`",
         "",
+        *([note, ""] if note else []),
         f"- Command: `{last.get('command') or 'tadm study ' + cfg.name}` (re-run it to continue; finished units are skipped).",
         f"- Data: `{cfg.data.source}`, tokenizer `{cfg.data.tokenizer}`"
         + (f" ({cfg.data.tokenizer_vocab_size} tokens)" if cfg.data.tokenizer == "bpe" else "")
@@ -356,33 +422,49 @@ def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell],
         "",
         _invocation_table(invocations),
         "",
-        "## Models",
-        "",
-        _model_table(cfg, res),
-        "",
-        "Validation: the fresh-anchor NELBO (AR: exact NLL) on the first "
-        f"{cfg.staleness.max_blocks} held-out blocks, {cfg.staleness.t_samples} t draws per block; ± is half the "
-        "range over training seeds. *Uninformative anchor*: the same bound with the anchor computed on a fully "
-        "masked canvas (t' = 1), relative to the fresh one: how much the anchor carries that the denoiser cannot "
-        "recover alone.",
-        "",
     ]
+
+
+def _likelihood_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
+    """The models, the stale-anchor likelihood per T, per training seed, and the cached-process bound."""
+    lines = ["## Models", "", _model_table(cfg, res), "",
+             "Validation: the fresh-anchor NELBO (AR: exact NLL) on the first "
+             f"{cfg.staleness.max_blocks} held-out blocks, {cfg.staleness.t_samples} t draws per block; each training "
+             "seed's value is first averaged over its evaluation seeds, and ± is half the range of those per-seed "
+             "values. *Uninformative anchor*: the same bound with the anchor computed on a fully masked canvas "
+             "(t' = 1), relative to the fresh one: how much the anchor carries that the denoiser cannot recover alone.",
+             ""]
     for T in cfg.staleness.steps:
         lines += [f"## Stale-anchor likelihood, T = {T}", "",
                   f"Increase of the continuous-time T-ANELBO over the fresh anchor when the anchor is k steps old "
                   f"(t' = t + k/{T}, z_t' drawn from z_t by Eq. 12, the same t draws and masks for every k). "
-                  "Mean over training and evaluation seeds ± half the range over training seeds.", "",
-                  _staleness_table(cfg, res, T), ""]
+                  "Mean over training seeds (each averaged over its evaluation seeds) ± half the range of the "
+                  "per-training-seed values.", "", _staleness_table(cfg, res, T), ""]
     if res["staleness"]:
         lines += ["## Per training seed", "",
                   "The anchored models one training seed at a time (each number averaged over the evaluation seeds): "
                   "the fresh bound, the uninformative-anchor gap, the increase at the largest cache age, and the "
                   "cached-process bound at the largest K over K = 1.", "", _per_seed_table(cfg, res), ""]
+    paired = _paired_table(cfg, res)
+    if paired:
+        lines += ["## Stale- against fresh-trained TADM, paired by training seed", "",
+                  "One training seed gives both recipes the same initialisation and data order, so each seed is "
+                  "one paired unit. Per measure: the mean over seeds of each recipe, the mean difference "
+                  "(stale − fresh, in points) with its 95 % Student-t interval over seeds, the seeds where "
+                  "stale-trained TADM is lower / higher / tied (lower degradation is better), the two-sided paired "
+                  "t-test and the exact sign test over seeds.", "", paired, ""]
     if res["cached"]:
         discrete = cfg.staleness.discrete_steps or min(cfg.staleness.steps)
         lines += [f"## Cached reverse process, discrete-time bound (T = {discrete})", "",
                   "Nats/token of the discrete-time bound of Algorithm 1's cached process (t'(i) = time of the most "
                   "recent refresh), and its increase over K = 1.", "", _cached_table(cfg, res), ""]
+    return lines
+
+
+def _sampling_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
+    """Per evaluator, the sampling sweep in the paper's Table 2 and Table 4 layouts; then the degradation table."""
+    adlm = next((m.name for m in cfg.models if m.kind == "adlm"), None)
+    lines: list[str] = []
     for ev in cfg.sampling.evaluators:
         rows = _sweep_rows(res, ev)
         if not any(r["model"] != "data" for r in rows):
@@ -403,13 +485,21 @@ def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell],
                   + (f"; (x) relative to {adlm} at K = 1." if adlm else "."), "", table.strip(), ""]
     lines += ["## Degradation from K = 1 to the largest K", "",
               f"Relative change of Gen PPL from K = 1 to K = {_largest_fixed(cfg)} (same samples' settings), and "
-              f"of the likelihood bound from cache age 0 to {cfg.staleness.max_age}; ± is half the range over seeds "
-              "where several were run.", "", _degradation_table(cfg, res), ""]
-    lines += ["## Files", "", "`results.json` (everything above, with configs, seeds, machine and commit), "
-              "`results.csv` (one row per sampling cell and evaluator), `staleness.csv` (one row per model, seed, T "
-              "and k), `plots/`.", ""]
-    report = root / "report.md"
-    write_text(report, "\n".join(lines))
-    files["report"] = report
-    log(f"[study] report: {report}")
+              f"of the likelihood bound from cache age 0 to {cfg.staleness.max_age}; mean over training seeds ± half "
+              "the range of the per-training-seed values where several were run.", "", _degradation_table(cfg, res), ""]
+    return lines
+
+
+def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell], *,
+                 log: Callable[[str], None] = print) -> dict[str, Path]:
+    """Rebuild ``results.json``, ``results.csv``, ``staleness.csv``, ``report.md`` and the plots."""
+    res = collect_results(cfg, layout, run, cells)
+    invocations = (_read(layout.manifest) or {}).get("invocations", [])
+    files = _write_data_files(cfg, res, invocations, layout.root)
+    lines = [*_setup_lines(cfg, invocations), *_likelihood_lines(cfg, res), *_sampling_lines(cfg, res),
+             "## Files", "", "`results.json` (everything above, with configs, seeds, machine and commit), "
+             "`results.csv` (one row per sampling cell and evaluator), `staleness.csv` (one row per model, seed, T "
+             "and k), `plots/`.", ""]
+    files["report"] = write_text(layout.root / "report.md", "\n".join(lines))
+    log(f"[study] report: {files['report']}")
     return files
