@@ -114,6 +114,38 @@ class GenPPLResult:
         return out
 
 
+Segment = tuple[int, int, list[int]]  # (text index, chunk start, chunk ids)
+
+
+def _segments(encoded: Sequence[Sequence[int]], size: int, max_tokens: int | None) -> list[Segment]:
+    """Chunks of at most ``size`` ids of every text (after ``max_tokens``), longest first, none of one token
+    (it has no scored position); similar lengths then share a batch, with less padding."""
+    if max_tokens is not None:
+        encoded = [ids[:max_tokens] for ids in encoded]
+    segments = [(n, s, list(ids[s : s + size])) for n, ids in enumerate(encoded) for s in range(0, len(ids), size)]
+    return sorted((seg for seg in segments if len(seg[2]) >= 2), key=lambda seg: -len(seg[2]))
+
+
+def _score_chunks(evaluator: Evaluator, group: Sequence[Segment], hidden: bool) -> tuple[Tensor, Tensor, Any]:
+    """Per position of a padded batch of chunks: the NLL of the next token (b, n - 1), whether it counts
+    (b, n - 1), and the last-layer hidden states (b, n, D) when ``hidden``."""
+    width = len(group[0][2])
+    ids = torch.full((len(group), width), evaluator.pad_id, dtype=torch.long)  # (b, n)
+    valid = torch.zeros((len(group), width), dtype=torch.bool)  # (b, n)
+    for row, (_, _, chunk) in enumerate(group):
+        ids[row, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
+        valid[row, : len(chunk)] = True
+    output = evaluator.forward(ids, valid.long(), hidden=hidden)
+    logits = output.logits[:, :-1].float()  # (b, n - 1, V)
+    targets = ids[:, 1:].to(logits.device)  # (b, n - 1)
+    # -log softmax(logits)[target] without materialising the (b, n - 1, V) log-probabilities
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (b, n - 1)
+    nll = (torch.logsumexp(logits, dim=-1) - picked).double().cpu()  # (b, n - 1)
+    counted = counted_positions(ids, valid, evaluator.end_ids)  # (b, n - 1)
+    # where(), not a product: a padded position's logits may be non-finite
+    return torch.where(counted, nll, torch.zeros((), dtype=nll.dtype)), counted, output.hidden if hidden else None
+
+
 @torch.no_grad()
 def gen_ppl(
     texts: Sequence[str],
@@ -151,42 +183,19 @@ def gen_ppl(
     size = evaluator.context_size if context_size is None else min(context_size, evaluator.context_size)
     if size < 2:
         raise ValueError(f"context_size must be >= 2 (one context token + one scored token), got {size}")
-    encoded = evaluator.encode(texts)
-    if max_tokens is not None:
-        encoded = [ids[:max_tokens] for ids in encoded]
-    # (text index, chunk start, chunk ids); a chunk of one token has no scored position
-    segments = [(n, s, ids[s : s + size]) for n, ids in enumerate(encoded) for s in range(0, len(ids), size)]
-    segments = [seg for seg in segments if len(seg[2]) >= 2]
-    segments.sort(key=lambda seg: -len(seg[2]))  # similar lengths share a batch: less padding
+    segments = _segments(evaluator.encode(texts), size, max_tokens)
     nll_sum = [0.0] * len(texts)
     counts = [0] * len(texts)
     feats: list[Any] = [None] * len(texts)
     batches = range(0, len(segments), batch_size)
     for start in tqdm(batches, desc="Gen PPL", disable=not progress, leave=False):
         group = segments[start : start + batch_size]
-        width = len(group[0][2])
-        ids = torch.full((len(group), width), evaluator.pad_id, dtype=torch.long)  # (b, n)
-        valid = torch.zeros((len(group), width), dtype=torch.bool)  # (b, n)
-        for row, (_, _, chunk) in enumerate(group):
-            ids[row, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-            valid[row, : len(chunk)] = True
-        output = evaluator.forward(ids, valid.long(), hidden=features)
-        logits = output.logits[:, :-1].float()  # (b, n - 1, V)
-        if features:
-            assert output.hidden is not None
-            for row, (n, first, chunk) in enumerate(group):
-                if first == 0:
-                    feats[n] = output.hidden[row, len(chunk) - 1].float().cpu().numpy()  # (D,)
-        targets = ids[:, 1:].to(logits.device)  # (b, n - 1)
-        # -log softmax(logits)[target] without materialising the (b, n - 1, V) log-probabilities
-        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (b, n - 1)
-        nll = (torch.logsumexp(logits, dim=-1) - picked).double().cpu()  # (b, n - 1)
-        counted = counted_positions(ids, valid, evaluator.end_ids)  # (b, n - 1)
-        # where(), not a product: a padded position's logits may be non-finite
-        nll = torch.where(counted, nll, torch.zeros((), dtype=nll.dtype))
-        for row, (n, _, _) in enumerate(group):
+        nll, counted, hidden = _score_chunks(evaluator, group, features)
+        for row, (n, first, chunk) in enumerate(group):
             nll_sum[n] += float(nll[row].sum())
             counts[n] += int(counted[row].sum())
+            if hidden is not None and first == 0:
+                feats[n] = hidden[row, len(chunk) - 1].float().cpu().numpy()  # (D,)
     total_tokens = sum(counts)
     if total_tokens == 0:
         raise ValueError(

@@ -40,6 +40,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -398,6 +399,63 @@ class StalenessResult:
 
 
 @torch.no_grad()
+class _StaleTotals:
+    """Summed losses of one staleness evaluation: fresh, per (T, k) stale, and with an uninformative anchor.
+
+    :meth:`add` takes one t draw of one batch, in the order of random numbers that keeps the fresh
+    point identical to :func:`diffusion_nelbo`: the masks of ``z_t`` from the evaluation's generator,
+    then one uniform tensor from ``anchor_generator`` shared by every (T, k) (nested masks, Eq. 12).
+    """
+
+    def __init__(self, model: nn.Module, sched: Any, steps: Sequence[int], max_age: int, uninformative: bool, *,
+                 anchor_generator: torch.Generator) -> None:
+        self.model, self.sched, self.steps, self.max_age = model, sched, list(steps), max_age
+        self.mask_id = int(model.mask_token_id)
+        self.uninformative, self.anchor_generator = uninformative, anchor_generator
+        self.fresh = self.blank = 0.0
+        self.stale = {(T, k): 0.0 for T in self.steps for k in range(1, max_age + 1)}
+        self.clock = {"fresh": 0.0, "stale": 0.0, "uninformative": 0.0}
+        self._blank_anchor: dict[tuple[int, int], Tensor] = {}
+
+    @contextmanager
+    def _timed(self, part: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.clock[part] += time.perf_counter() - start
+
+    def _loss(self, log_probs: Tensor, x: Tensor, z_t: Tensor, t: Tensor) -> float:
+        return float(masked_diffusion_loss(log_probs, x, z_t, t, self.sched, self.mask_id).double().sum())
+
+    def add(self, x: Tensor, t: Tensor, generator: torch.Generator) -> None:
+        """One t draw ``t`` (B,) of the batch ``x`` (B, L)."""
+        model = self.model
+        with self._timed("fresh"):
+            alpha_t = self.sched.alpha(t)  # (B,)
+            z_t = mask_corrupt(x, alpha_t, self.mask_id, generator)  # (B, L)
+            c_t = model.encode(z_t, _time_arg(model, t))  # (B, L, D)
+            self.fresh += self._loss(anchored_log_probs(model, z_t, t, z_t, t, c_t=c_t), x, z_t, t)
+        with self._timed("stale"):
+            u = torch.rand(x.shape, generator=self.anchor_generator).to(x.device)  # shared by every (T, k)
+            for T in self.steps:
+                for k in range(1, self.max_age + 1):
+                    t_anchor = torch.clamp(t + k / T, max=1.0)  # (B,)
+                    z_anchor = further_mask(z_t, alpha_t, self.sched.alpha(t_anchor), self.mask_id, uniform=u)
+                    log_probs = anchored_log_probs(model, z_t, t, z_anchor, t_anchor, c_t=c_t)
+                    self.stale[(T, k)] += self._loss(log_probs, x, z_t, t)
+        if self.uninformative:
+            with self._timed("uninformative"):
+                self.blank += self._loss(self._blank_log_probs(z_t, t, c_t), x, z_t, t)
+
+    def _blank_log_probs(self, z_t: Tensor, t: Tensor, c_t: Tensor) -> Tensor:
+        """Log-probabilities with the anchor of a fully masked canvas (cached when it has no time input)."""
+        model, blank = self.model, torch.full_like(z_t, self.mask_id)  # (B, L)
+        if _time_arg(model, t) is not None:
+            return anchored_log_probs(model, z_t, t, blank, torch.ones_like(t), c_t=c_t)
+        if z_t.shape not in self._blank_anchor:
+            self._blank_anchor[z_t.shape] = model.compute_anchor(model.encode(blank))
+        return model.predict(z_t, c_t, self._blank_anchor[z_t.shape])
+
+
 def stale_anchor_nelbo(
     model: nn.Module,
     blocks: Any,
@@ -435,69 +493,33 @@ def stale_anchor_nelbo(
         raise ValueError(f"cache age k must be an integer >= 0, got {max_age!r}")
     if num_t_samples < 1:
         raise ValueError(f"num_t_samples must be >= 1, got {num_t_samples}")
-    mask_id = int(model.mask_token_id)
-    sched = get_schedule(schedule)
     device = _device_of(model, device)
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    anchor_generator = torch.Generator().manual_seed(_anchor_seed(seed))
-    fresh_total = 0.0
-    stale_total = {(T, k): 0.0 for T in steps for k in range(1, max_age + 1)}
-    blank_total = 0.0
-    blank_cache: dict[tuple[int, int], Tensor] = {}
+    totals = _StaleTotals(model, get_schedule(schedule), steps, max_age, uninformative,
+                          anchor_generator=torch.Generator().manual_seed(_anchor_seed(seed)))
     tokens = sequences = 0
-    clock = {"fresh": 0.0, "stale": 0.0, "uninformative": 0.0}
     for x in tqdm(_batches(blocks, batch_size, max_blocks), desc="stale NELBO", disable=not progress, leave=False):
-        _check_ids(x, model, mask_id)
+        _check_ids(x, model, totals.mask_id)
         x = x.to(device)  # (B, L)
         B, L = x.shape
         times = sample_t(B * num_t_samples, eps=eps, antithetic=antithetic, generator=generator)  # (n B,)
         for r in range(num_t_samples):
-            start = time.perf_counter()
-            t = times[r * B : (r + 1) * B].to(device)  # (B,)
-            alpha_t = sched.alpha(t)  # (B,)
-            z_t = mask_corrupt(x, alpha_t, mask_id, generator)  # (B, L)
-            c_t = model.encode(z_t, _time_arg(model, t))  # (B, L, D)
-            log_probs = anchored_log_probs(model, z_t, t, z_t, t, c_t=c_t)  # (B, L, V)
-            loss = masked_diffusion_loss(log_probs, x, z_t, t, sched, mask_id)  # (B, L)
-            fresh_total += float(loss.double().sum())
+            totals.add(x, times[r * B : (r + 1) * B].to(device), generator)
             tokens += B * L
-            clock["fresh"] += time.perf_counter() - start
-            start = time.perf_counter()
-            u = torch.rand((B, L), generator=anchor_generator).to(device)  # shared by every (T, k): nested masks
-            for T in steps:
-                for k in range(1, max_age + 1):
-                    t_anchor = torch.clamp(t + k / T, max=1.0)  # (B,)
-                    z_anchor = further_mask(z_t, alpha_t, sched.alpha(t_anchor), mask_id, uniform=u)  # (B, L)
-                    log_probs = anchored_log_probs(model, z_t, t, z_anchor, t_anchor, c_t=c_t)
-                    stale_total[(T, k)] += float(masked_diffusion_loss(log_probs, x, z_t, t, sched, mask_id).double().sum())
-            clock["stale"] += time.perf_counter() - start
-            if uninformative:
-                start = time.perf_counter()
-                ones = torch.ones_like(t)
-                blank = torch.full_like(z_t, mask_id)  # (B, L)
-                if _time_arg(model, t) is None:
-                    if (B, L) not in blank_cache:
-                        blank_cache[(B, L)] = model.compute_anchor(model.encode(blank))
-                    h = blank_cache[(B, L)]
-                    log_probs = model.predict(z_t, c_t, h)
-                else:
-                    log_probs = anchored_log_probs(model, z_t, t, blank, ones, c_t=c_t)
-                blank_total += float(masked_diffusion_loss(log_probs, x, z_t, t, sched, mask_id).double().sum())
-                clock["uninformative"] += time.perf_counter() - start
         sequences += B
     if sequences == 0:
         raise ValueError("no text to evaluate: the block set is empty")
-    fresh = fresh_total / tokens
-    curves = {T: [fresh] + [stale_total[(T, k)] / tokens for k in range(1, max_age + 1)] for T in steps}
+    fresh = totals.fresh / tokens
+    curves = {T: [fresh] + [totals.stale[(T, k)] / tokens for k in range(1, max_age + 1)] for T in steps}
     return StalenessResult(
         curves=curves,
-        uninformative=blank_total / tokens if uninformative else None,
+        uninformative=totals.blank / tokens if uninformative else None,
         num_tokens=tokens // num_t_samples,
         num_sequences=sequences,
         num_t_samples=num_t_samples,
         seed=seed,
-        seconds=clock,
+        seconds=totals.clock,
     )
 
 
