@@ -1,5 +1,6 @@
 """DiT pieces: rotary, timestep features, DiT block and output layer, SUBS."""
 
+import copy
 import math
 
 import pytest
@@ -70,11 +71,15 @@ def test_rotary_rejects_odd_head_dim() -> None:
 
 def test_rotary_tables_from_inference_mode_do_not_break_training() -> None:
     stack = randomize(DiTStack(1, 8, 2, 4))
+    reference = copy.deepcopy(stack)  # never sees inference mode
     x, cond = torch.randn(1, 5, 8), torch.randn(1, 4)
     with torch.inference_mode():
         stack(x, cond)
-    stack(x, cond).sum().backward()  # would fail if inference-mode tables were reused
-    assert stack.blocks[0].qkv.weight.grad is not None
+    stack(x, cond).sum().backward()  # raises if inference-mode tables were reused
+    reference(x, cond).sum().backward()
+    grad, expected = stack.blocks[0].qkv.weight.grad, reference.blocks[0].qkv.weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+    torch.testing.assert_close(grad, expected)
 
 
 # ------------------------------------------------------------------------------------------ timestep

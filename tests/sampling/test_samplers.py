@@ -87,7 +87,19 @@ def test_remdm_conf_records_confidence_and_remasks_least_confident_more():
 
 @pytest.mark.parametrize("name", ["mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop"])
 def test_registry_builds_every_sampler(name):
-    assert get_sampler(name, MASK) is not None
+    sampler = get_sampler(name, MASK)
+    expected = {"mdlm": (MDLMSampler, None), "remdm-cap": (ReMDMSampler, "cap"),
+                "remdm-rescale": (ReMDMSampler, "rescale"), "remdm-conf": (ReMDMSampler, "conf"),
+                "remdm-loop": (ReMDMSampler, "loop")}[name]
+    assert type(sampler) is expected[0] and getattr(sampler, "strategy", None) == expected[1]
+    assert sampler.mask_id == MASK
+    # the last step of a fully masked canvas under a one-hot x0 decodes exactly that x0
+    sampler.set_timesteps(4)
+    z = torch.full((1, 3), MASK)
+    log_probs = torch.full((1, 3, MASK + 1), -1e4)
+    log_probs[0, torch.arange(3), torch.tensor([2, 0, 1])] = 0.0
+    out = sampler.step(log_probs, 1, z, torch.Generator().manual_seed(0)).prev_sample
+    assert out.tolist() == [[2, 0, 1]]
 
 
 def test_unknown_sampler_and_bad_parameters():
