@@ -398,7 +398,6 @@ class StalenessResult:
         }
 
 
-@torch.no_grad()
 class _StaleTotals:
     """Summed losses of one staleness evaluation: fresh, per (T, k) stale, and with an uninformative anchor.
 
@@ -456,6 +455,7 @@ class _StaleTotals:
         return model.predict(z_t, c_t, self._blank_anchor[z_t.shape])
 
 
+@torch.no_grad()
 def stale_anchor_nelbo(
     model: nn.Module,
     blocks: Any,
