@@ -7,6 +7,7 @@ import pytest
 from tadm.config import PRESET_DIR
 
 from tadm.cli import main
+from tadm.posttrain.adapter_io import ADAPTER_WEIGHTS_NAME
 
 from .conftest import build_tiny_gemma, tiny_chat_tokenizer
 
@@ -38,7 +39,7 @@ def test_train_then_sample_with_the_adapter(base_dir, capsys):
     ])
     assert code == 0
     adapter = out / "adapter"
-    assert (adapter / "adapter.safetensors").is_file() and (adapter / "training_state.pt").is_file()
+    assert (adapter / ADAPTER_WEIGHTS_NAME).is_file() and (adapter / "training_state.pt").is_file()
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["base_model"] == str(base_dir / "base") and config["extra"]["step"] == 2
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1  # step 1 (log_every = 20)

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from tadm.config import PRESET_DIR
 from tadm.posttrain import PosttrainTrainer, load_posttrain_config, run_posttrain
+from tadm.posttrain.adapter_io import ADAPTER_WEIGHTS_NAME
 from tadm.training.checkpoint import STATE_FORMAT, UnsafeStateError, load_training_state
 
 from .conftest import build_tiny_gemma, tiny_chat_tokenizer
@@ -64,7 +65,7 @@ def test_interrupted_run_resumes_to_the_same_fusion(files, tmp_path, monkeypatch
     messages = []
     resumed = run_posttrain(_config(files, tmp_path / "resumed"), log=messages.append)
     assert any(m.startswith("resumed from") and m.endswith("at step 2") for m in messages)
-    a, b = load_file(straight / "adapter.safetensors"), load_file(resumed / "adapter.safetensors")
+    a, b = load_file(straight / ADAPTER_WEIGHTS_NAME), load_file(resumed / ADAPTER_WEIGHTS_NAME)
     assert a.keys() == b.keys() and any(torch.count_nonzero(v) for v in a.values())
     for key in a:
         assert torch.equal(a[key], b[key]), key
@@ -96,7 +97,7 @@ def test_resume_refuses_a_state_that_would_run_code(files, tmp_path):
     with pytest.raises(UnsafeStateError, match=refused):
         run_posttrain(cfg, log=lambda m: None)
     assert not marker.exists()  # nothing of the file ran
-    assert not (tmp_path / "run" / "adapter" / "adapter.safetensors").exists()  # and nothing was trained
+    assert not (tmp_path / "run" / "adapter" / ADAPTER_WEIGHTS_NAME).exists()  # and nothing was trained
 
     # The file is live: the unsafe way of reading it would have run the payload.
     torch.load(state_path, weights_only=False)

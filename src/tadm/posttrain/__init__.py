@@ -10,7 +10,11 @@
 * :mod:`~tadm.posttrain.config` - the post-training config schema and its validation;
 * :mod:`~tadm.posttrain.trainer` - the cache objective, Eq. (anchor-sft-objective), and the loop;
 * :mod:`~tadm.posttrain.data` - chat JSONL -> (context, canvas) pairs;
-* :mod:`~tadm.posttrain.adapter_io` - the fusion saved apart from the backbone.
+* :mod:`~tadm.posttrain.adapter_io` - the fusion saved apart from the backbone, with a model card,
+  loaded from a directory or a Hub id and pushed to the Hub;
+* :mod:`~tadm.posttrain.hf_model` - :class:`TimeAnchoredDiffusionGemma`: the base plus an adapter,
+  loaded and used like ``transformers``' ``DiffusionGemmaForBlockDiffusion`` (``from_pretrained``,
+  ``generate``, ``save_pretrained``, ``push_to_hub``).
 
 Importing this package does not import ``transformers``; it is loaded when a DiffusionGemma
 backbone is built or loaded.
@@ -20,7 +24,12 @@ from tadm.posttrain.adapter_io import (
     AdapterConfig,
     attach_adapter,
     load_adapter_config,
+    load_adapter_state,
+    push_adapter_to_hub,
+    resolve_adapter,
     save_adapter,
+    save_adapter_pretrained,
+    write_model_card,
 )
 from tadm.posttrain.backbone import (
     BACKBONES,
@@ -48,6 +57,7 @@ from tadm.posttrain.data import (
     split_into_canvases,
 )
 from tadm.posttrain.generate import BlockGenerationOutput, generate_blocks
+from tadm.posttrain.hf_model import TimeAnchoredDiffusionGemma
 from tadm.posttrain.model import FUSION_MODES, AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.posttrain.rollout import (
     CACHE_AGE_PROBS,
@@ -92,22 +102,28 @@ __all__ = [
     "RolloutState",
     "SplitSpec",
     "StackContext",
+    "TimeAnchoredDiffusionGemma",
     "attach_adapter",
     "canvas_batches",
     "collate_canvases",
     "encode_chat",
     "generate_blocks",
     "load_adapter_config",
+    "load_adapter_state",
     "load_backbone",
     "load_posttrain_config",
     "forward_rollout",
     "on_policy_rollout",
     "posttrain_loss",
+    "push_adapter_to_hub",
     "read_chat_jsonl",
+    "resolve_adapter",
     "rollout_indices",
     "run_posttrain",
     "sample_cache_ages",
     "save_adapter",
+    "save_adapter_pretrained",
     "split_into_canvases",
     "wrap_backbone",
+    "write_model_card",
 ]

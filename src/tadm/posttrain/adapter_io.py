@@ -1,27 +1,39 @@
-"""Saving and loading the post-trained fusion apart from the (large, unchanged) backbone.
+"""Saving, loading and sharing the post-trained fusion apart from the (large, unchanged) backbone.
 
-An adapter directory holds
+An adapter directory (or Hugging Face Hub repository) holds
 
-* ``adapter.safetensors``: the fusion's parameters (about 3.1M at DiffusionGemma-26B's size);
+* ``adapter_model.safetensors``: the fusion's parameters (about 3.1M at DiffusionGemma-26B's size),
+  under PEFT's file name; the older ``adapter.safetensors`` still loads;
 * ``adapter_config.json``: the base model it was trained on, the backbone kind, the layer split,
-  the fusion's sizes and the backbone's layer count and hidden size, checked when it is attached.
+  the fusion's sizes and the backbone's layer count and hidden size, checked when it is attached;
+* ``README.md`` (written by :func:`save_adapter_pretrained`): a model card whose YAML front matter
+  names the base model and ``library_name: tadm``, with a table of measured K when one is given.
 
-A base model plus an adapter directory rebuilds the post-trained model:
-``attach_adapter(load_backbone("diffusion-gemma", base), "runs/posttrain/adapter")``.
+A base model plus an adapter rebuilds the post-trained model:
+``attach_adapter(load_backbone("diffusion-gemma", base), "runs/posttrain/adapter")``. Every loader
+takes a local directory or a Hub id (``"org/name"``), which :func:`resolve_adapter` fetches with
+``huggingface_hub.snapshot_download``, so a copy in the local Hub cache also loads offline
+(``HF_HUB_OFFLINE=1``). :func:`push_adapter_to_hub` uploads exactly the three files above.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import HfApi, snapshot_download
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tadm.hf import first_line, is_repo_id
 from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 
@@ -29,16 +41,32 @@ __all__ = [
     "ADAPTER_CONFIG_NAME",
     "ADAPTER_FORMAT",
     "ADAPTER_WEIGHTS_NAME",
+    "CARD_TAGS",
+    "LEGACY_ADAPTER_WEIGHTS_NAME",
+    "MODEL_CARD_NAME",
     "AdapterConfig",
+    "CardResults",
+    "adapter_weights_file",
     "attach_adapter",
     "load_adapter_config",
     "load_adapter_state",
+    "model_card",
+    "push_adapter_to_hub",
+    "resolve_adapter",
+    "results_table",
     "save_adapter",
+    "save_adapter_pretrained",
+    "write_model_card",
 ]
 
-ADAPTER_WEIGHTS_NAME = "adapter.safetensors"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # PEFT's name, so Hub tooling recognises an adapter
+LEGACY_ADAPTER_WEIGHTS_NAME = "adapter.safetensors"  # written before the rename; still read
 ADAPTER_CONFIG_NAME = "adapter_config.json"
+MODEL_CARD_NAME = "README.md"
 ADAPTER_FORMAT = 1
+CARD_TAGS = ("tadm", "time-anchored-diffusion", "diffusion-language-model", "text-diffusion", "adapter")
+"""Tags of every adapter's model card."""
+_HUB_FILES = (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, LEGACY_ADAPTER_WEIGHTS_NAME, MODEL_CARD_NAME)
 
 
 @dataclass
@@ -74,6 +102,54 @@ def _backbone_kind(model: AnchoredBackbone) -> str:
     return {"DiffusionGemmaBackbone": "diffusion-gemma", "MDLMBackbone": "mdlm"}.get(name, name)
 
 
+def resolve_adapter(
+    source: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool = False,
+) -> Path:
+    """The local directory of an adapter given as a directory or a Hub id (``"org/name"``).
+
+    A Hub id is fetched with ``huggingface_hub.snapshot_download`` (the adapter's files only), which
+    answers from the local Hub cache when the Hub cannot be reached or ``HF_HUB_OFFLINE=1`` is set.
+    A directory wins over a Hub id of the same spelling. Raises a one-line FileNotFoundError naming
+    ``source`` when it is neither an existing directory nor a fetchable repository.
+    """
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise FileNotFoundError(f"adapter {text!r} is a file; pass the directory holding {ADAPTER_CONFIG_NAME}")
+    if not is_repo_id(text):
+        raise FileNotFoundError(f"adapter {text!r} does not exist (neither a directory nor a Hub id 'org/name')")
+    try:
+        folder = snapshot_download(repo_id=text, allow_patterns=list(_HUB_FILES), revision=revision,
+                                   cache_dir=None if cache_dir is None else os.fspath(cache_dir), token=token,
+                                   local_files_only=local_files_only)
+    except Exception as err:  # the Hub raises many error types; every one means "not available here"
+        raise FileNotFoundError(f"adapter {text!r} is not a local directory and could not be fetched from the "
+                                f"Hugging Face Hub or found in its local cache: {first_line(err)}") from None
+    return Path(folder)
+
+
+def adapter_weights_file(directory: str | os.PathLike[str]) -> Path:
+    """``adapter_model.safetensors`` in ``directory``, or the older ``adapter.safetensors`` when only that exists."""
+    directory = Path(directory)
+    for name in (ADAPTER_WEIGHTS_NAME, LEGACY_ADAPTER_WEIGHTS_NAME):
+        if (directory / name).is_file():
+            return directory / name
+    raise FileNotFoundError(f"{directory} has no {ADAPTER_WEIGHTS_NAME} (nor the older {LEGACY_ADAPTER_WEIGHTS_NAME})")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def save_adapter(
     directory: str | os.PathLike[str],
     model: AnchoredBackbone,
@@ -81,7 +157,10 @@ def save_adapter(
     base_model: str,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the fusion weights and ``adapter_config.json`` into ``directory`` (atomically per file)."""
+    """Write the fusion weights and ``adapter_config.json`` into ``directory`` (atomically per file).
+
+    An ``adapter.safetensors`` left there by an older save is removed, so that one weights file is read.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     spec = model.fusion_spec
@@ -104,15 +183,14 @@ def save_adapter(
     tmp_weights = directory / (ADAPTER_WEIGHTS_NAME + ".tmp")
     save_file(tensors, str(tmp_weights), metadata={"format": "pt", "adapter_type": config.adapter_type})
     os.replace(tmp_weights, directory / ADAPTER_WEIGHTS_NAME)
-    tmp_config = directory / (ADAPTER_CONFIG_NAME + ".tmp")
-    tmp_config.write_text(json.dumps(asdict(config), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp_config, directory / ADAPTER_CONFIG_NAME)
+    (directory / LEGACY_ADAPTER_WEIGHTS_NAME).unlink(missing_ok=True)
+    _write_atomic(directory / ADAPTER_CONFIG_NAME, json.dumps(asdict(config), indent=2, sort_keys=True) + "\n")
     return directory
 
 
 def load_adapter_config(directory: str | os.PathLike[str]) -> AdapterConfig:
-    """Read ``adapter_config.json``; unknown or missing keys are errors naming them."""
-    path = Path(directory) / ADAPTER_CONFIG_NAME
+    """Read ``adapter_config.json`` of a directory or Hub id; unknown or missing keys are errors naming them."""
+    path = resolve_adapter(directory) / ADAPTER_CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{directory} has no {ADAPTER_CONFIG_NAME}: not a tadm adapter directory")
     payload = json.loads(path.read_text())
@@ -129,17 +207,21 @@ def load_adapter_config(directory: str | os.PathLike[str]) -> AdapterConfig:
 
 
 def load_adapter_state(directory: str | os.PathLike[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """The fusion's state dict from ``adapter.safetensors``."""
-    path = Path(directory) / ADAPTER_WEIGHTS_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} has no {ADAPTER_WEIGHTS_NAME}")
-    return load_file(str(path), device=str(device))
+    """The fusion's state dict from ``adapter_model.safetensors`` (or the older ``adapter.safetensors``).
+
+    ``directory``: a directory or Hub id.
+    """
+    return load_file(str(adapter_weights_file(resolve_adapter(directory))), device=str(device))
 
 
 def attach_adapter(
     backbone: nn.Module, directory: str | os.PathLike[str], *, fusion_mode: str = "paired"
 ) -> AnchoredBackbone:
-    """Split ``backbone`` as the adapter says and load its fusion weights (strict, shape-checked)."""
+    """Split ``backbone`` as the adapter says and load its fusion weights (strict, shape-checked).
+
+    ``directory``: a directory or Hub id.
+    """
+    directory = resolve_adapter(directory)
     config = load_adapter_config(directory)
     num_layers = getattr(backbone, "num_layers", None)
     hidden = getattr(backbone, "hidden_size", None)
@@ -166,6 +248,157 @@ def attach_adapter(
     return model
 
 
+# ------------------------------------------------------------------------------------ model card
+CardResults = str | Sequence[Mapping[str, Any]]
+"""Measured results for a model card: a Markdown string, or rows such as
+``[{"K": 1, "accuracy": 0.62, "tokens/s": 41.0}, {"K": 2, "accuracy": 0.61, "tokens/s": 63.5}]``."""
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        text = f"{value:.4g}"
+    else:
+        text = str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def results_table(card_results: CardResults) -> str:
+    """Markdown for ``card_results``: a string as given; rows (mappings) as a table whose columns are
+    the rows' keys in order of first appearance (a row without a key gets an empty cell)."""
+    if isinstance(card_results, str):
+        return card_results.strip()
+    rows = list(card_results) if isinstance(card_results, Sequence) else None
+    if not rows or not all(isinstance(row, Mapping) and row for row in rows):
+        raise ValueError(f"card_results must be a Markdown string or a non-empty list of mappings such as "
+                         f"{{'K': 2, 'accuracy': 0.61, 'tokens/s': 63.5}}; got {card_results!r}")
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def model_card(
+    config: AdapterConfig,
+    *,
+    num_parameters: int | None = None,
+    card_results: CardResults | None = None,
+    license: str | None = None,
+    repo_id: str | None = None,
+) -> str:
+    """The ``README.md`` of an adapter: YAML front matter (``base_model`` when it is a Hub id,
+    ``library_name: tadm``, :data:`CARD_TAGS`, ``license`` only when given), what the adapter is,
+    how to use it, and the measured results table when ``card_results`` is given."""
+    base = config.base_model
+    front = ["---"]
+    if is_repo_id(base):
+        front.append(f"base_model: {base}")
+    front.append("library_name: tadm")
+    if license:
+        front.append(f"license: {license}")
+    front += ["tags:"] + [f"- {tag}" for tag in CARD_TAGS] + ["---", ""]
+    size = "" if num_parameters is None else f" ({num_parameters:,} parameters)"
+    adapter = repo_id or "PATH_OR_HUB_ID_OF_THIS_ADAPTER"
+    body = [
+        f"# Time-anchored fusion adapter for {base}",
+        "",
+        (f"A paired-attention fusion{size} trained with TADM:Post-train on the frozen base `{base}` "
+         f"({config.backbone}). The base's {config.num_layers} layers are split into {config.shared_layers} shared, "
+         f"{config.anchor_layers} anchor and {config.denoiser_layers} denoiser layers: while generating, the anchor "
+         "layers run only every K denoising steps and the fusion corrects their cached (stale) output with the "
+         "current state. At K = 1 the output is the base model's own. Fusion: rank "
+         f"{config.rank}, {config.num_heads} heads, gate bias {config.gate_bias:g}."),
+        "",
+        "## Use it",
+        "",
+        "```python",
+        "from tadm.posttrain import TimeAnchoredDiffusionGemma",
+        "",
+        f'model = TimeAnchoredDiffusionGemma.from_pretrained("{base}", adapter="{adapter}", refresh_interval=2)',
+        "out = model.generate(**inputs)  # inputs from the base's tokenizer or processor",
+        "```",
+        "",
+        (f"Files: `{ADAPTER_CONFIG_NAME}` (base, split, fusion sizes) and `{ADAPTER_WEIGHTS_NAME}` (the fusion "
+         "only; the base is loaded from its own repository)."),
+    ]
+    if card_results is not None:
+        body += ["", "## Results", "", results_table(card_results)]
+    return "\n".join(front + body) + "\n"
+
+
+def write_model_card(
+    directory: str | os.PathLike[str],
+    *,
+    card_results: CardResults | None = None,
+    license: str | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Write ``README.md`` (:func:`model_card`) into a saved adapter directory; returns its path."""
+    directory = Path(directory)
+    config = load_adapter_config(directory)
+    state = load_file(str(adapter_weights_file(directory)))
+    text = model_card(config, num_parameters=sum(t.numel() for t in state.values()), card_results=card_results,
+                      license=license, repo_id=repo_id)
+    path = directory / MODEL_CARD_NAME
+    _write_atomic(path, text)
+    return path
+
+
+def save_adapter_pretrained(
+    directory: str | os.PathLike[str],
+    model: AnchoredBackbone,
+    *,
+    base_model: str,
+    extra: dict[str, Any] | None = None,
+    card_results: CardResults | None = None,
+    license: str | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """:func:`save_adapter` plus the model card ``README.md``: a folder ready for the Hub.
+
+    ``card_results``: measured results for the card (see :data:`CardResults`), e.g. one row per K
+    with accuracy and tokens/s; ``license``: written to the card only when given.
+    """
+    directory = save_adapter(directory, model, base_model=base_model, extra=extra)
+    write_model_card(directory, card_results=card_results, license=license, repo_id=repo_id)
+    return directory
+
+
+def push_adapter_to_hub(
+    repo_id: str,
+    directory: str | os.PathLike[str],
+    *,
+    private: bool | None = None,
+    token: str | bool | None = None,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    card_results: CardResults | None = None,
+    license: str | None = None,
+) -> Any:
+    """Upload a saved adapter to the Hub repository ``repo_id`` (created if missing); returns the commit info.
+
+    Exactly ``adapter_config.json``, ``adapter_model.safetensors`` and ``README.md`` are uploaded
+    (an older ``adapter.safetensors`` goes up under the new name; training state and other files
+    in ``directory`` stay local). The directory's ``README.md`` is used unless it has none or
+    ``card_results``/``license`` are given, in which case the card is written afresh.
+    """
+    source = Path(directory)
+    config = load_adapter_config(source)  # refuses a folder that is no adapter before anything is created
+    weights = adapter_weights_file(source)
+    api = HfApi(token=token)
+    with tempfile.TemporaryDirectory(prefix="tadm-adapter-") as staging:
+        folder = Path(staging)
+        shutil.copyfile(source / ADAPTER_CONFIG_NAME, folder / ADAPTER_CONFIG_NAME)
+        shutil.copyfile(weights, folder / ADAPTER_WEIGHTS_NAME)
+        card = source / MODEL_CARD_NAME
+        if card.is_file() and card_results is None and license is None:
+            shutil.copyfile(card, folder / MODEL_CARD_NAME)
+        else:
+            write_model_card(folder, card_results=card_results, license=license, repo_id=repo_id)
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
+                                 commit_message=commit_message or f"Upload tadm adapter for {config.base_model}")
+
+
 def load_anchored(
     base: str | os.PathLike[str],
     *,
@@ -176,7 +409,7 @@ def load_anchored(
     dtype: str = "auto",
     device: str | torch.device = "cpu",
 ) -> tuple[AnchoredBackbone, str | None]:
-    """A base model (Hub id or directory) split into stages, with the fusion of ``adapter`` if given.
+    """A base model (Hub id or directory) split into stages, with the fusion of ``adapter`` (directory or Hub id) if given.
 
     Without an adapter the base is split by ``split`` with an untrained fusion (useful with
     ``naive=True``: naive reuse of the cached anchor, no fusion). Returns the model in eval mode and
@@ -186,6 +419,7 @@ def load_anchored(
     mode = "naive" if naive else "paired"
     note = None
     if adapter is not None:
+        adapter = resolve_adapter(adapter)
         config = load_adapter_config(adapter)
         if Path(config.base_model).name != Path(str(base)).name:
             note = f"adapter was trained on {config.base_model!r}, sampling on {str(base)!r}"
@@ -193,4 +427,3 @@ def load_anchored(
     else:
         model = AnchoredBackbone(loaded, split if split is not None else SplitSpec(), fusion_mode=mode).to(device)
     return model.eval(), note
-

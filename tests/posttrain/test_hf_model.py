@@ -1,0 +1,229 @@
+"""TimeAnchoredDiffusionGemma: the post-trained model, loaded and used like transformers' DiffusionGemma."""
+
+import math
+
+import pytest
+import torch
+from transformers import DiffusionGemmaForBlockDiffusion
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+    DiffusionGemmaGenerationConfig,
+    DiffusionGemmaGenerationOutput,
+    EntropyBoundSamplerConfig,
+)
+
+from tadm.posttrain import (
+    AnchoredBackbone,
+    DiffusionGemmaBackbone,
+    FusionSpec,
+    SplitSpec,
+    TimeAnchoredDiffusionGemma,
+    save_adapter,
+)
+
+from .conftest import build_tiny_gemma, randomize
+
+V, L = 128, 8
+SHARED, ANCHOR, DENOISER = 1, 3, 2  # of the tiny model's 6 layers
+FIXED_STEPS = dict(stability_threshold=None, confidence_threshold=None, eos_token_id=None)  # every step, every canvas
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny random DiffusionGemma saved with save_pretrained, and a trained (randomised) fusion adapter for it."""
+    root = tmp_path_factory.mktemp("hf-model")
+    gemma = build_tiny_gemma()
+    gemma.save_pretrained(root / "base")
+    split = AnchoredBackbone(DiffusionGemmaBackbone(gemma), SplitSpec(SHARED, ANCHOR), FusionSpec(rank=8, num_heads=2))
+    randomize(split.fusion, seed=1, std=0.5)
+    save_adapter(root / "adapter", split, base_model=str(root / "base"))
+    return root / "base", root / "adapter"
+
+
+def _prompt(seed=0, B=2, P=5):
+    return torch.randint(3, V, (B, P), generator=torch.Generator().manual_seed(seed))
+
+
+def _left_padded(prompt):
+    mask = torch.ones_like(prompt)
+    mask[0, :2] = 0
+    return mask
+
+
+CASES = {
+    # the model's (empty) generation config: the base's defaults, adaptive stopping included
+    "model defaults": dict(max_new_tokens=20, max_denoising_steps=6),
+    "explicit config": dict(generation_config=DiffusionGemmaGenerationConfig(
+        max_new_tokens=24, max_denoising_steps=5, sampler_config=EntropyBoundSamplerConfig(entropy_bound=0.3),
+        t_min=0.2, t_max=1.0, stability_threshold=0, confidence_threshold=1.0, eos_token_id=[18, 5], pad_token_id=0,
+    )),
+    # no temperature schedule; max_length stops after two canvases although max_new_tokens allows three
+    "no temperature, max_length": dict(max_new_tokens=24, max_length=15, max_denoising_steps=4, t_min=None,
+                                       t_max=None, stability_threshold=None, confidence_threshold=None),
+    "budget from max_length": dict(max_length=21, max_denoising_steps=3),
+}
+
+CANVASES = {"model defaults": 3, "explicit config": 3, "no temperature, max_length": 2, "budget from max_length": 2}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_k1_gives_the_base_models_own_generate(saved, case):
+    """K = 1 (fresh anchor every step; the trained fusion is then the identity) returns what the
+    base's generate returns: same type, same tokens, same tokens per forward, for the same seed and config."""
+    base_dir, adapter = saved
+    base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter)  # built before seeding
+    prompt = _prompt()
+    mask = _left_padded(prompt)
+    torch.manual_seed(7)
+    reference = base.generate(prompt, attention_mask=mask, **CASES[case])
+    torch.manual_seed(7)
+    out = model.generate(prompt, attention_mask=mask, **CASES[case])
+    assert type(out) is type(reference) is DiffusionGemmaGenerationOutput
+    assert out.sequences.shape == reference.sequences.shape == (2, 5 + CANVASES[case] * L)
+    assert torch.equal(out.sequences, reference.sequences)
+    if case == "explicit config":  # row 0 emits EOS (18) in its first canvas: padding after it and in later canvases
+        assert (out.sequences[0, 10:] == 0).all() and not (out.sequences[1] == 0).any()
+    torch.testing.assert_close(out.tokens_per_forward, reference.tokens_per_forward)
+    assert model.last_generation.layer_calls.anchor_refreshes == model.last_generation.layer_calls.denoiser_calls
+    torch.manual_seed(7)
+    plain = model.generate(prompt, attention_mask=mask, return_dict_in_generate=False, **CASES[case])
+    assert torch.equal(plain, reference.sequences)
+
+
+def test_a_loaded_base_and_the_settings_of_the_explicit_config_are_used(saved):
+    base_dir, adapter = saved
+    base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base, adapter=adapter)
+    assert model.base_model is base and model.config is base.config
+    assert model.generation_config is base.generation_config
+    assert (model.device, model.dtype, model.config.canvas_length) == (torch.device("cpu"), torch.float32, L)
+    out = model.generate(_prompt(), **CASES["explicit config"])
+    assert out.sequences.shape == (2, 5 + 3 * L)
+    for steps in model.last_generation.refresh_steps:  # T = 5 from the config, K = 1; stopping may end a canvas early
+        assert steps == list(range(5, 5 - len(steps), -1))
+
+
+def test_k2_runs_the_anchor_layers_at_half_the_steps(saved):
+    """Exact layer calls per canvas: S and D at every one of the T steps, A at ceil(T / K) of them."""
+    base_dir, adapter = saved
+    T, blocks = 6, 3
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, refresh_interval=2)
+    settings = dict(max_new_tokens=blocks * L, max_denoising_steps=T, **FIXED_STEPS)
+    calls, tokens = {}, {}
+    for K in (1, 2):
+        tokens[K] = model.generate(_prompt(), refresh_interval=K, generator=torch.Generator().manual_seed(0),
+                                   **settings).sequences
+        calls[K] = model.last_generation.layer_calls
+        assert model.last_generation.refresh_steps == [[i for i in range(T, 0, -1) if (T - i) % K == 0]] * blocks
+    for K, counted in calls.items():
+        refreshes = blocks * math.ceil(T / K)
+        assert (counted.anchor_refreshes, counted.anchor) == (refreshes, ANCHOR * refreshes)
+        assert (counted.shared, counted.denoiser) == (SHARED * T * blocks, DENOISER * T * blocks)
+    assert (calls[1].anchor, calls[2].anchor) == (54, 27)
+    assert calls[1].total - calls[2].total == 27
+    # The model's default K (2, from from_pretrained) is used when a call names none.
+    default = model.generate(_prompt(), generator=torch.Generator().manual_seed(0), **settings).sequences
+    assert torch.equal(default, tokens[2]) and model.last_generation.layer_calls.anchor == 27
+    # naive=True: the stale anchor as is, fusion bypassed; the model stays paired afterwards.
+    naive = model.generate(_prompt(), naive=True, generator=torch.Generator().manual_seed(0), **settings).sequences
+    assert not torch.equal(naive, tokens[2]) and model.anchored.fusion_mode == "paired"
+    assert model.last_generation.layer_calls.anchor == 27
+
+
+def test_refresh_policies_in_their_string_forms(saved):
+    base_dir, adapter = saved
+    T, blocks = 6, 2
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, refresh_policy="fixed:K=3")
+    assert model.refresh_policy.fixed_interval == 3
+
+    def run(**kwargs):
+        sequences = model.generate(_prompt(), generator=torch.Generator().manual_seed(3), max_new_tokens=blocks * L,
+                                   max_denoising_steps=T, **FIXED_STEPS, **kwargs).sequences
+        return sequences, model.last_generation
+
+    by_int, first = run(refresh_interval=3)
+    by_spec, second = run(refresh_policy="fixed:K=3")
+    by_default, _ = run()
+    assert torch.equal(by_int, by_spec) and torch.equal(by_int, by_default)
+    assert first.refresh_steps == second.refresh_steps == [[6, 3]] * blocks
+    _, scheduled = run(refresh_policy="schedule:steps=6/5/1")
+    assert scheduled.refresh_steps == [[6, 5, 1]] * blocks and scheduled.layer_calls.anchor == ANCHOR * 3 * blocks
+    _, adaptive = run(refresh_policy={"policy": "adaptive", "tau": 0.3, "max_interval": 4})
+    assert all(steps[0] == T for steps in adaptive.refresh_steps)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "x"])
+def test_a_bad_refresh_interval_is_one_clean_line(saved, bad):
+    base_dir, adapter = saved
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter)
+    for call in (lambda: model.generate(_prompt(), refresh_interval=bad),
+                 lambda: TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, refresh_interval=bad)):
+        with pytest.raises(ValueError) as error:
+            call()
+        assert "\n" not in str(error.value) and repr(bad) in str(error.value)
+        assert "K must be an integer >= 1" in str(error.value)
+    with pytest.raises(ValueError, match="unknown policy 'x'") as error:
+        model.generate(_prompt(), refresh_policy="x:K=2")
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="not both"):
+        model.generate(_prompt(), refresh_interval=2, refresh_policy="fixed:K=2")
+
+
+def test_dtype_and_other_options_go_to_the_base_loader(saved):
+    base_dir, adapter = saved
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, dtype=torch.bfloat16,
+                                                       refresh_interval=2)
+    assert model.dtype == torch.bfloat16 == model.base_model.dtype
+    assert {p.dtype for p in model.base_model.parameters()} == {torch.bfloat16}
+    out = model.generate(_prompt(), max_new_tokens=L, max_denoising_steps=2)
+    assert out.sequences.shape == (2, 5 + L) and out.sequences.dtype == torch.long
+    with pytest.raises(ValueError, match="apply only when base is a directory or Hub id"):
+        TimeAnchoredDiffusionGemma.from_pretrained(model.base_model, adapter=adapter, dtype=torch.float32)
+    with pytest.raises(ValueError, match="trust_remote_code=False"):
+        TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, trust_remote_code=True)
+
+
+def test_what_generate_cannot_honour_is_refused(saved):
+    base_dir, adapter = saved
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter)
+    refused = [
+        (dict(streamer=object()), "streamer is not supported"),
+        (dict(past_key_values=object()), "past_key_values is not supported"),
+        (dict(logits_processor=[object()]), "custom logits_processor"),
+        (dict(stopping_criteria=[object()]), "custom stopping_criteria"),
+        (dict(pixel_values=torch.zeros(1, 3, 4, 4)), "image inputs \\(pixel_values\\)"),
+        (dict(mm_token_type_ids=torch.ones(2, 5, dtype=torch.long)), "mm_token_type_ids marks non-text tokens"),
+        (dict(decoder_input_ids=torch.zeros(2, L, dtype=torch.long)), "cannot honour: decoder_input_ids"),
+        (dict(cache_implementation="static"), "cache_implementation 'static'"),
+        (dict(max_length=4, max_new_tokens=256), "leaves no tokens to generate"),
+    ]
+    for kwargs, match in refused:
+        with pytest.raises(ValueError, match=match):
+            model.generate(_prompt(), **kwargs)
+    # Text-only token types are accepted.
+    model.generate(_prompt(), token_type_ids=torch.zeros(2, 5, dtype=torch.long), max_new_tokens=L,
+                   max_denoising_steps=2)
+
+
+def test_a_split_without_adapter_is_the_base_at_k1_and_naive_reuse_beyond(saved):
+    base_dir, adapter = saved
+    with pytest.raises(ValueError, match="no adapter given: pass adapter=DIR_OR_HUB_ID, or split="):
+        TimeAnchoredDiffusionGemma.from_pretrained(base_dir)
+    with pytest.raises(ValueError, match="not both"):
+        TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, split=(SHARED, ANCHOR))
+    plain = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, split=(SHARED, ANCHOR))
+    fused = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter)
+    base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()
+    settings = dict(max_new_tokens=2 * L, max_denoising_steps=4)
+    torch.manual_seed(5)
+    reference = base.generate(_prompt(), **settings).sequences
+    torch.manual_seed(5)
+    assert torch.equal(plain.generate(_prompt(), **settings).sequences, reference)
+
+    def at_k2(model, **kwargs):
+        return model.generate(_prompt(), refresh_interval=2, generator=torch.Generator().manual_seed(1),
+                              **settings, **kwargs).sequences
+
+    assert torch.equal(at_k2(plain), at_k2(fused, naive=True))
+    with pytest.raises(ValueError, match="no adapter to save"):
+        plain.save_pretrained(base_dir.parent / "nothing")
