@@ -1,6 +1,5 @@
 """The study report's spreads are over training seeds, and its paired table tests seeds as pairs."""
 
-
 from tadm.study.config import load_study_config
 from tadm.study.report import _model_table, _paired_table
 
