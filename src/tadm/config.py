@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import yaml
 from omegaconf import OmegaConf
@@ -77,13 +77,30 @@ class OptimSection:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
 
+# Where training metrics go (tadm.training.metrics.MetricsLogger); metrics.jsonl is always written.
+LOGGERS = ("jsonl", "tensorboard", "wandb")
+
+
 @dataclass
 class TrainSection:
-    """Loop length, batching, logging, checkpointing, EMA, precision and seed."""
+    """Loop length, batching, logging, checkpointing, EMA, precision and seed.
+
+    ``micro_batch_size`` left unset (``None``) is derived from the world size: each of the ``W``
+    ranks takes ``global_batch_size / W`` sequences per step in one micro-batch (no gradient
+    accumulation), so ``torchrun --nproc_per_node=W`` runs any preset whose global batch ``W``
+    divides. An explicit value is kept as given: accumulation = global / (micro * W), which must
+    be a whole number.
+
+    ``loggers`` names where metrics go, any of :data:`LOGGERS`: ``jsonl`` (``out_dir/metrics.jsonl``,
+    the source of truth, written whether listed or not), ``tensorboard`` (``out_dir/tensorboard``
+    event files) and ``wandb`` (Weights & Biases, run files in ``out_dir/wandb``; project
+    ``wandb_project``, mode from ``WANDB_MODE``). A missing optional package is a warning, not an
+    error. The older ``tensorboard: true`` is read as ``"tensorboard"`` added to ``loggers``.
+    """
 
     max_steps: int = 1000
     global_batch_size: int = 32
-    micro_batch_size: int = 32  # per device; accumulation = global / (micro * world size)
+    micro_batch_size: Optional[int] = None  # per device; None: global / world size, no accumulation
     log_every: int = 10
     eval_every: int = 200
     eval_batches: int = 8
@@ -95,7 +112,15 @@ class TrainSection:
     out_dir: str = "runs/tadm"
     overwrite: bool = False  # start afresh in an out_dir that already holds a run
     save_best: bool = False  # also save the EMA model with the best validation NELBO to out_dir/best
-    tensorboard: bool = False  # also log to out_dir/tensorboard (needs the tensorboard package)
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])  # any of LOGGERS; jsonl is always written
+    wandb_project: str = "tadm"
+    tensorboard: bool = False  # older spelling of "tensorboard" in loggers; moved there on load
+
+    def __post_init__(self) -> None:
+        if self.tensorboard:
+            if "tensorboard" not in self.loggers:
+                self.loggers = [*self.loggers, "tensorboard"]
+            self.tensorboard = False
 
 
 @dataclass
@@ -190,15 +215,26 @@ def validate_optim(optim: OptimSection, *, error: type[ConfigError] = ConfigErro
     check_range("optim.weight_decay", optim.weight_decay, 0, error=error)
 
 
+def check_loggers(name: str, loggers: Sequence[str], *, error: type[ConfigError] = ConfigError) -> None:
+    """Every entry of ``loggers`` (the key ``name``) one of :data:`LOGGERS` (shared with post-training)."""
+    unknown = [str(n) for n in loggers if n not in LOGGERS]
+    if unknown:
+        raise error(f"{name} has unknown logger(s) {', '.join(map(repr, unknown))}; valid: {', '.join(LOGGERS)}")
+
+
 def _validate_train(train: TrainSection) -> None:
-    for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every", "eval_every", "eval_batches",
-                 "save_every"):
+    for name in ("max_steps", "global_batch_size", "log_every", "eval_every", "eval_batches", "save_every"):
         _positive_int(f"train.{name}", getattr(train, name))
-    if train.global_batch_size % train.micro_batch_size:
-        raise ConfigError(
-            f"train.global_batch_size ({train.global_batch_size}) must be a multiple of "
-            f"train.micro_batch_size ({train.micro_batch_size})"
-        )
+    if train.micro_batch_size is not None:  # None: derived from the world size when the run starts
+        _positive_int("train.micro_batch_size", train.micro_batch_size)
+        if train.global_batch_size % train.micro_batch_size:
+            raise ConfigError(
+                f"train.global_batch_size ({train.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size ({train.micro_batch_size})"
+            )
+    check_loggers("train.loggers", train.loggers)
+    if not train.wandb_project.strip():
+        raise ConfigError("train.wandb_project must not be empty")
     check_range("train.ema", train.ema, 0, 1, high_open=True, note="(0 disables EMA)")
     if train.precision not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"train.precision {train.precision!r} is unknown; valid: auto, fp32, bf16")

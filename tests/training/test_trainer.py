@@ -277,10 +277,10 @@ def test_tensorboard_is_optional(tmp_path: Path) -> None:
         import tensorboard  # noqa: F401
     except ImportError:
         with pytest.warns(UserWarning, match="pip install tensorboard"):
-            log = MetricsLogger(tmp_path, tensorboard=True)
+            log = MetricsLogger(tmp_path, loggers=["jsonl", "tensorboard"])
         installed = False
     else:
-        log = MetricsLogger(tmp_path, tensorboard=True)
+        log = MetricsLogger(tmp_path, loggers=["jsonl", "tensorboard"])
         installed = True
     log.log(1, "train", {"loss": 1.5})
     log.close()

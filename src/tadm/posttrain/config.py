@@ -17,6 +17,7 @@ from typing import Any, Optional
 from tadm.config import (
     ConfigError,
     OptimSection,
+    check_loggers,
     check_range,
     load_structured,
     validate_optim,
@@ -125,6 +126,13 @@ class PosttrainOptimSection(OptimSection):
 
 @dataclass
 class PosttrainLoopSection:
+    """Loop length, batching, precision, checkpoints and logging.
+
+    ``loggers`` and ``wandb_project`` mean what they mean in pretraining's ``train`` section
+    (:class:`tadm.config.TrainSection`): ``out_dir/metrics.jsonl`` is always written, and
+    ``tensorboard`` / ``wandb`` mirror it through the same :class:`~tadm.training.metrics.MetricsLogger`.
+    """
+
     max_steps: int = 18750
     micro_batch_size: int = 1  # per device
     grad_accum_steps: int = 4
@@ -135,6 +143,8 @@ class PosttrainLoopSection:
     log_every: int = 10
     save_every: int = 1000
     resume: bool = True
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])  # any of tadm.config.LOGGERS; jsonl always
+    wandb_project: str = "tadm"
 
 
 @dataclass
@@ -191,6 +201,9 @@ def _validate(cfg: PosttrainConfig) -> None:
     if cfg.train.precision not in PRECISIONS:
         valid = ", ".join(PRECISIONS)
         raise PosttrainConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: {valid}")
+    check_loggers("train.loggers", cfg.train.loggers, error=PosttrainConfigError)
+    if not cfg.train.wandb_project.strip():
+        raise PosttrainConfigError("train.wandb_project must not be empty")
 
 
 def load_posttrain_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> PosttrainConfig:

@@ -66,6 +66,7 @@ from tadm.training.distributed import (
     wrap_model,
 )
 from tadm.training.lr import build_lr_scheduler
+from tadm.training.metrics import MetricsLogger
 from tadm.training.precision import autocast_context
 
 __all__ = [
@@ -409,17 +410,22 @@ def _save(run: _PosttrainRun) -> None:
     (run.adapter_dir / "posttrain_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
 
 
-def _train_until_done(run: _PosttrainRun, batches: Iterator[CanvasBatch]) -> None:
+def _metrics_logger(run: _PosttrainRun, resumed: bool) -> MetricsLogger:
+    """``out_dir/metrics.jsonl`` (rank 0) and the other ``train.loggers``; resumed: records after its step dropped."""
+    t = run.config.train
+    return MetricsLogger(run.out_dir, enabled=run.info.is_main, loggers=t.loggers,
+                         resume_step=run.trainer.step if resumed else None, notice=run.log,
+                         wandb_project=t.wandb_project, config=run.config.to_dict())
+
+
+def _train_until_done(run: _PosttrainRun, batches: Iterator[CanvasBatch], metrics: MetricsLogger) -> None:
     """Steps up to ``train.max_steps``: metrics logged on rank 0, a save every ``train.save_every`` and at the end."""
     t, trainer = run.config.train, run.trainer
-    metrics_path = run.out_dir / "metrics.jsonl"
     while trainer.step < t.max_steps:
-        metrics = trainer.train_step([next(batches) for _ in range(t.grad_accum_steps)])
+        values = trainer.train_step([next(batches) for _ in range(t.grad_accum_steps)])
         if run.info.is_main and (trainer.step % t.log_every == 0 or trainer.step == 1):
-            line = json.dumps(metrics)
-            run.log(line)
-            with metrics_path.open("a") as handle:
-                handle.write(line + "\n")
+            run.log(json.dumps(values))
+            metrics.log(trainer.step, "train", {k: v for k, v in values.items() if k != "step"})
         if trainer.step % t.save_every == 0:
             _save(run)
     _save(run)
@@ -430,7 +436,9 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank trains on its shard and gradients of the fusion
     are averaged by DDP. With ``train.resume`` a run continues from ``out_dir/adapter/training_state.pt``
-    (read with ``weights_only=True``: a file holding other objects is refused).
+    (read with ``weights_only=True``: a file holding other objects is refused). Metrics go to
+    ``out_dir/metrics.jsonl`` (records ``{"step", "split": "train", "loss", "ce", "kd", ...}``) and the
+    other ``train.loggers`` (TensorBoard in ``out_dir/tensorboard``, W&B), as in pretraining.
     """
     info = init_distributed(config.train.device)
     try:
@@ -441,7 +449,11 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
             log(f"resumed from {_state_path(config)} at step {run.trainer.step}")
         batches = _batches(run)
         _announce(run)
-        _train_until_done(run, batches)
+        metrics = _metrics_logger(run, resumed=state is not None)
+        try:
+            _train_until_done(run, batches, metrics)
+        finally:
+            metrics.close()
         barrier(info)
         return run.adapter_dir
     finally:

@@ -1,9 +1,13 @@
-"""Data-parallel training under ``torchrun``: process group, DDP wrapping, rank-0-first and reductions.
+"""Data-parallel training under ``torchrun``: process group, batch split, DDP wrapping, rank-0-first and reductions.
 
 A run is distributed when ``WORLD_SIZE`` > 1 in the environment (set by ``torchrun``): the process
 group is opened with NCCL on CUDA and gloo on CPU, each process drives one device
 (``cuda:LOCAL_RANK``), and only rank 0 logs and writes files. Without ``WORLD_SIZE`` every helper
 here degrades to a no-op on a single process.
+
+The global batch is split over ranks by :func:`split_global_batch`: with no micro-batch size given,
+each rank takes ``global / world size`` sequences in one micro-batch (as accelerate-based trainers
+do), so the same preset runs on any world size that divides its global batch.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tadm.config import ConfigError
 from tadm.devices import resolve_device as resolve_named_device
 
 __all__ = [
@@ -31,6 +36,7 @@ __all__ = [
     "init_distributed",
     "main_process_first",
     "resolve_device",
+    "split_global_batch",
     "wrap_model",
 ]
 
@@ -62,6 +68,39 @@ def _env_int(name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def split_global_batch(
+    global_batch_size: int, world_size: int, micro_batch_size: int | None = None
+) -> tuple[int, int]:
+    """``(micro-batch size per rank, micro-batches per rank and optimizer step)`` of one global batch.
+
+    ``micro_batch_size=None`` derives both: every rank takes ``global_batch_size / world_size``
+    sequences at once (accumulation 1). An explicit ``micro_batch_size`` is kept, and the
+    accumulation is ``global_batch_size / (micro_batch_size * world_size)``. E.g. global 32 on 2
+    ranks: ``(16, 1)`` derived, ``(4, 4)`` with ``micro_batch_size=4``.
+
+    Raises:
+        ConfigError: the global batch does not split evenly (derived: over the ranks; explicit:
+            into micro-batches on every rank), naming the values and the keys to change.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if micro_batch_size is None:
+        if global_batch_size % world_size:
+            raise ConfigError(
+                f"train.global_batch_size ({global_batch_size}) must be a multiple of the world size ({world_size}): "
+                f"each rank takes global / world size sequences per step; choose a multiple of {world_size}"
+            )
+        return global_batch_size // world_size, 1
+    per_step = micro_batch_size * world_size
+    if global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size ({global_batch_size}) must be a multiple of train.micro_batch_size "
+            f"({micro_batch_size}) x world size ({world_size}); leave train.micro_batch_size unset (null) to "
+            "derive it from the world size"
+        )
+    return micro_batch_size, global_batch_size // per_step
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:

@@ -1,10 +1,13 @@
-"""Training metrics: one JSON object per line in ``out_dir/metrics.jsonl``, optionally TensorBoard too.
+"""Training metrics: one JSON object per line in ``out_dir/metrics.jsonl``, optionally TensorBoard and W&B too.
 
 Each record has ``"step"`` (optimizer steps done), ``"split"`` (``"train"`` or ``"val"``) and
 numbers, e.g. ``{"step": 100, "split": "train", "loss": 5.31, "lr": 3e-4, "tokens_per_s": 812.5}``.
 Floats are written with ``repr`` precision, so a value read back equals the logged one exactly.
 On resume the file is rewritten atomically (temporary file, fsync, ``os.replace``) without the
 records after the checkpoint; a last line cut off by a killed run is dropped with a notice.
+
+``metrics.jsonl`` is the source of truth and is always written; the other loggers of
+:data:`tadm.config.LOGGERS` mirror its numbers (pretraining and post-training share this class).
 """
 
 from __future__ import annotations
@@ -13,14 +16,17 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
+from tadm.config import check_loggers
 from tadm.training.rundir import temporary_path
 
-__all__ = ["METRICS_FILENAME", "MetricsLogger", "read_metrics"]
+__all__ = ["METRICS_FILENAME", "TENSORBOARD_DIRNAME", "MetricsLogger", "read_metrics"]
 
 METRICS_FILENAME = "metrics.jsonl"
+TENSORBOARD_DIRNAME = "tensorboard"
 
 
 def _parse(path: Path) -> tuple[list[dict[str, Any]], str | None]:
@@ -64,26 +70,66 @@ def _warn(message: str) -> None:
     warnings.warn(message, stacklevel=3)
 
 
+def _tensorboard_writer(log_dir: Path, purge_step: int) -> Any:
+    """A TensorBoard writer on ``log_dir`` hiding older events of steps >= ``purge_step``; None without the package."""
+    try:
+        # deferred: tensorboard is optional (only with "tensorboard" in train.loggers)
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        warnings.warn("train.loggers names tensorboard but the tensorboard package is not installed "
+                      "(pip install tensorboard); logging to metrics.jsonl only", stacklevel=3)
+        return None
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+
+def _wandb_run(out_dir: Path, project: str, config: dict[str, Any] | None) -> Any:
+    """A Weights & Biases run named after ``out_dir`` (its files in ``out_dir/wandb``, mode from ``WANDB_MODE``);
+    None without the wandb package."""
+    try:
+        import wandb  # deferred: optional extra, only with "wandb" in train.loggers
+    except ImportError:
+        warnings.warn("train.loggers names wandb but the wandb package is not installed (pip install wandb); "
+                      "logging to metrics.jsonl only", stacklevel=3)
+        return None
+    # wandb writes under dir/wandb; mode None lets wandb read WANDB_MODE (online unless set, e.g. offline)
+    return wandb.init(project=project, dir=str(out_dir), mode=os.environ.get("WANDB_MODE"), config=config,
+                      name=out_dir.resolve().name)
+
+
 class MetricsLogger:
-    """Appends records to ``out_dir/metrics.jsonl`` (and TensorBoard scalars); a no-op when disabled.
+    """Appends records to ``out_dir/metrics.jsonl`` and mirrors them to the other ``loggers``; a no-op when disabled.
 
     Args:
         out_dir: run directory.
         enabled: False on every rank but 0.
-        tensorboard: also write ``out_dir/tensorboard`` event files; warns and skips when the
-            ``tensorboard`` package is missing.
+        loggers: names from :data:`tadm.config.LOGGERS`. ``metrics.jsonl`` is written whether
+            ``"jsonl"`` is listed or not (it is the source of truth the other two mirror).
+            ``"tensorboard"``: scalars ``SPLIT/KEY`` in ``out_dir/tensorboard`` event files;
+            ``"wandb"``: a Weights & Biases run (files in ``out_dir/wandb``, mode from the
+            ``WANDB_MODE`` environment variable, e.g. ``offline``). A missing package warns and
+            that logger is skipped.
         resume_step: when resuming, records of later steps (written after the checkpoint the run
-            resumes from) are dropped first, so the file holds one history.
+            resumes from) are dropped first, so the file holds one history; TensorBoard hides its
+            events of those steps too (``purge_step``), and a fresh run (None) hides all earlier ones.
+            A resumed W&B run is a new W&B run whose steps continue after ``resume_step``.
         notice: prints a one-line notice (a dropped cut-off line); default: a warning.
+        wandb_project: the W&B project.
+        config: the run's resolved config, recorded by W&B.
+
+    Raises:
+        ConfigError: a name in ``loggers`` that is not one of :data:`tadm.config.LOGGERS`.
     """
 
     def __init__(
-        self, out_dir: str | os.PathLike[str], enabled: bool = True, tensorboard: bool = False,
-        resume_step: int | None = None, notice: Callable[[str], None] | None = None,
+        self, out_dir: str | os.PathLike[str], enabled: bool = True, loggers: Sequence[str] = ("jsonl",),
+        resume_step: int | None = None, notice: Callable[[str], None] | None = None, *,
+        wandb_project: str = "tadm", config: dict[str, Any] | None = None,
     ) -> None:
+        check_loggers("loggers", loggers)
         self.enabled = enabled
         self.path = Path(out_dir) / METRICS_FILENAME
-        self._writer: Any = None
+        self._writer: Any = None  # TensorBoard SummaryWriter
+        self._wandb: Any = None  # W&B run
         self._kept: set[tuple[int, str]] = set()  # (step, split) of the records kept from the resumed run
         if not enabled:
             return
@@ -98,18 +144,12 @@ class MetricsLogger:
             kept = [r for r in records if int(r.get("step", 0)) <= resume_step]
             self._rewrite(kept)
             self._kept = {(int(r.get("step", 0)), str(r.get("split"))) for r in kept}
-        if tensorboard:
-            try:
-                # deferred: tensorboard is optional (only with --tensorboard)
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                warnings.warn(
-                    "train.tensorboard=true but the tensorboard package is not installed "
-                    "(pip install tensorboard); logging to metrics.jsonl only",
-                    stacklevel=2,
-                )
-            else:
-                self._writer = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=resume_step)
+        if "tensorboard" in loggers:
+            # purge_step: events of steps after the checkpoint (or, afresh, of any earlier run) are hidden
+            purge_step = 0 if resume_step is None else resume_step + 1
+            self._writer = _tensorboard_writer(self.path.parent / TENSORBOARD_DIRNAME, purge_step)
+        if "wandb" in loggers:
+            self._wandb = _wandb_run(self.path.parent, wandb_project, config)
 
     def _rewrite(self, records: list[dict[str, Any]]) -> None:
         """Replace the file by ``records`` atomically: a kill leaves the old file or the new one."""
@@ -134,12 +174,19 @@ class MetricsLogger:
         record = {"step": int(step), "split": split, **{k: _jsonable(v) for k, v in values.items()}}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        scalars = {f"{split}/{key}": value for key, value in record.items()
+                   if key not in ("step", "split") and isinstance(value, (int, float)) and not isinstance(value, bool)}
         if self._writer is not None:
-            for key, value in record.items():
-                if key not in ("step", "split") and isinstance(value, (int, float)):
-                    self._writer.add_scalar(f"{split}/{key}", value, step)
+            for tag, value in scalars.items():
+                self._writer.add_scalar(tag, value, step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=int(step))
 
     def close(self) -> None:
+        """Flush and close the TensorBoard writer and finish the W&B run (idempotent)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

@@ -8,13 +8,15 @@ One call runs a whole experiment described by an :class:`~tadm.config.Experiment
 3. model: ``model.arch``-``model.preset`` with ``model.overrides``; the vocabulary comes from the
    tokenizer and ``max_seq_len`` defaults to ``data.seq_len``;
 4. optimisation: AdamW, linear warmup then constant or cosine learning rate, gradient clipping,
-   gradient accumulation up to ``train.global_batch_size``, bf16 autocast on CUDA, an EMA copy of
-   the weights;
+   gradient accumulation up to ``train.global_batch_size`` (none when ``train.micro_batch_size`` is
+   unset: each rank then takes global / world size sequences at once), bf16 autocast on CUDA, an EMA
+   copy of the weights;
 5. validation NELBO per token (and its perplexity bound ``exp``) of the EMA model on held-out
    blocks at the start, every ``train.eval_every`` steps and at the end;
-6. files in ``out_dir``: ``metrics.jsonl``, ``training_state.pt`` (every ``train.save_every``
-   steps and at the end; ``train(cfg, resume=True)`` continues from it), ``final/`` (EMA model,
-   tokenizer, config) and optionally ``best/``.
+6. files in ``out_dir``: ``metrics.jsonl`` (and TensorBoard / W&B files, see ``train.loggers``),
+   ``training_state.pt`` (every ``train.save_every`` steps and at the end; ``train(cfg,
+   resume=True)`` continues from it), ``final/`` (EMA model, tokenizer, config) and optionally
+   ``best/``.
 
 The run directory is locked for the whole call (:class:`~tadm.training.rundir.RunDirLock`): a
 second run on the same ``out_dir`` is refused, naming the holder. Leftovers of saves killed
@@ -76,11 +78,12 @@ from tadm.training.distributed import (
     cleanup,
     init_distributed,
     main_process_first,
+    split_global_batch,
     wrap_model,
 )
 from tadm.training.ema import EMA
 from tadm.training.lr import build_lr_scheduler
-from tadm.training.metrics import MetricsLogger
+from tadm.training.metrics import METRICS_FILENAME, TENSORBOARD_DIRNAME, MetricsLogger
 from tadm.training.objectives import (
     LossOutput,
     ObjectiveConfig,
@@ -373,9 +376,10 @@ def train(cfg: ExperimentConfig, *, resume: bool = False) -> TrainResult:
     """
     info = init_distributed(cfg.train.device)
     try:
-        accum = _accumulation_steps(cfg, info)  # a batch-geometry error comes before anything touches out_dir
+        # a batch-geometry error comes before anything touches out_dir
+        micro, accum = split_global_batch(cfg.train.global_batch_size, info.world_size, cfg.train.micro_batch_size)
         with _claim_out_dir(cfg, resume, info):
-            return _train(cfg, resume, info, accum)
+            return _train(cfg, resume, info, micro, accum)
     finally:
         cleanup(info)
 
@@ -424,6 +428,7 @@ class _Run:
     cfg: ExperimentConfig
     info: DistInfo
     say: _Printer
+    micro: int  # micro-batch size per rank (train.micro_batch_size, or derived from the world size)
     accum: int  # micro-batches per rank and optimizer step
     tokenizer: TextTokenizer
     splits: PackedSplits
@@ -474,17 +479,6 @@ class _StepStats:
     reduced: torch.Tensor  # (1 + parts,) rank-averaged loss and loss parts; the parts are read when logged
 
 
-def _accumulation_steps(cfg: ExperimentConfig, info: DistInfo) -> int:
-    tc = cfg.train
-    per_step = tc.micro_batch_size * info.world_size
-    if tc.global_batch_size % per_step:
-        raise ConfigError(
-            f"train.global_batch_size ({tc.global_batch_size}) must be a multiple of train.micro_batch_size "
-            f"({tc.micro_batch_size}) x world size ({info.world_size})"
-        )
-    return tc.global_batch_size // per_step
-
-
 def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | None:
     """The state to continue from (``resume``), after checking that ``out_dir`` fits the request."""
     out_dir = Path(cfg.train.out_dir)
@@ -504,9 +498,10 @@ def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | Non
 
 
 def _remove_previous_run(out_dir: Path) -> None:
-    for stale in (out_dir / STATE_FILENAME, out_dir / "metrics.jsonl"):
+    for stale in (out_dir / STATE_FILENAME, out_dir / METRICS_FILENAME):
         stale.unlink(missing_ok=True)
-    for stale_dir in (out_dir / FINAL_DIRNAME, out_dir / BEST_DIRNAME, out_dir / TOKENIZER_DIRNAME):
+    for stale_dir in (out_dir / FINAL_DIRNAME, out_dir / BEST_DIRNAME, out_dir / TOKENIZER_DIRNAME,
+                      out_dir / TENSORBOARD_DIRNAME):
         shutil.rmtree(stale_dir, ignore_errors=True)
 
 
@@ -553,7 +548,7 @@ def _initial_model(cfg: ExperimentConfig, tokenizer: TextTokenizer, info: DistIn
     return model
 
 
-def _build_run(cfg: ExperimentConfig, resume: bool, info: DistInfo, accum: int) -> _Run:
+def _build_run(cfg: ExperimentConfig, resume: bool, info: DistInfo, micro: int, accum: int) -> _Run:
     """Data, sampler, model, objective, optimizer, learning-rate schedule and EMA of a fresh run."""
     tc, oc = cfg.train, cfg.optim
     tokenizer, splits, anchor_mask = _prepare_data(cfg, info, resume)
@@ -576,8 +571,8 @@ def _build_run(cfg: ExperimentConfig, resume: bool, info: DistInfo, accum: int) 
         min_lr_ratio=oc.min_lr_ratio,
     )
     return _Run(
-        cfg=cfg, info=info, say=_Printer(info.is_main), accum=accum, tokenizer=tokenizer, splits=splits,
-        sampler=sampler, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
+        cfg=cfg, info=info, say=_Printer(info.is_main), micro=micro, accum=accum, tokenizer=tokenizer,
+        splits=splits, sampler=sampler, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
         ema=EMA(raw_model, tc.ema) if tc.ema > 0 else None, objective=get_objective(cfg.model.arch),
         obj_cfg=obj_cfg, val_cfg=validation_config(obj_cfg),
     )
@@ -608,7 +603,8 @@ def _report_setup(run: _Run, num_parameters: int) -> None:
         f"tadm train: {cfg.model.arch}-{cfg.model.preset} ({num_parameters / 1e6:.2f}M parameters, vocab "
         f"{run.tokenizer.vocab_size}) on {cfg.data.source!r}: {len(run.splits.train):,} train / "
         f"{len(run.splits.val):,} val blocks of {cfg.data.seq_len} tokens; global batch {tc.global_batch_size} = "
-        f"{tc.micro_batch_size} x {info.world_size} rank(s) x {run.accum} accumulation; {info.device}, "
+        f"{run.micro} x {info.world_size} rank(s) x {run.accum} accumulation"
+        f"{' (micro-batch derived: global / world size)' if tc.micro_batch_size is None else ''}; {info.device}, "
         f"{precision}; out_dir {run.out_dir}"
     )
     if run.start_step:
@@ -618,7 +614,7 @@ def _report_setup(run: _Run, num_parameters: int) -> None:
 def _record_val(run: _Run, step: int) -> None:
     """Validation NELBO of the evaluated (EMA) model at ``step``; the best model is saved on request."""
     tc, info = run.cfg.train, run.info
-    nelbo = evaluate(run.eval_model, run.splits.val, run.objective, run.val_cfg, batch_size=tc.micro_batch_size,
+    nelbo = evaluate(run.eval_model, run.splits.val, run.objective, run.val_cfg, batch_size=run.micro,
                      num_batches=tc.eval_batches, seed=tc.seed, info=info, autocast=run.autocast)
     run.result.val_history.append((step, nelbo))
     if not run.metrics.holds(step, "val"):  # a run resumed at its last step evaluates it again: log it once
@@ -659,12 +655,12 @@ def _save_state(run: _Run, step: int) -> None:
 
 def _accumulate_gradients(run: _Run, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward and backward of this rank's micro-batches of ``step``; returns the summed loss and loss parts."""
-    tc, info, accum = run.cfg.train, run.info, run.accum
+    tc, info, micro, accum = run.cfg.train, run.info, run.micro, run.accum
     x_local = run.splits.train.get_batch(run.sampler.batch_indices(step)).to(info.device)  # (B_local, L)
     loss_sum = torch.zeros((), device=info.device)
     part_sums: dict[str, torch.Tensor] = {}
     for j in range(accum):
-        x = x_local[j * tc.micro_batch_size : (j + 1) * tc.micro_batch_size]  # (micro, L)
+        x = x_local[j * micro : (j + 1) * micro]  # (micro, L)
         generator = _noise_generator(tc.seed, step, info.rank * accum + j)
         sync = contextlib.nullcontext() if (j == accum - 1 or not info.distributed) else run.model.no_sync()
         with sync:
@@ -825,17 +821,18 @@ def _finish(run: _Run, last_eval: int) -> None:
     barrier(run.info)
 
 
-def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo, accum: int) -> TrainResult:
+def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo, micro: int, accum: int) -> TrainResult:
     wall_start = time.perf_counter()
     state = _previous_state(cfg, resume)
-    run = _build_run(cfg, resume, info, accum)
+    run = _build_run(cfg, resume, info, micro, accum)
     if state is not None:
         _restore(run, state)
     run.model = wrap_model(run.raw_model, info)
     n_params = sum(p.numel() for p in run.raw_model.parameters())
     _report_setup(run, n_params)
-    run.metrics = MetricsLogger(run.out_dir, enabled=info.is_main, tensorboard=cfg.train.tensorboard,
-                                resume_step=run.start_step if state is not None else None, notice=run.say)
+    run.metrics = MetricsLogger(run.out_dir, enabled=info.is_main, loggers=cfg.train.loggers,
+                                resume_step=run.start_step if state is not None else None, notice=run.say,
+                                wandb_project=cfg.train.wandb_project, config=cfg.to_dict())
     run.result = TrainResult(out_dir=run.out_dir, model_dir=run.out_dir / FINAL_DIRNAME, state_path=run.state_path,
                              start_step=run.start_step, step=run.start_step, best_val_nelbo=run.best_val,
                              num_parameters=n_params)
