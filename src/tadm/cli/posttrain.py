@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,6 +66,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.set_defaults(func=run_plan)
 
+    _add_sample_parser(actions)
+
+
+def _add_sample_parser(actions: argparse._SubParsersAction) -> None:
+    """``tadm posttrain sample``: block-wise generation with a base and an optional adapter."""
     s = actions.add_parser(
         "sample",
         help="block-wise generation with anchor caching (Algorithms 1 and 2)",
@@ -177,27 +183,24 @@ def run_sample(args: argparse.Namespace) -> int:
         generator=generator,
         progress=args.progress,
     )
+    _print_samples(args, prompts, tokenizer, out, policy, note)
+    return 0
+
+
+def _print_samples(args: argparse.Namespace, prompts: list[str], tokenizer: Any, out: Any, policy: Any,
+                   note: str | None) -> None:
+    """The replies and the layer calls, as text or (``--json``) one JSON object."""
     new = out.new_tokens.tolist()
     texts = [tokenizer.decode(row, skip_special_tokens=True) for row in new]
     calls = out.layer_calls
     if args.json:
         print(json.dumps({
-            "base": str(args.base),
-            "adapter": args.adapter,
-            "fusion_mode": "naive" if args.naive else "paired",
-            "refresh": policy.key,
-            "refresh_policy": policy.config(),
-            "steps": args.steps,
-            "seed": args.seed,
-            "prompts": prompts,
-            "texts": texts,
-            "token_ids": new,
-            "layer_calls": calls.as_dict(),
-            "encoder_layer_calls": out.encoder_layer_calls,
-            "seconds": out.seconds,
-            "note": note,
+            "base": str(args.base), "adapter": args.adapter, "fusion_mode": "naive" if args.naive else "paired",
+            "refresh": policy.key, "refresh_policy": policy.config(), "steps": args.steps, "seed": args.seed,
+            "prompts": prompts, "texts": texts, "token_ids": new, "layer_calls": calls.as_dict(),
+            "encoder_layer_calls": out.encoder_layer_calls, "seconds": out.seconds, "note": note,
         }))
-        return 0
+        return
     if note:
         print(f"note: {note}")
     for n, (prompt, text) in enumerate(zip(prompts, texts)):
@@ -207,4 +210,3 @@ def run_sample(args: argparse.Namespace) -> int:
         f"denoiser layer calls: total={calls.total} (shared={calls.shared}, anchor={calls.anchor}, "
         f"denoiser={calls.denoiser}); anchor refreshes={calls.anchor_refreshes}; {out.seconds:.2f}s"
     )
-    return 0

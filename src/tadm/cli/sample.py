@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import torch
 
@@ -52,11 +53,9 @@ def _load_tokenizer(args: argparse.Namespace):
     return find_tokenizer(args.model, args.tokenizer)
 
 
-def run(args: argparse.Namespace) -> int:
-
-    model = resolve_model(args.model, device=args.device)
-    mask_id = model.mask_token_id
-    if mask_id is None:
+def _canvas_length(args: argparse.Namespace, model: Any) -> int:
+    """``--length``, or the model's own; checked against the model, which must be a masked diffusion LM."""
+    if model.mask_token_id is None:
         raise CLIError(f"model {args.model!r} has no mask token: it is not a masked diffusion model")
     max_len = model.max_seq_len
     length = args.length if args.length is not None else max_len
@@ -64,6 +63,13 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--length is required for this model")
     if length < 1 or (max_len is not None and length > max_len):
         raise CLIError(f"--length {length} does not fit the model (1..{max_len})")
+    return length
+
+
+def run(args: argparse.Namespace) -> int:
+
+    model = resolve_model(args.model, device=args.device)
+    length = _canvas_length(args, model)
     sampler = sampler_from_args(args, args.sampler, model)
     policy = policy_from_args(args)
     tokenizer = _load_tokenizer(args)
@@ -86,19 +92,10 @@ def run(args: argparse.Namespace) -> int:
     tokens_per_second = out.tokens.numel() / max(out.seconds, 1e-9)
     if args.json:
         record = {
-            "model": args.model,
-            "sampler": args.sampler,
-            "steps": args.steps,
-            "refresh": out.refresh_interval,
-            "refresh_policy": policy.config(),
-            "length": length,
-            "batch_size": args.batch_size,
-            "seed": args.seed,
-            "token_ids": ids,
-            "layer_calls": out.layer_calls.as_dict(),
-            "refresh_steps": out.refresh_steps,
-            "seconds": out.seconds,
-            "tokens_per_second": tokens_per_second,
+            "model": args.model, "sampler": args.sampler, "steps": args.steps, "refresh": out.refresh_interval,
+            "refresh_policy": policy.config(), "length": length, "batch_size": args.batch_size, "seed": args.seed,
+            "token_ids": ids, "layer_calls": out.layer_calls.as_dict(), "refresh_steps": out.refresh_steps,
+            "seconds": out.seconds, "tokens_per_second": tokens_per_second,
         }
         if texts is not None:
             record["texts"] = texts
