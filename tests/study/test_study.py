@@ -164,6 +164,23 @@ def test_changed_training_settings_are_refused(finished, tmp_path):
         run_study(load_study_config(config), progress=False, log=lambda m: None)
 
 
+def test_watch_settings_do_not_make_a_trained_unit_stale(finished, tmp_path):
+    # other loggers, and a unit trained before train.loggers existed (its record has train.tensorboard), still count
+    marker = next((finished["dir"] / "models").glob("*/study_unit.json"))
+    record = json.loads(marker.read_text())
+    original = marker.read_text()
+    train = record["spec"]["config"]["train"]
+    train.pop("loggers", None), train.pop("wandb_project", None)
+    train["tensorboard"] = False
+    marker.write_text(json.dumps(record))
+    try:
+        config = write_config(tmp_path / "s.yaml", finished["dir"], **{"train.loggers": ["jsonl", "tensorboard"]})
+        out = run_study(load_study_config(config), stages=["train"], progress=False, log=lambda m: None)
+        assert out.ran == [] and len(out.skipped) >= 1
+    finally:
+        marker.write_text(original)
+
+
 def test_interrupted_study_continues(tmp_path, monkeypatch):
     config = write_config(tmp_path / "s.yaml", tmp_path / "out",
                           models=[{"name": "tadm", "kind": "tadm"}, {"name": "ar", "kind": "ar"}], seeds=[0],

@@ -93,6 +93,24 @@ class StudyOutput:
 
 
 # ----------------------------------------------------------------------------------------- helpers
+# Training keys that say how a run is watched, not what it learns: a unit trained with other values, or
+# before one of them existed, is still the same unit.
+WATCH_KEYS = ("loggers", "wandb_project", "tensorboard", "log_every", "overwrite")
+
+
+def _training_identity(spec: Any) -> Any:
+    """A training unit's spec as compared for "done": watch keys dropped, a derived micro-batch (None) written
+    as the global batch it is on the study's one process."""
+    spec = json.loads(json.dumps(spec))
+    train = spec.get("config", {}).get("train") if isinstance(spec, dict) else None
+    if isinstance(train, dict):
+        for key in WATCH_KEYS:
+            train.pop(key, None)
+        if train.get("micro_batch_size") is None:
+            train["micro_batch_size"] = train.get("global_batch_size")
+    return spec
+
+
 def _done(path: Path, spec: Any) -> bool:
     return same_spec(read_json(path), spec)
 
@@ -186,12 +204,11 @@ class _Study:
             run_dir = self.layout.run_dir(m.name, seed)
             marker = run_dir / UNIT_MARKER
             if marker.is_file():
-                saved = read_json(marker) or {}
-                if saved.get("spec") != json.loads(json.dumps(spec)):
+                saved, wanted = _training_identity((read_json(marker) or {}).get("spec")), _training_identity(spec)
+                if saved != wanted:
                     raise ConfigError(
                         f"{run_dir} holds model {m.name!r} (seed {seed}) trained with other settings; "
-                        f"{_first_difference(saved.get('spec'), json.loads(json.dumps(spec)))}; use another out_dir, or delete "
-                        f"{run_dir} to retrain it")
+                        f"{_first_difference(saved, wanted)}; use another out_dir, or delete {run_dir} to retrain it")
                 self._skip(unit)
                 continue
             resume = (run_dir / STATE_FILENAME).is_file()
