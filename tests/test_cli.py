@@ -27,6 +27,7 @@ def test_compute_table_normalised_to_mdlm(capsys):
     assert json.loads(out)["relative_to_baseline"] == pytest.approx(0.75)
 
 
+@pytest.mark.slow
 def test_sample_json_counts_layers(capsys):
     code, out, _ = _run(capsys, "sample", "--model", "tadm-tiny", "--steps", "8", "--refresh", "2", "--length", "16",
                         "--batch-size", "2", "--sampler", "remdm-cap", "--json")
@@ -38,6 +39,7 @@ def test_sample_json_counts_layers(capsys):
     assert record["refresh_steps"] == [8, 6, 4, 2]
 
 
+@pytest.mark.slow
 def test_sample_with_refresh_policies(capsys):
     base = ("sample", "--model", "tadm-tiny", "--steps", "16", "--length", "8", "--json")
     _, out, _ = _run(capsys, *base, "--refresh-policy", "schedule", "--refresh-steps", "16,9,3")
@@ -48,6 +50,7 @@ def test_sample_with_refresh_policies(capsys):
     assert json.loads(out)["refresh_steps"] == [16, 12, 8, 4]  # tau > 1: only the interval bound refreshes
 
 
+@pytest.mark.slow
 def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
     tadm_tiny().save_pretrained(tmp_path / "ckpt")
     args = ("sample", "--model", str(tmp_path / "ckpt"), "--steps", "6", "--length", "8", "--seed", "3", "--json")

@@ -23,6 +23,7 @@ def _run(*args: str, env_out: Path | None = None, timeout: float = 600) -> subpr
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 def test_the_plan_names_every_stage_and_its_minutes():
     run = _run("--plan")
     assert run.returncode == 0
@@ -41,6 +42,7 @@ def test_the_plan_names_every_stage_and_its_minutes():
     (["--device", "cuda:7"], "cuda:7"),
     (["--device", "tpu"], "unknown device 'tpu'"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line(args, needle):
     run = _run(*args)
     lines = [line for line in run.stderr.splitlines() if line.strip()]

@@ -120,6 +120,7 @@ def test_every_import_of_a_module_stays_within_its_floors(path):
     assert not deferred, f"{module} imports inside a function what it could import at the top: {deferred}"
 
 
+@pytest.mark.slow
 def test_no_import_cycle_between_modules():
     modules = {module_name(p): p for p in sources()}
     edges: dict[str, set[str]] = defaultdict(set)
@@ -152,6 +153,7 @@ def test_no_import_cycle_between_modules():
             assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(USES))
 def test_importing_a_package_loads_only_its_floors(package):
     code = (

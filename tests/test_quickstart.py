@@ -1,6 +1,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from tadm.cli import main
 from tadm.cli.quickstart import unigram_entropy, word_validity
 
@@ -13,6 +15,7 @@ def test_quality_proxies_by_hand():
     assert unigram_entropy([[7, 7, 7]]) == 0.0
 
 
+@pytest.mark.slow
 def test_quickstart_end_to_end_on_the_fixture(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the packed-data cache goes under the working directory
     out = tmp_path / "qs"

@@ -124,6 +124,7 @@ def test_remdm_posterior_clamps_sigma_above_sigma_max():
     torch.testing.assert_close(out.sum(-1), torch.ones(1, 1, dtype=D))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma_kind", ["scalar", "per_token"])
 def test_remdm_posterior_preserves_forward_marginals(sigma_kind):
     """With x known, z_t ~ q(z_t | x) stepped through Eq. (remdm-posterior) is masked w.p. 1 - alpha_s."""

@@ -19,6 +19,7 @@ from tests.eval.test_evaluator import (
 )
 
 
+@pytest.mark.slow
 def test_likelihood_json_matches_the_api(tmp_path, capsys):
     model_dir = tmp_path / "mdlm"
     tiny_diffusion("mdlm").save_pretrained(model_dir)
@@ -33,6 +34,7 @@ def test_likelihood_json_matches_the_api(tmp_path, capsys):
     assert record["ppl"] == pytest.approx(expected.ppl, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_throughput_json_reports_counted_and_analytic_calls(capsys):
     argv = ["eval", "throughput", "--model", "tadm-tiny", "--steps", "6", "--refresh", "1", "4", "--length", "8",
             "--generations", "1", "--warmup", "0", "--json"]
@@ -44,6 +46,7 @@ def test_throughput_json_reports_counted_and_analytic_calls(capsys):
     assert records[1]["analytic_layer_calls"] == 6 * 1 + 2 * 2  # 1 denoiser layer per step, 2 anchor layers x 2
 
 
+@pytest.mark.slow
 def test_mauve_json_matches_the_api(tmp_path, capsys):
     evaluator = save_ar_evaluator(tmp_path / "ar")
     argv = ["eval", "mauve", "--texts", str(FIXTURE), "--reference", str(FIXTURE), "--max-texts", "12",
@@ -69,6 +72,7 @@ def test_prepare_evaluator_reports_an_existing_copy(tmp_path, capsys):
     assert "already prepared" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_likelihood_zero_shot_table(tmp_path, capsys):
     mdlm_dir = tmp_path / "mdlm"
     tiny_diffusion("mdlm").save_pretrained(mdlm_dir)
@@ -91,6 +95,7 @@ def test_likelihood_zero_shot_table(tmp_path, capsys):
     assert f"| AR | {ar_brown} |" in "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_staleness_cli_json_plot_and_naive_variant(tmp_path, capsys):
     from tadm.eval.likelihood import stale_anchor_nelbo
 

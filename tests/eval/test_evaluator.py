@@ -81,6 +81,7 @@ def tiny_hf_gpt2(seed: int = 0):
 
 
 # ----------------------------------------------------------------------------------------- tests
+@pytest.mark.slow
 def test_tadm_ar_checkpoint_loads_and_matches_the_model(tmp_path):
     directory = save_ar_evaluator(tmp_path / "ar")
     ev = load_evaluator(directory)

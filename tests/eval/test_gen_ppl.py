@@ -66,6 +66,7 @@ def test_counted_positions_hand_made():
     assert torch.equal(got, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [64, 16])
 def test_gen_ppl_equals_direct_nll_tadm_ar(context):
     ev = tiny_ar_evaluator()
@@ -82,6 +83,7 @@ def test_gen_ppl_equals_direct_nll_tadm_ar(context):
     assert sum(result.per_text_tokens) == count
 
 
+@pytest.mark.slow
 def test_gen_ppl_equals_direct_nll_hf_gpt2():
     model, hf_tok = tiny_hf_gpt2()
     ev = evaluator_from_hf(model, hf_tok, name="tiny-gpt2", context_size=32)
@@ -92,6 +94,7 @@ def test_gen_ppl_equals_direct_nll_hf_gpt2():
     assert result.gen_ppl == pytest.approx(math.exp(total / count), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_gen_ppl_does_not_depend_on_batching_or_text_order():
     ev = tiny_ar_evaluator()
     texts = known_texts()
@@ -137,6 +140,7 @@ def test_decode_rejects_samples_from_another_vocabulary_and_drops_masks():
     assert decode_samples([[tok.eos_id] + ids], tok) == [EOS + "The jury"]
 
 
+@pytest.mark.slow
 def test_cli_gen_ppl_matches_the_api(tmp_path, capsys):
     evaluator_dir = save_ar_evaluator(tmp_path / "ar")
     tok = tiny_tokenizer()

@@ -46,6 +46,7 @@ def direct_nelbo(model, x: torch.Tensor, num_t: int, seed: int) -> float:
     return total / (num_t * B * L)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,num_t", [("mdlm", 1), ("tadm", 2)])
 def test_nelbo_equals_direct_computation_for_one_batch(kind, num_t):
     model = tiny_diffusion(kind)
@@ -56,6 +57,7 @@ def test_nelbo_equals_direct_computation_for_one_batch(kind, num_t):
     assert result.ppl == pytest.approx(math.exp(result.nll))
 
 
+@pytest.mark.slow
 def test_tadm_fresh_anchor_matches_the_forward_pass():
     model = tiny_diffusion("tadm")
     z = blocks()
@@ -65,6 +67,7 @@ def test_tadm_fresh_anchor_matches_the_forward_pass():
     torch.testing.assert_close(_fresh_anchor_log_probs(model, z, torch.full((3,), 0.5)), model(z).log_probs)
 
 
+@pytest.mark.slow
 def test_nelbo_is_deterministic_for_a_seed_and_varies_with_it():
     model = tiny_diffusion("mdlm")
     x = blocks(n=5)
@@ -76,6 +79,7 @@ def test_nelbo_is_deterministic_for_a_seed_and_varies_with_it():
     assert a.num_tokens == x.numel() and a.num_t_samples == 2
 
 
+@pytest.mark.slow
 def test_more_t_samples_reduce_the_spread_of_the_estimate():
     model = tiny_diffusion("mdlm")
     x = blocks(n=4)
@@ -85,6 +89,7 @@ def test_more_t_samples_reduce_the_spread_of_the_estimate():
     assert spread(many) < spread(one)
 
 
+@pytest.mark.slow
 def test_adlm_and_discrete_time_bound_run():
     model = randomize_(adlm_tiny(vocab_size=tiny_tokenizer().vocab_size), seed=2)
     x = blocks()
@@ -95,6 +100,7 @@ def test_adlm_and_discrete_time_bound_run():
     assert discrete.nll == diffusion_nelbo(model, x, discrete_steps=4, seed=0).nll
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_ar_perplexity_equals_direct_computation():
     model = tiny_ar()

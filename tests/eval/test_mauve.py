@@ -24,6 +24,7 @@ def gibberish(n: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice("qxzjkvw0123456789#@!") for _ in range(60)) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_features_are_the_last_token_hidden_state():
     ev = tiny_ar_evaluator()
     texts = ["The jury said Friday.", "An investigation of Atlanta's recent primary election produced no evidence."]
@@ -44,6 +45,7 @@ def test_features_are_the_last_token_hidden_state():
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_identical_feature_sets_score_one_and_separated_sets_score_low():
     rng = np.random.default_rng(0)
     p = rng.normal(size=(40, 8)).astype(np.float32)
@@ -55,6 +57,7 @@ def test_identical_feature_sets_score_one_and_separated_sets_score_low():
     assert same.num_buckets == 4 and same.num_p == same.num_q == 40
 
 
+@pytest.mark.slow
 def test_identical_text_sets_score_higher_than_unrelated_ones():
     ev = tiny_ar_evaluator()
     reference = sentences(20)

@@ -63,6 +63,7 @@ def test_results_round_trip_and_csv(tmp_path):
         read_results(tmp_path / "bad")
 
 
+@pytest.mark.slow
 def test_plots_are_png(tmp_path):
     paths = write_plots(ROWS, tmp_path)
     assert [p.name for p in paths] == ["genppl_vs_throughput.png", "genppl_vs_refresh.png"]

@@ -35,6 +35,7 @@ def anchored(kind: str) -> torch.nn.Module:
     return NaiveReuse(model).eval() if kind == "naive" else model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tadm", "adlm", "naive"])
 @pytest.mark.parametrize("batch_size,num_t", [(2, 1), (3, 2)])
 def test_age_zero_equals_the_fresh_nelbo_to_the_last_digit(kind, batch_size, num_t):
@@ -46,6 +47,7 @@ def test_age_zero_equals_the_fresh_nelbo_to_the_last_digit(kind, batch_size, num
     assert stale.num_tokens == fresh.num_tokens and stale.num_sequences == fresh.num_sequences
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tadm", "adlm"])
 def test_discrete_cached_bound_with_k1_equals_the_discrete_nelbo(kind):
     model, x = anchored(kind), blocks(n=3, length=10)
@@ -56,6 +58,7 @@ def test_discrete_cached_bound_with_k1_equals_the_discrete_nelbo(kind):
     assert cached.as_dict()["increase"]["1"] == 0.0
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_stale_curve_equals_a_direct_computation():
     """One batch written out: t' = min(1, t + k/T), z_t' by Eq. (12) with one shared uniform, TADM.forward."""
@@ -101,6 +104,7 @@ def test_anchor_masks_are_nested_across_ages():
         further_mask(z, 0.5, 0.4, 319, uniform=u[:, :3])
 
 
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("kind", ["tadm", "adlm", "naive"])
 def test_age_zero_anchor_is_what_the_cache_holds_after_a_refresh(kind):
@@ -122,6 +126,7 @@ def test_age_zero_anchor_is_what_the_cache_holds_after_a_refresh(kind):
         torch.testing.assert_close(anchored_log_probs(model, z, t, z, t), log_probs, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_naive_reuse_ignores_the_current_state_but_equals_the_model_when_fresh():
     model = tiny_diffusion("tadm")
     naive = NaiveReuse(model)

@@ -41,6 +41,7 @@ def config(world, out: Path, sampler: str = "remdm-cap", evaluator: str | None =
                        cache_dir=str(world["root"] / "cache"), out_dir=str(out), **rest)
 
 
+@pytest.mark.slow
 def test_sweep_writes_results_table_and_plots(world, tmp_path, monkeypatch):
     loads = []
     real_load = pipeline_mod.load_evaluator
@@ -77,6 +78,7 @@ def test_sweep_writes_results_table_and_plots(world, tmp_path, monkeypatch):
     assert len(files["csv"].read_text().splitlines()) == 1 + 3
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_and_skips_finished_cells(world, tmp_path, monkeypatch):
     cfg = config(world, tmp_path / "resume", throughput_generations=0, reference=None)
     real, real_load = pipeline_mod.generate, pipeline_mod.load_evaluator
@@ -122,6 +124,7 @@ def test_a_sweep_folder_of_the_earlier_layout_is_refused_in_one_line(world, tmp_
         run_sweep(config(world, old), progress=False, log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_cli_sweep_runs_and_resumes(world, tmp_path, capsys):
     argv = ["eval", "sweep", "--models", f"tadm={world['model']}", "-T", "4", "-K", "1", "4", "--samples", "2",
             "--length", "8", "--reference", "none", "--throughput-generations", "5", "--throughput-warmup", "0",
@@ -133,6 +136,7 @@ def test_cli_sweep_runs_and_resumes(world, tmp_path, capsys):
     assert (tmp_path / "cli" / "table.md").is_file()
 
 
+@pytest.mark.slow
 def test_bad_input(world, tmp_path):
     with pytest.raises(ValueError, match="NAME=PATH"):
         parse_model_specs(["just-a-path"])
@@ -164,6 +168,7 @@ def test_bad_input(world, tmp_path):
                   log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_too_few_samples_get_no_mauve_and_say_why(world, tmp_path):
     messages: list[str] = []
     out = run_sweep(config(world, tmp_path / "few", mauve_min_samples=50, throughput_generations=0, refresh=[1]),

@@ -11,6 +11,7 @@ from tadm.sampling import generate, get_sampler
 from tests.eval.test_evaluator import tiny_diffusion
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T,K", [(8, 1), (8, 2), (10, 3), (6, 8)])
 def test_counted_layer_calls_match_the_analytic_count(T, K):
     model = tiny_diffusion("tadm")
@@ -21,6 +22,7 @@ def test_counted_layer_calls_match_the_analytic_count(T, K):
     assert result.layer_calls["anchor"] == 2 * -(-T // K) and result.layer_calls["denoiser"] == T
 
 
+@pytest.mark.slow
 def test_tokens_per_second_counts_every_position_of_timed_generations_only():
     model = tiny_diffusion("mdlm")
     calls = []
@@ -38,6 +40,7 @@ def test_tokens_per_second_counts_every_position_of_timed_generations_only():
     assert result.as_dict()["analytic_layer_calls"] == 4 * 3  # MDLM: 3 layers every step
 
 
+@pytest.mark.slow
 def test_bfloat16_autocast_runs_and_bad_settings_fail():
     model = tiny_diffusion("tadm")
     sampler = get_sampler("mdlm", model.mask_token_id)
@@ -51,6 +54,7 @@ def test_bfloat16_autocast_runs_and_bad_settings_fail():
         measure_throughput(model, sampler, seq_len=8, num_steps=4, num_generations=0)
 
 
+@pytest.mark.slow
 def test_interleaved_timing_shuffles_every_round_and_reports_median_min_max():
     from tadm.eval.throughput import TimingCell, interleaved_throughput
 

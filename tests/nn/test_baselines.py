@@ -72,6 +72,7 @@ def test_mdlm_shapes_subs_and_protocol() -> None:
     assert_subs(lp, z)
 
 
+@pytest.mark.slow
 def test_mdlm_cache_is_a_no_op() -> None:
     model = randomize(mdlm_tiny(), seed=2)
     z, z_old = canvas(seed=3), canvas(seed=4)
@@ -83,6 +84,7 @@ def test_mdlm_cache_is_a_no_op() -> None:
     assert block_calls(model, lambda: model.predict(z, c, c)) == model.layer_split.denoiser == 3
 
 
+@pytest.mark.slow
 def test_mdlm_time_conditioning() -> None:
     z = canvas(seed=5)
     t1, t2 = torch.tensor([0.1, 0.8]), torch.tensor([0.5, 0.3])
@@ -93,6 +95,7 @@ def test_mdlm_time_conditioning() -> None:
 
 
 # -------------------------------------------------------------------------------------------- ADLM
+@pytest.mark.slow
 def test_adlm_shapes_subs_and_anchor_distribution() -> None:
     model = randomize(adlm_tiny(), seed=7)
     assert isinstance(model, CacheableDenoiser)
@@ -109,6 +112,7 @@ def test_adlm_shapes_subs_and_anchor_distribution() -> None:
     torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_adlm_naive_reuse() -> None:
     model = randomize(adlm_tiny(), seed=9)
     z = canvas(seed=10)
@@ -129,6 +133,7 @@ def test_adlm_naive_reuse() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- AR
+@pytest.mark.slow
 def test_ar_shapes_and_causality() -> None:
     model = randomize(ar_tiny(), seed=11)
     assert model.config.vocab_size == 64

@@ -29,6 +29,7 @@ def _tokens(model, sampler="remdm-loop", K=2):
                     refresh_interval=K, generator=torch.Generator().manual_seed(1)).tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [tadm_tiny, mdlm_tiny, lambda: NaiveReuse(tadm_tiny())])
 def test_compiled_stacks_sample_the_eager_tokens(make):
     torch._dynamo.reset()

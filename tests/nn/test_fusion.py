@@ -107,6 +107,7 @@ def test_paired_fusion_matches_reference() -> None:
     )
 
 
+@pytest.mark.slow
 def test_paired_fusion_is_exact_when_current_equals_cached() -> None:
     f = randomize(PairedAttentionFusion(24, rank=8, num_heads=2), seed=6)
     assert torch.count_nonzero(f.up.weight) > 0 and torch.count_nonzero(f.gate_out.weight) > 0

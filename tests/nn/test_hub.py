@@ -47,6 +47,7 @@ def tokens(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(seed))  # mask id 64 excluded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(TINY))
 def test_round_trip(model_type: str, tmp_path: Path) -> None:
     name, cls = TINY[model_type]

@@ -75,6 +75,7 @@ def _fresh_backbone():
     return DiffusionGemmaBackbone(build_tiny_gemma())
 
 
+@pytest.mark.slow
 def test_round_trip_gives_the_same_fusion_and_tokens(gemma, tmp_path):
     model = _trained(gemma)
     directory = save_adapter_pretrained(tmp_path / "adapter", model, base_model="org/base", card_results=RESULTS)
@@ -145,6 +146,7 @@ def offline_hub(tmp_path, monkeypatch):
     return cache
 
 
+@pytest.mark.slow
 def test_a_hub_id_loads_from_the_local_cache_offline(gemma, tmp_path, offline_hub):
     model = _trained(gemma)
     source = save_adapter_pretrained(tmp_path / "adapter", model, base_model="org/base")

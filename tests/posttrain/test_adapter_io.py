@@ -28,6 +28,7 @@ def _trained(gemma):
     return model
 
 
+@pytest.mark.slow
 def test_round_trip_restores_fusion_and_predictions(gemma, tmp_path):
     model = _trained(gemma)
     directory = save_adapter(tmp_path / "adapter", model, base_model="some/base", extra={"step": 7})

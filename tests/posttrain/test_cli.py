@@ -29,6 +29,7 @@ def base_dir(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_train_then_sample_with_the_adapter(base_dir, capsys):
     out = base_dir / "run"
     code = main([

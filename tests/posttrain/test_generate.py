@@ -21,6 +21,7 @@ def _prompt(seed=0, B=2, P=5):
     return torch.randint(3, V, (B, P), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stopping", [None, (1, 0.005), (0, 1.0)])
 def test_k1_is_token_identical_to_transformers_generate(gemma, stopping):
     """K = 1 (fresh anchor every step) reproduces ``generate`` token for token, over several canvases.
@@ -59,6 +60,7 @@ def test_k1_is_token_identical_to_transformers_generate(gemma, stopping):
     assert torch.equal(run(torch.Generator().manual_seed(7)).sequences, reference.sequences)
 
 
+@pytest.mark.slow
 def test_k1_matches_generate_with_padding_and_eos(gemma):
     prompt = _prompt(seed=3, P=6)
     mask = torch.ones_like(prompt, dtype=torch.bool)
@@ -79,6 +81,7 @@ def test_k1_matches_generate_with_padding_and_eos(gemma):
     assert (out.new_tokens == 0).any()  # some row did end with EOS and was padded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("K", [1, 2, 3, 5])
 def test_layer_calls_follow_algorithm_1_per_canvas(gemma, K):
     T, blocks = 7, 2

@@ -65,6 +65,7 @@ CASES = {
 CANVASES = {"model defaults": 3, "explicit config": 3, "no temperature, max_length": 2, "budget from max_length": 2}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_k1_gives_the_base_models_own_generate(saved, case):
     """K = 1 (fresh anchor every step; the trained fusion is then the identity) returns what the
@@ -90,6 +91,7 @@ def test_k1_gives_the_base_models_own_generate(saved, case):
     assert torch.equal(plain, reference.sequences)
 
 
+@pytest.mark.slow
 def test_a_loaded_base_and_the_settings_of_the_explicit_config_are_used(saved):
     base_dir, adapter = saved
     base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()
@@ -103,6 +105,7 @@ def test_a_loaded_base_and_the_settings_of_the_explicit_config_are_used(saved):
         assert steps == list(range(5, 5 - len(steps), -1))
 
 
+@pytest.mark.slow
 def test_k2_runs_the_anchor_layers_at_half_the_steps(saved):
     """Exact layer calls per canvas: S and D at every one of the T steps, A at ceil(T / K) of them."""
     base_dir, adapter = saved
@@ -130,6 +133,7 @@ def test_k2_runs_the_anchor_layers_at_half_the_steps(saved):
     assert model.last_generation.layer_calls.anchor == 27
 
 
+@pytest.mark.slow
 def test_refresh_policies_in_their_string_forms(saved):
     base_dir, adapter = saved
     T, blocks = 6, 2
@@ -152,6 +156,7 @@ def test_refresh_policies_in_their_string_forms(saved):
     assert all(steps[0] == T for steps in adaptive.refresh_steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [0, -1, "x"])
 def test_a_bad_refresh_interval_is_one_clean_line(saved, bad):
     base_dir, adapter = saved
@@ -169,6 +174,7 @@ def test_a_bad_refresh_interval_is_one_clean_line(saved, bad):
         model.generate(_prompt(), refresh_interval=2, refresh_policy="fixed:K=2")
 
 
+@pytest.mark.slow
 def test_dtype_and_other_options_go_to_the_base_loader(saved):
     base_dir, adapter = saved
     model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, dtype=torch.bfloat16,
@@ -205,6 +211,7 @@ def test_what_generate_cannot_honour_is_refused(saved):
                    max_denoising_steps=2)
 
 
+@pytest.mark.slow
 def test_a_split_without_adapter_is_the_base_at_k1_and_naive_reuse_beyond(saved):
     base_dir, adapter = saved
     with pytest.raises(ValueError, match="no adapter given: pass adapter=DIR_OR_HUB_ID, or split="):

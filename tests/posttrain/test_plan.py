@@ -71,6 +71,7 @@ def test_the_26b_plan_counts_the_papers_fusion():
     assert "3,145,985 trainable" in table and "| fits 80 GB | fits 96 GB | fits 189 GB |" in table
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc peak-RSS counters")
 @pytest.mark.parametrize("size", ["32768 64 64 4 32", "4096 256 128 4 64"])
 def test_the_training_estimate_is_within_25_percent_of_a_measured_peak(size):
@@ -84,6 +85,7 @@ def test_the_training_estimate_is_within_25_percent_of_a_measured_peak(size):
     assert 0.9 <= ratio <= 1.25, result  # measured 1.07-1.13 on x86-64 Linux, torch 2.13
 
 
+@pytest.mark.slow
 def test_a_local_base_directory_gives_its_own_architecture(tmp_path):
     from tests.posttrain.conftest import build_tiny_gemma
 
@@ -102,6 +104,7 @@ def test_a_base_that_cannot_be_resolved_offline_is_one_line(capsys):
     assert code == 2 and "\n" not in err and "'acme/no-such-model' cannot be resolved offline" in err
 
 
+@pytest.mark.slow
 def test_the_plan_command_prints_counts_and_the_memory_table(capsys):
     assert main(["posttrain", "plan", "posttrain-diffusiongemma"]) == 0
     out = capsys.readouterr().out

@@ -46,6 +46,7 @@ class SimulatedCrash(Exception):
     """Raised from inside a training step to stand for a killed process."""
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_same_fusion(files, tmp_path, monkeypatch):
     straight = run_posttrain(_config(files, tmp_path / "straight"), log=lambda m: None)
 

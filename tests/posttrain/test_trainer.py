@@ -109,6 +109,7 @@ def test_only_fusion_parameters_receive_gradients(gemma):
     assert torch.count_nonzero(fusion_grads["up.weight"]) > 0  # W_up starts at zero and is what moves first
 
 
+@pytest.mark.slow
 def test_a_few_steps_lower_the_loss():
     """Twenty fusion-only steps lower the cache objective on fixed rollout end points.
 
@@ -177,6 +178,7 @@ def test_gradient_accumulation_and_clipping(gemma):
     assert all(p.grad is None for p in model.fusion.parameters())  # zeroed after the step
 
 
+@pytest.mark.slow
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     batches = [[_batch(seed=s)] for s in range(3)]
     straight = PosttrainTrainer(_model(build_tiny_gemma()), _config())
@@ -194,6 +196,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
         assert torch.equal(a, b), n
 
 
+@pytest.mark.slow
 def test_ddp_wrapped_fusion_trains_like_the_plain_one(tmp_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel

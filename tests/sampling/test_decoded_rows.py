@@ -59,6 +59,7 @@ CASES = [(net, sampler, K, opts)
          for K in (1, 2, 4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("net,sampler,K,opts", CASES)
 def test_rows_only_path_samples_the_reference_tokens(net, sampler, K, opts):
     model = _randomize(NETS[net]()).eval()

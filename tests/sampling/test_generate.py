@@ -18,6 +18,7 @@ def _oracle(B=2, L=6, seed=0, **kw):
     return OracleDenoiser(target, V, **kw), target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T,K", [(128, 2), (256, 2), (512, 2), (1024, 8), (2048, 4), (4096, 4), (10, 3), (7, 1)])
 def test_counter_matches_table2_formula_and_algorithm1(T, K):
     split = LayerSplit(0, 12, 6)
@@ -40,6 +41,7 @@ def test_counter_counts_shared_layers_every_step():
     assert (c.shared, c.anchor, c.denoiser) == (2 * 48, 20 * 16, 8 * 48)
 
 
+@pytest.mark.slow
 def test_oracle_generation_recovers_target_with_mdlm_and_remdm():
     model, target = _oracle()
     for sampler in [MDLMSampler(MASK), ReMDMSampler(MASK, "cap", eta=0.04), get_sampler("remdm-loop", MASK)]:
@@ -48,6 +50,7 @@ def test_oracle_generation_recovers_target_with_mdlm_and_remdm():
         assert torch.equal(out.tokens, target)
 
 
+@pytest.mark.slow
 def test_same_seed_same_tokens_and_different_seed_differs():
     model, _ = _oracle(B=3, L=16, sharpness=1.0)
     run = lambda seed: generate(model, get_sampler("remdm-cap", MASK), batch_size=3, seq_len=16, num_steps=16,

@@ -30,6 +30,7 @@ def _uncached_generate(model, sampler, B, L, T, seed, time_conditioned=False):
     return z
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler_name", ["mdlm", "remdm-cap", "remdm-loop"])
 @pytest.mark.parametrize("time_conditioning", [False, True])
 def test_cache_with_K1_is_token_identical_to_uncached(sampler_name, time_conditioning):
@@ -43,6 +44,7 @@ def test_cache_with_K1_is_token_identical_to_uncached(sampler_name, time_conditi
     assert not torch.any(out.tokens == model.mask_token_id)
 
 
+@pytest.mark.slow
 def test_stale_anchor_prediction_differs_from_fresh_and_fusion_uses_current_canvas():
     torch.manual_seed(0)
     model = _randomize(tadm_tiny()).eval()
@@ -60,6 +62,7 @@ def test_stale_anchor_prediction_differs_from_fresh_and_fusion_uses_current_canv
     assert not torch.allclose(with_stale[:, 8:], without_current[:, 8:], atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("builder", [tadm_tiny, mdlm_tiny, adlm_tiny])
 @pytest.mark.parametrize("T,K", [(10, 3), (12, 4), (5, 1)])
 def test_counter_equals_executed_transformer_blocks(builder, T, K):
@@ -76,6 +79,7 @@ def test_counter_equals_executed_transformer_blocks(builder, T, K):
     assert out.layer_calls.denoiser == split.denoiser * T
 
 
+@pytest.mark.slow
 def test_adlm_naive_reuse_uses_the_stale_anchor():
     torch.manual_seed(0)
     model = _randomize(adlm_tiny()).eval()

@@ -155,6 +155,7 @@ def golden():
     return _golden()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("caller", sorted(RUNS))
 def test_caller_reproduces_recorded_tokens(golden, caller):
     with torch.no_grad():

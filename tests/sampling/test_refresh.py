@@ -135,6 +135,7 @@ def _tiny():
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler_name", ["mdlm", "remdm-loop"])
 def test_adaptive_limits_equal_fixed_policies_token_for_token(sampler_name):
     model = _tiny()

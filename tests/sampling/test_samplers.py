@@ -115,6 +115,7 @@ def test_unknown_sampler_and_bad_parameters():
         ReMDMSampler(MASK, "sometimes")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma", [0.0, 0.05])
 def test_factorised_transition_samples_the_remdm_posterior(sigma):
     from tadm.diffusion import remdm_move_probs

@@ -61,6 +61,7 @@ def finished(tmp_path_factory):
     return {"root": root, "config": config, "out": out, "dir": root / "out"}
 
 
+@pytest.mark.slow
 def test_study_runs_end_to_end_and_writes_every_file(finished):
     d, out = finished["dir"], finished["out"]
     for name in ("report.md", "results.json", "results.csv", "staleness.csv", "study.json", "throughput.json"):
@@ -102,6 +103,7 @@ def test_study_runs_end_to_end_and_writes_every_file(finished):
     assert len(out.ran) > 20 and out.skipped == []
 
 
+@pytest.mark.slow
 def test_fresh_point_of_every_curve_is_the_validation_nelbo(finished):
     d = finished["dir"]
     for run in ("tadm-s0", "adlm-s0", "fresh-s0"):
@@ -110,6 +112,7 @@ def test_fresh_point_of_every_curve_is_the_validation_nelbo(finished):
         assert curve["curves"]["4"][0] == curve["fresh"] == fresh
 
 
+@pytest.mark.slow
 def test_second_invocation_skips_every_unit(finished, monkeypatch):
     monkeypatch.setattr("tadm.training.trainer.train", lambda *a, **k: pytest.fail("trained again"))
     monkeypatch.setattr("tadm.eval.evaluator.load_evaluator", lambda *a, **k: pytest.fail("evaluator loaded"))
@@ -121,6 +124,7 @@ def test_second_invocation_skips_every_unit(finished, monkeypatch):
     assert len(manifest["invocations"]) >= 2
 
 
+@pytest.mark.slow
 def test_changed_evaluation_settings_redo_only_those_units(finished, tmp_path):
     config = write_config(tmp_path / "s.yaml", finished["dir"], **{"sampling.seed": 5})
     out = run_study(load_study_config(config), progress=False, log=lambda m: None,
@@ -131,6 +135,7 @@ def test_changed_evaluation_settings_redo_only_those_units(finished, tmp_path):
                                       "sample mdlm seed 0 T=4 K=1"])
 
 
+@pytest.mark.slow
 def test_refresh_policy_entries_sample_time_and_report(finished, tmp_path):
     """sampling.refresh may name policies: a schedule equal to K = 2 gives K = 2's tokens; adaptive is counted."""
     import shutil
@@ -158,12 +163,14 @@ def test_refresh_policy_entries_sample_time_and_report(finished, tmp_path):
     assert "| tadm (adaptive-max_interval2-tau0.3) |" in report and "K=1→2" in report
 
 
+@pytest.mark.slow
 def test_changed_training_settings_are_refused(finished, tmp_path):
     config = write_config(tmp_path / "s.yaml", finished["dir"], **{"optim.lr": 1.0e-3})
     with pytest.raises(ConfigError, match="trained with other settings.*optim.lr: 0.003 there, 0.001 now"):
         run_study(load_study_config(config), progress=False, log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_watch_settings_do_not_make_a_trained_unit_stale(finished, tmp_path):
     # other loggers, and a unit trained before train.loggers existed (its record has train.tensorboard), still count
     marker = next((finished["dir"] / "models").glob("*/study_unit.json"))
@@ -181,6 +188,7 @@ def test_watch_settings_do_not_make_a_trained_unit_stale(finished, tmp_path):
         marker.write_text(original)
 
 
+@pytest.mark.slow
 def test_interrupted_study_continues(tmp_path, monkeypatch):
     config = write_config(tmp_path / "s.yaml", tmp_path / "out",
                           models=[{"name": "tadm", "kind": "tadm"}, {"name": "ar", "kind": "ar"}], seeds=[0],
@@ -229,6 +237,7 @@ def test_derived_training_configs_share_size_data_and_budget(tmp_path):
     ({"sampling.nucleus": "top"}, "sampling.sampler.nucleus 'top' is unknown"),
     ({"size.num_heads": 3}, "size.hidden_size \\(16\\) must be divisible by size.num_heads \\(3\\)"),
 ])
+@pytest.mark.slow
 def test_bad_configs_name_the_value(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
         load_study_config(write_config(tmp_path / "s.yaml", tmp_path / "out", **changes))
@@ -249,6 +258,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "kind 'gpt' is unknown" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list_study_presets())
 def test_every_shipped_study_preset_loads_and_has_its_command(name):
     from tadm.study.config import study_preset_path

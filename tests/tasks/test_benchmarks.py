@@ -34,6 +34,7 @@ def test_task_lists():
     ("no number here", "18", False),
     ("The answer is 072.", "72", True),
 ])
+@pytest.mark.slow
 def test_math_answers_through_math_verify(response, gold, correct):
     assert check_math(response, gold).correct is correct
 
@@ -77,6 +78,7 @@ HUMANEVAL = Example("he/0", 'def add(a, b):\n    """Sum."""\n', tests="def check
     ("    import socket\n    socket.create_connection(('127.0.0.1', 9))\n    return a + b\n", False),
     ("Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n", True),
 ])
+@pytest.mark.slow
 def test_humaneval_completions_run_in_the_sandbox(completion, passed):
     result = score(get_benchmark("humaneval"), HUMANEVAL, completion, limits=CodeLimits(timeout=2, allow_execution=True))
     assert result.correct is passed

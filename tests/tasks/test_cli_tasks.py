@@ -48,6 +48,7 @@ def test_base_and_model_are_exclusive(capsys):
     assert "--naive apply to a post-training base" in err
 
 
+@pytest.mark.slow
 def test_a_run_on_local_files(capsys, tmp_path, base_dir, adapter_dir):
     data = tmp_path / "data"
     data.mkdir()

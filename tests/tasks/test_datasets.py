@@ -102,6 +102,7 @@ def test_bad_tests_and_too_few_shots(tmp_path):
         load_task(get_benchmark("gsm8k"), tmp_path)
 
 
+@pytest.mark.slow
 def test_the_hub_failing_is_one_line_pointing_to_data_dir(monkeypatch):
     import datasets
 

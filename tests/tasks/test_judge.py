@@ -133,6 +133,7 @@ def test_prompt_file_is_the_papers_without_its_header():
     assert "<question>\nWhat is 2+2?\n</question>" in messages[0]["content"]
 
 
+@pytest.mark.slow
 def test_valid_verdicts_and_the_request(server, monkeypatch, tmp_path):
     monkeypatch.setenv("MY_JUDGE_KEY", "sk-test")
     judge = DegenerationJudge(client(server, api_key_env="MY_JUDGE_KEY")[0], cache_dir=tmp_path)
@@ -144,18 +145,21 @@ def test_valid_verdicts_and_the_request(server, monkeypatch, tmp_path):
     assert request["body"]["model"] == "judge-model" and request["body"]["temperature"] == 0.0
 
 
+@pytest.mark.slow
 def test_http_500_is_retried_with_exponential_backoff(server):
     judge_client, delays = client(server, backoff=0.5)
     verdicts = DegenerationJudge(judge_client).judge([("q", "fail500 then fine")])
     assert verdicts[0].outcome == "clean" and server.attempts["fail500 then fine"] == 3 and delays == [0.5, 1.0]
 
 
+@pytest.mark.slow
 def test_429_waits_as_retry_after_asks(server):
     judge_client, delays = client(server)
     assert DegenerationJudge(judge_client).judge([("q", "busy429 loop")])[0].outcome == "corrupted"
     assert delays == [0.25]
 
 
+@pytest.mark.slow
 def test_a_malformed_verdict_is_counted_unparsed(server):
     result = DegenerationJudge(client(server)[0]).evaluate([("q", "garbled"), ("q", "fine")])
     assert [v.outcome for v in result.verdicts] == ["unparsed", "clean"]
@@ -163,6 +167,7 @@ def test_a_malformed_verdict_is_counted_unparsed(server):
     assert "maybe" in result.verdicts[0].raw
 
 
+@pytest.mark.slow
 def test_a_malformed_response_body_is_retried_then_an_error(server):
     judge_client, delays = client(server, max_attempts=2)
     with pytest.raises(JudgeError, match="malformed chat-completions response"):
@@ -170,12 +175,14 @@ def test_a_malformed_response_body_is_retried_then_an_error(server):
     assert server.attempts["notchat"] == 2 and len(delays) == 1
 
 
+@pytest.mark.slow
 def test_a_timeout_is_retried(server):
     judge_client, delays = client(server, timeout=0.3)
     assert DegenerationJudge(judge_client).judge([("q", "slow-once")])[0].outcome == "clean"
     assert server.attempts["slow-once"] == 2 and len(delays) == 1
 
 
+@pytest.mark.slow
 def test_timeouts_stop_the_run_and_finished_work_resumes_from_the_cache(server, tmp_path):
     judge_client, _ = client(server, timeout=0.3, max_attempts=2)
     pairs = [("q", "fine one"), ("q", "always-slow"), ("q", "loop two")]
@@ -188,6 +195,7 @@ def test_timeouts_stop_the_run_and_finished_work_resumes_from_the_cache(server, 
     assert [v.outcome for v in resumed.verdicts] == ["clean", "corrupted"]
 
 
+@pytest.mark.slow
 def test_cached_verdicts_are_not_requested_again(server, tmp_path):
     pairs = [("q", f"answer {n}") for n in range(4)] + [("q", "loop x")]
     first = DegenerationJudge(client(server)[0], cache_dir=tmp_path).evaluate(pairs)
@@ -203,6 +211,7 @@ def test_cached_verdicts_are_not_requested_again(server, tmp_path):
     assert DegenerationJudge(other_model, cache_dir=tmp_path).evaluate(pairs[:1]).requests == 1  # key has the judge
 
 
+@pytest.mark.slow
 def test_concurrency_limit(server):
     pairs = [("q", f"sleepy {n}") for n in range(6)]
     DegenerationJudge(client(server)[0], concurrency=2).judge(pairs)
@@ -212,6 +221,7 @@ def test_concurrency_limit(server):
     assert server.max_in_flight == 1
 
 
+@pytest.mark.slow
 def test_unreachable_url_and_bad_key_are_clear_errors(server, tmp_path):
     port = server.httpd.server_address[1]
     server.close()
@@ -222,6 +232,7 @@ def test_unreachable_url_and_bad_key_are_clear_errors(server, tmp_path):
     assert len(delays) == 1
 
 
+@pytest.mark.slow
 def test_unauthorised_is_not_retried(server, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     judge_client, delays = client(server)

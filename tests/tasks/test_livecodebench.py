@@ -73,6 +73,7 @@ def _examples():
     return [example_from_record(LCB, record_from_row(r), n) for n, r in enumerate(raw_rows())]
 
 
+@pytest.mark.slow
 def test_stdin_and_functional_solutions_are_run_against_every_test():
     stdin_ex, leet_ex = _examples()
     assert score(LCB, stdin_ex, "```python\nprint(input()[::-1])\n```", limits=CodeLimits(timeout=5, allow_execution=True)).correct

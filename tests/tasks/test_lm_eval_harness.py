@@ -42,6 +42,7 @@ metric_list:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_simple_evaluate_runs_the_tadm_model(task_dir, base_dir, adapter_dir):
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -60,6 +61,7 @@ def test_simple_evaluate_runs_the_tadm_model(task_dir, base_dir, adapter_dir):
     assert len(responses) == 3 and all("mat" not in r for r in responses)  # stop string honoured
 
 
+@pytest.mark.slow
 def test_command_line_wrapper_writes_results(task_dir, base_dir, tmp_path, capsys):
     from tadm.tasks.lm_eval_cli import main
 

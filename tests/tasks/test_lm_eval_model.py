@@ -41,6 +41,7 @@ def test_registered_with_lm_eval():
     assert get_model("tadm") is TadmLM
 
 
+@pytest.mark.slow
 def test_generate_until_with_an_adapter(adapter_lm):
     adapter_lm.reset_stats()
     texts = adapter_lm.generate_until(requests())
@@ -77,12 +78,14 @@ def test_stop_strings_truncate_the_output(adapter_lm):
     assert adapter_lm.request_stats[-3:][[s.doc_id for s in adapter_lm.request_stats[-3:]].index(n)].stop == "until"
 
 
+@pytest.mark.slow
 def test_same_seed_same_text_other_seed_other_text(base_dir):
     first = base_lm(base_dir, seed=5).generate_until(requests())
     assert base_lm(base_dir, seed=5).generate_until(requests()) == first
     assert base_lm(base_dir, seed=6).generate_until(requests()) != first
 
 
+@pytest.mark.slow
 def test_a_request_alone_or_in_a_run_gives_the_same_text(base_dir):
     lm = base_lm(base_dir, batch_size=1)
     together = lm.generate_until(requests())
@@ -101,6 +104,7 @@ def test_max_gen_toks_and_budget_groups(base_dir):
     assert all(s.stop == "length" for s in lm.request_stats if s.generated_tokens in (5, 11))
 
 
+@pytest.mark.slow
 def test_naive_reuse_and_refresh_policies(base_dir):
     naive = base_lm(base_dir, naive=True, K=3)
     naive.generate_until(requests(PROMPTS[:1], max_gen_toks=8))

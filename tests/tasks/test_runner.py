@@ -64,6 +64,7 @@ def test_methods_per_model_kind():
     assert [m.key for m in methods(TaskRunConfig(model="m", refresh=[1, 2]))] == ["tadm-K1", "tadm-K2"]
 
 
+@pytest.mark.slow
 def test_any_refresh_spec_is_a_method_and_its_key_names_the_units(data_dir, tmp_path):
     cfg = config(data_dir, tmp_path / "out", tasks="gsm8k", naive=False, seeds=[0],
                  refresh=[1, "adaptive:tau=0.25", {"policy": "fixed", "K": 2}])
@@ -77,6 +78,7 @@ def test_any_refresh_spec_is_a_method_and_its_key_names_the_units(data_dir, tmp_
         config(data_dir, tmp_path, refresh=[2, {"policy": "fixed", "K": 2}]).check()
 
 
+@pytest.mark.slow
 def test_accuracy_tables_and_resume(data_dir, tmp_path):
     out, loads = tmp_path / "out", []
     result = run_fake(config(data_dir, out), loads)
@@ -188,6 +190,7 @@ def test_bad_settings_are_errors(data_dir, tmp_path):
         run_fake(TaskRunConfig(model="m", naive=True, data_dir=str(data_dir), out_dir=str(tmp_path)))
 
 
+@pytest.mark.slow
 def test_a_tiny_base_and_adapter_end_to_end(base_dir, adapter_dir, data_dir, tmp_path):
     """The real generators (tiny base, its adapter, naive reuse) through the runner: tables and stats."""
     cfg = config(data_dir, tmp_path / "out", base=str(base_dir), adapter=str(adapter_dir), seeds=[0], limit=2,

@@ -56,6 +56,7 @@ def test_a_wrong_program_fails():
     assert result.status == "error" and "AssertionError" in result.stderr and result.returncode != 0
 
 
+@pytest.mark.slow
 def test_an_infinite_loop_times_out():
     result = run_program("while True:\n    pass\n", timeout=1)
     assert result.status == "timeout" and result.seconds < 3
@@ -119,6 +120,7 @@ EARLY_EXITS = ["exit(0)", "import os; os._exit(0)", "raise SystemExit(0)", "impo
                "import os, sys; sys.stderr.write(open('/proc/self/cmdline').read()); sys.stderr.flush(); os._exit(0)"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", EARLY_EXITS)
 def test_an_early_exit_before_the_humaneval_tests_fails(stop):
     completion = f"    return a + b\n{stop}\n"  # at module level: runs before check(add)
@@ -127,6 +129,7 @@ def test_an_early_exit_before_the_humaneval_tests_fails(stop):
     assert score(get_benchmark("humaneval"), HUMANEVAL, "    return a + b\n", limits=LIMITS).correct
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", EARLY_EXITS)
 def test_an_early_exit_before_a_functional_livecodebench_test_fails(stop):
     good = "```python\nclass Solution:\n    def add(self, a, b):\n        return a + b\n```"
@@ -144,6 +147,7 @@ def test_a_stdin_program_may_end_with_exit_zero_but_not_skip_the_end():
 
 
 # ----------------------------------------------------------------------------------- escapes
+@pytest.mark.slow
 def test_setsid_grandchildren_are_gone_when_score_returns():
     tag = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
     completion = textwrap.indent(textwrap.dedent(f"""\
@@ -199,6 +203,7 @@ print("survived", result.correct, result.detail, flush=True)
     "    if pid != os.getpid():\n        try:\n            os.kill(pid, signal.SIGKILL)\n        except OSError:\n"
     "            pass\n",
 ])
+@pytest.mark.slow
 def test_a_program_that_signals_the_evaluator_does_not_stop_it(attack):
     if not containment().processes_contained and "listdir" in attack:
         pytest.skip("without a PID namespace a program can see (and, without Landlock 6, signal) the evaluator")
@@ -208,6 +213,7 @@ def test_a_program_that_signals_the_evaluator_does_not_stop_it(attack):
     assert run.returncode == 0 and "survived False" in run.stdout, (run.stdout, run.stderr[-500:])
 
 
+@pytest.mark.slow
 def test_the_temporary_directory_is_always_removed_and_leftovers_are_swept():
     before = set(os.listdir(tempfile.gettempdir()))
     for code in ("open('x', 'w').write('y')", "import os\nos.makedirs('a/b')\nos.chmod('a', 0)", "while True: pass",

@@ -79,6 +79,7 @@ def assert_same_weights(dir_a: Path, dir_b: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------ resumption
+@pytest.mark.slow
 def test_three_plus_three_steps_equal_six_straight(
     straight: TrainResult, tmp_path: Path, tokenizer_dir: Path, cache_dir: Path
 ) -> None:
@@ -97,6 +98,7 @@ def test_three_plus_three_steps_equal_six_straight(
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_continues_exactly(
     straight: TrainResult, tmp_path: Path, tokenizer_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,6 +126,7 @@ def test_resume_after_a_crash_continues_exactly(
     assert_same_weights(straight.model_dir, resumed.model_dir)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_config(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path) -> None:
     train(run_config(tmp_path, tokenizer_dir, cache_dir, "train.max_steps=1"))
     with pytest.raises(ConfigError, match=r"optim\.lr: saved 0\.003, now 0\.1"):

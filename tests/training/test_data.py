@@ -513,6 +513,7 @@ def test_parquet_shards_and_arrow_cache_files_are_read(tmp_path: Path) -> None:
         list(load_texts(tmp_path / "broken.parquet"))
 
 
+@pytest.mark.slow
 def test_the_openwebtext_presets_train_from_local_shards(tmp_path: Path, tok: TextTokenizer) -> None:
     """``tadm-owt-small`` and ``study-owt`` with ``data.source`` at local Parquet shards (tiny overrides)."""
     pytest.importorskip("pyarrow")

@@ -53,6 +53,7 @@ def _worker(rank: int, port: int, config_path: str, out_dir: str) -> None:
                Path(out_dir) / f"rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_match_one_process(tmp_path: Path) -> None:
     docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
     train_bpe_tokenizer(docs, vocab_size=320, save_dir=tmp_path / "tok")

@@ -60,6 +60,7 @@ def masked_nelbo_by_hand(log_probs: torch.Tensor, x: torch.Tensor, z: torch.Tens
 
 
 # ------------------------------------------------------------------------------------------- TADM
+@pytest.mark.slow
 def test_tadm_fresh_anchor_with_zero_fusion_equals_unsplit_masked_nelbo() -> None:
     model = randomize(build_model("tadm-tiny", anchor_lm_head=False), keep_zero=("fusion.delta_out",))
     assert torch.count_nonzero(model.fusion.delta_out.weight) == 0
@@ -81,6 +82,7 @@ def test_tadm_fresh_anchor_with_zero_fusion_equals_unsplit_masked_nelbo() -> Non
     assert out.parts["anchor"].item() == 0.0
 
 
+@pytest.mark.slow
 def test_tadm_stale_anchor_feeds_z_tp_to_the_anchor_and_z_t_to_fusion() -> None:
     model = randomize(build_model("tadm-tiny", anchor_lm_head=False))  # fusion update non-zero too
     x = clean_tokens()
@@ -103,6 +105,7 @@ def test_tadm_stale_anchor_feeds_z_tp_to_the_anchor_and_z_t_to_fusion() -> None:
     torch.testing.assert_close(out.loss.detach(), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_tadm_noise_follows_the_core_forward_process() -> None:
     model = build_model("tadm-tiny", anchor_lm_head=False)
     x = clean_tokens()
@@ -125,6 +128,7 @@ def test_tadm_noise_follows_the_core_forward_process() -> None:
     assert not torch.equal(other.tensors["z_t"], out.tensors["z_t"])
 
 
+@pytest.mark.slow
 def test_tadm_z_tp_masks_are_a_superset_of_z_t_masks() -> None:
     model = build_model("tadm-tiny", anchor_lm_head=False)
     x = torch.randint(0, V - 1, (64, L), generator=torch.Generator().manual_seed(0))
@@ -140,6 +144,7 @@ def test_tadm_z_tp_masks_are_a_superset_of_z_t_masks() -> None:
     assert bool((t_anchor >= t).all()) and int(k.max()) > 0
 
 
+@pytest.mark.slow
 def test_tadm_gamma_adds_gamma_times_weighted_anchor_cross_entropy() -> None:
     model = randomize(build_model("tadm-tiny", anchor_lm_head=True))
     x = clean_tokens()
@@ -169,6 +174,7 @@ def test_tadm_gamma_without_anchor_head_is_a_clear_error() -> None:
 
 
 # ---------------------------------------------------------------------------------- baselines
+@pytest.mark.slow
 def test_mdlm_objective_is_the_masked_nelbo() -> None:
     model = randomize(build_model("mdlm-tiny"))
     x = clean_tokens()
@@ -181,6 +187,7 @@ def test_mdlm_objective_is_the_masked_nelbo() -> None:
     torch.testing.assert_close(out.loss.detach(), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_adlm_objective_adds_anchor_loss_on_rare_tokens_only() -> None:
     model = randomize(build_model("adlm-tiny"))
     x = clean_tokens()
@@ -217,6 +224,7 @@ def test_ar_objective_is_next_token_cross_entropy() -> None:
     assert out.num_tokens == B * (L - 1)
 
 
+@pytest.mark.slow
 def test_objectives_backpropagate_into_every_parameter() -> None:
     x = clean_tokens()
     for arch, kwargs, cfg in [

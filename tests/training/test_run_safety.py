@@ -69,6 +69,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, cach
 
 
 # ------------------------------------------------------------------------------------- the lock
+@pytest.mark.slow
 def test_a_second_run_on_a_locked_out_dir_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     out.mkdir()
@@ -174,6 +175,7 @@ def _killed_run(cfg: ExperimentConfig, tmp_path: Path, mode: str) -> None:
     assert done.returncode == -signal.SIGKILL, done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["state", "final"])
 def test_a_run_killed_during_a_save_resumes_exactly_and_its_leftovers_go(
     mode: str, straight: TrainResult, tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
@@ -228,6 +230,7 @@ def test_a_cut_off_last_metrics_line_is_dropped_with_a_notice(tmp_path: Path) ->
         MetricsLogger(tmp_path, resume_step=2)
 
 
+@pytest.mark.slow
 def test_resume_after_a_cut_off_metrics_line(straight: TrainResult, tmp_path: Path, tokenizer_dir: Path,
                                              cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # 2 steps are warmup: the same updates as in the 6-step schedule
@@ -259,6 +262,7 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, step: int, how: str) -> None:
     monkeypatch.setitem(objectives.OBJECTIVES, "tadm", objective)
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_the_state_prints_the_resume_command_and_exits_130(
     straight: TrainResult, tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -342,6 +346,7 @@ def _keep_only_the_tokenizer(out: Path) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+@pytest.mark.slow
 def test_a_run_reuses_only_a_tokenizer_trained_on_its_corpus(tmp_path: Path, cache_dir: Path) -> None:
     corpus = tmp_path / "a.jsonl"
     corpus.write_bytes(FIXTURE.read_bytes())

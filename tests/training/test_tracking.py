@@ -82,6 +82,7 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, ca
     return out
 
 
+@pytest.mark.slow
 def test_pretraining_metrics_jsonl_holds_each_step_once_after_a_resume(pretrained: Path) -> None:
     records = read_metrics(pretrained / "metrics.jsonl")
     assert [r["step"] for r in records if r["split"] == "train"] == [1, 2, 3, 4]
@@ -89,6 +90,7 @@ def test_pretraining_metrics_jsonl_holds_each_step_once_after_a_resume(pretraine
     assert all(isinstance(r["loss"], float) for r in records if r["split"] == "train")
 
 
+@pytest.mark.slow
 def test_pretraining_tensorboard_mirrors_metrics_jsonl_without_duplicate_steps(pretrained: Path) -> None:
     events = scalars(pretrained / "tensorboard")
     records = read_metrics(pretrained / "metrics.jsonl")
@@ -172,6 +174,7 @@ def posttrained(chat_files: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
+@pytest.mark.slow
 def test_posttraining_writes_metrics_jsonl_through_the_shared_logger(posttrained: Path) -> None:
     records = read_metrics(posttrained / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # step 3 of the killed run was dropped on resume
@@ -180,6 +183,7 @@ def test_posttraining_writes_metrics_jsonl_through_the_shared_logger(posttrained
     assert all(r["loss"] == pytest.approx(r["ce"] + r["kd"], rel=1e-5) for r in records)  # weights 1 and 1
 
 
+@pytest.mark.slow
 def test_posttraining_tensorboard_mirrors_metrics_jsonl_without_duplicate_steps(posttrained: Path) -> None:
     events = scalars(posttrained / "tensorboard")
     records = read_metrics(posttrained / "metrics.jsonl")
@@ -213,6 +217,7 @@ class FakeWandb(types.ModuleType):
         return Run()
 
 
+@pytest.mark.slow
 def test_wandb_logs_what_metrics_jsonl_holds(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeWandb()

@@ -52,6 +52,7 @@ def tiny(out_dir: Path, tokenizer: str | Path, cache_dir: Path, *overrides: str)
 
 
 # ------------------------------------------------------------------------------- whole runs
+@pytest.mark.slow
 def test_twenty_steps_lower_the_validation_loss(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path) -> None:
     cfg = tiny(tmp_path, tokenizer_dir, cache_dir, "train.max_steps=20", "train.eval_every=10", "train.ema=0.5",
                "train.save_best=true")
@@ -83,6 +84,7 @@ def test_twenty_steps_lower_the_validation_loss(tmp_path: Path, tokenizer_dir: P
     assert (tmp_path / "best" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_golden_losses(tmp_path: Path) -> None:
     """10 steps of a tiny TADM (BPE trained on the fixture) against the checked-in per-step losses."""
     cfg = tiny(tmp_path / "run", "bpe", tmp_path / "cache", "train.max_steps=10",
@@ -105,6 +107,7 @@ def test_golden_losses(tmp_path: Path) -> None:
     ("ar", ()),
     ("tadm", ("objective.gamma=0.01", "train.precision=bf16")),  # anchor loss; CPU bf16 autocast
 ])
+@pytest.mark.slow
 def test_baselines_train(arch: str, extra: tuple[str, ...], tmp_path: Path, tokenizer_dir: Path,
                          cache_dir: Path) -> None:
     result = train(tiny(tmp_path, tokenizer_dir, cache_dir, f"model.arch={arch}", "train.max_steps=2", *extra))
@@ -114,6 +117,7 @@ def test_baselines_train(arch: str, extra: tuple[str, ...], tmp_path: Path, toke
         assert list(cache_dir.glob("*/train.counts.npy"))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(
     tmp_path: Path, tokenizer_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -146,6 +150,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(
     assert len(lines) == 1 and "training loss is nan at step 4" in lines[0]
 
 
+@pytest.mark.slow
 def test_out_dir_guard_and_overwrite(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path) -> None:
     first = train(tiny(tmp_path, tokenizer_dir, cache_dir, "train.max_steps=1"))
     with pytest.raises(ConfigError, match="already holds a run"):
@@ -173,6 +178,7 @@ def test_setup_errors_are_clear(tmp_path: Path, tokenizer_dir: Path, cache_dir: 
         train(tiny(tmp_path, tokenizer_dir, cache_dir, f"data.source={tmp_path / 'nope.jsonl'}"))
 
 
+@pytest.mark.slow
 def test_a_single_text_file_is_a_corpus(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     book = tmp_path / "book.txt"

@@ -83,6 +83,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_torchrun_two_gloo_ranks_derive_the_micro_batch(tmp_path: Path, tokenizer_dir: Path) -> None:
     """``tadm train tadm-tiny`` on two processes: its global batch of 16 becomes 8 per rank, no accumulation."""
     out = tmp_path / "run"
