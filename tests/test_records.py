@@ -1,0 +1,63 @@
+"""Provenance that cannot drift: every unit records its commit and whether the tree was clean, a table from
+a dirty tree needs an explicit flag, and the tables say so."""
+
+import json
+
+import pytest
+
+import tadm.records as records
+from tadm.records import DirtyTreeError, UnitStore, check_publishable, provenance_note
+from tadm.study.config import load_study_config
+from tadm.study.report import _setup_lines
+from tadm.tasks.task_tables import provenance_lines
+
+DIRTY = {"commit": "0123456789abcdef", "dirty": True}
+CLEAN = {"commit": "fedcba9876543210", "dirty": False}
+
+
+@pytest.fixture
+def tree(monkeypatch):
+    """Set the state git reports for the source tree."""
+    monkeypatch.delenv(records.ALLOW_DIRTY_ENV, raising=False)
+
+    def set_state(state):
+        monkeypatch.setattr(records, "git_commit", lambda where=None: dict(state))
+    return set_state
+
+
+def test_a_unit_records_its_commit_and_whether_the_tree_was_clean(tree, tmp_path):
+    store = UnitStore(tmp_path)
+    tree(DIRTY)
+    store.save("units/a.json", {"K": 2}, {"accuracy": 0.5})
+    tree(CLEAN)
+    store.save("units/b.json", {"K": 3}, {"accuracy": 0.4})
+    a = json.loads((tmp_path / "units" / "a.json").read_text())
+    b = json.loads((tmp_path / "units" / "b.json").read_text())
+    assert a["provenance"] == DIRTY and b["provenance"] == CLEAN
+    note = provenance_note([a["provenance"], b["provenance"]])
+    assert note is not None and "local changes" in note and "0123456789" in note
+    assert provenance_note([b["provenance"]]) is None
+
+
+def test_publishing_from_a_dirty_tree_needs_the_flag(tree, monkeypatch):
+    tree(DIRTY)
+    with pytest.raises(DirtyTreeError, match="uncommitted changes.*--allow-dirty"):
+        check_publishable()
+    assert check_publishable(allow_dirty=True) == DIRTY
+    monkeypatch.setenv(records.ALLOW_DIRTY_ENV, "1")
+    assert check_publishable() == DIRTY
+    tree(CLEAN)
+    monkeypatch.delenv(records.ALLOW_DIRTY_ENV)
+    assert check_publishable() == CLEAN
+
+
+def test_the_task_table_and_the_study_report_say_when_the_tree_was_dirty():
+    lines = provenance_lines({"command": "x", "machine": {}, **DIRTY, "wall_seconds": 1.0}, [])
+    assert any("`0123456789` with local changes" in line for line in lines)
+    lines = provenance_lines({"command": "x", "machine": {}, **CLEAN, "wall_seconds": 1.0}, [])
+    assert not any("local changes" in line for line in lines)
+    cfg = load_study_config("study-tiny")
+    report = "\n".join(_setup_lines(cfg, [{"command": "tadm study study-tiny", **CLEAN},
+                                          {"command": "tadm study study-tiny", **DIRTY}]))
+    assert "Made from a source tree with local changes" in report and "0123456789" in report
+    assert "local changes" not in "\n".join(_setup_lines(cfg, [{"command": "tadm study study-tiny", **CLEAN}]))
