@@ -501,11 +501,13 @@ def _generate_26b(ctx: Any, model: Any, split: Any, prompt: torch.Tensor, mode: 
 
 
 def _posttrain_step(ctx: Any, split: Any, V: int, prompt_len: int, canvas: int, steps: int) -> dict[str, Any]:
-    """Time and peak memory of one post-training step (rollout + CE + KD) at micro-batch 1."""
+    """Time and peak memory of one post-training step (on-policy rollout + CE + KD) at micro-batch 1."""
     from tadm.posttrain import PosttrainTrainer, load_posttrain_config
     from tadm.posttrain.data import CanvasBatch
 
+    # the paper's on-policy rollout: k sampler steps of the frozen model before the loss (the costlier step)
     config = load_posttrain_config(None, [f"rollout.sampler.num_steps={steps}", "train.grad_accum_steps=1",
+                                          "rollout.mode=on-policy",
                                           f"train.precision={'bf16' if ctx.device.type == 'cuda' else 'fp32'}"])
     split.fusion_mode = "paired"  # the generations above may have left naive reuse on
     trainer = PosttrainTrainer(split, config, device=ctx.device)
