@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not args.runs.is_dir():
         p.error(f"--runs {args.runs}: no such folder")
+    source = git_commit()  # before this run rewrites its own (tracked) output files
     rows, outcomes = variant_rows(args.runs)
     if not rows:
         p.error(f"--runs {args.runs}: no evaluated variant (seed-*/variants/*/eval/results.json)")
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     write_csv(args.out / "variants.csv", list(rows[0]), rows)
     write_csv(args.out / "seeds.csv", list(seeds[0]), seeds)
     write_json(args.out / "outcomes.json", outcomes)
-    write_text(args.out / "tables.md", markdown(rows, seeds, git_commit()))
+    write_text(args.out / "tables.md", markdown(rows, seeds, source))
     print(f"{len(rows)} rows, {len(outcomes)} units -> {args.out}")
 
 
