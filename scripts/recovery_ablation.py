@@ -23,11 +23,13 @@ import argparse
 import json
 import math
 import statistics
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from tadm.eval.significance import mean_interval, paired_summary, prompt_differences, recovered_share
-from tadm.records import git_commit, write_csv, write_json, write_text
+from tadm.records import git_commit, machine_info, write_csv, write_json, write_text
 
 KS = (2, 3, 4)
 
@@ -101,7 +103,8 @@ def _pct(x: float | None, digits: int = 1) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}"
 
 
-def markdown(rows: list[dict[str, Any]], seeds: list[dict[str, Any]], commit: dict[str, Any]) -> str:
+def markdown(rows: list[dict[str, Any]], seeds: list[dict[str, Any]], commit: dict[str, Any], *, command: str,
+             machine: dict[str, Any], seconds: float) -> str:
     lines = ["| variant | seed | K | base K=1 | naive | TADM | recovered | KL naive / fused | prompts ahead / behind "
              "| TADM − naive, pp [95% CI] | sign p | t p |", "|" + "---|" * 12]
     for r in rows:
@@ -116,7 +119,9 @@ def markdown(rows: list[dict[str, Any]], seeds: list[dict[str, Any]], commit: di
         interval = f" [{_pct(s['low'], 0)}, {_pct(s['high'], 0)}]" if s["seeds"] > 1 else ""
         lines.append(f"| {s['variant']} | {s['K']} | {s['seeds']} | {s['per_seed']} | {_pct(s['mean'], 0)} %{interval} |")
     state = f"`{str(commit.get('commit'))[:10]}`" + (" with local changes" if commit.get("dirty") else "")
-    lines += ["", f"Tables written by `scripts/recovery_ablation.py` at {state}."]
+    lines += ["", f"- Command: `{command}`", f"- Commit: {state}",
+              f"- Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, torch {machine.get('torch', '?')}",
+              f"- Wall time: {seconds:.1f} s to build these tables (the runs' own times are on the results page)"]
     return "\n".join(lines) + "\n"
 
 
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not args.runs.is_dir():
         p.error(f"--runs {args.runs}: no such folder")
+    started = time.perf_counter()
     source = git_commit()  # before this run rewrites its own (tracked) output files
     rows, outcomes = variant_rows(args.runs)
     if not rows:
@@ -136,7 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     write_csv(args.out / "variants.csv", list(rows[0]), rows)
     write_csv(args.out / "seeds.csv", list(seeds[0]), seeds)
     write_json(args.out / "outcomes.json", outcomes)
-    write_text(args.out / "tables.md", markdown(rows, seeds, source))
+    command = "python scripts/recovery_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_text(args.out / "tables.md", markdown(rows, seeds, source, command=command.strip(), machine=machine_info(),
+                                                seconds=time.perf_counter() - started))
     print(f"{len(rows)} rows, {len(outcomes)} units -> {args.out}")
 
 
