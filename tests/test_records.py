@@ -6,6 +6,8 @@ import json
 import pytest
 
 import tadm.records as records
+from tadm.eval.likelihood import LikelihoodResult
+from tadm.eval.mauve import MauveResult
 from tadm.records import DirtyTreeError, UnitStore, check_publishable, provenance_note
 from tadm.study.config import load_study_config
 from tadm.study.report import _setup_lines
@@ -61,3 +63,13 @@ def test_the_task_table_and_the_study_report_say_when_the_tree_was_dirty():
                                           {"command": "tadm study study-tiny", **DIRTY}]))
     assert "Made from a source tree with local changes" in report and "0123456789" in report
     assert "local changes" not in "\n".join(_setup_lines(cfg, [{"command": "tadm study study-tiny", **CLEAN}]))
+
+
+def test_a_dataclass_record_lists_fields_in_order_then_properties_without_omitted_ones():
+    mauve = MauveResult(mauve=0.5, frontier_integral=0.1, num_buckets=3, num_reference=7, num_samples=9)
+    assert list(records.dataclass_record(mauve).items()) == [
+        ("mauve", 0.5), ("frontier_integral", 0.1), ("num_buckets", 3), ("num_reference", 7), ("num_samples", 9)]
+    result = LikelihoodResult(kind="nelbo", nll=1.0, num_tokens=4, num_sequences=2, num_t_samples=1,
+                              discrete_steps=None, seed=0)
+    record = records.dataclass_record(result, "ppl", omit=("seed",))
+    assert "seed" not in record and list(record)[-1] == "ppl" and record["ppl"] == pytest.approx(2.718281828)

@@ -123,16 +123,20 @@ class TrainSection:
             self.tensorboard = False
 
 
+class RecipeConfig:
+    """The root of a recipe's config (a dataclass of sections), saved as a plain dict beside its results."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
-class ExperimentConfig:
+class ExperimentConfig(RecipeConfig):
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     objective: ObjectiveSection = field(default_factory=ObjectiveSection)
     optim: OptimSection = field(default_factory=OptimSection)
     train: TrainSection = field(default_factory=TrainSection)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def config_error(err: OmegaConfBaseException, origin: str, error: type[ConfigError] = ConfigError) -> ConfigError:

@@ -22,7 +22,8 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "DirtyTreeError",
     "UnitStore",
     "check_publishable",
+    "dataclass_record",
     "git_commit",
     "json_ready",
     "machine_info",
@@ -61,6 +63,17 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_ready(v) for v in value]
     return value
+
+
+def dataclass_record(result: Any, *properties: str, omit: Iterable[str] = ()) -> dict[str, Any]:
+    """The fields of the dataclass ``result`` in declaration order (less ``omit``), then its ``properties``.
+
+    Values are kept as they are (not copied), so a record is cheap to build and :func:`json_ready` does the rest.
+    """
+    omitted = set(omit)
+    record = {f.name: getattr(result, f.name) for f in fields(result) if f.name not in omitted}
+    record.update((name, getattr(result, name)) for name in properties)
+    return record
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:

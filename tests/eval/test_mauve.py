@@ -54,7 +54,7 @@ def test_identical_feature_sets_score_one_and_separated_sets_score_low():
     far = mauve_from_features(p, rng.normal(loc=3.0, size=(40, 8)).astype(np.float32), num_buckets=4, **FAST)
     assert same.mauve == pytest.approx(1.0)
     assert far.mauve < 0.2 < near.mauve < same.mauve + 1e-9
-    assert same.num_buckets == 4 and same.num_p == same.num_q == 40
+    assert same.num_buckets == 4 and same.num_reference == same.num_samples == 40
 
 
 @pytest.mark.slow
@@ -87,4 +87,4 @@ def test_too_few_samples_are_refused_with_the_minimum_named():
     assert mauve_sample_problem(16, 60) is not None and mauve_sample_problem(50, 50) is None
     assert "40 reference texts" in mauve_sample_problem(60, 40)
     result = mauve_from_features(p, rng.normal(size=(50, 8)).astype(np.float32), kmeans_num_redo=1)
-    assert result.num_buckets == 5 and result.num_q == 50  # "auto": round(50 / 10) clusters
+    assert result.num_buckets == 5 and result.num_samples == 50  # "auto": round(50 / 10) clusters

@@ -14,6 +14,7 @@ from tadm.posttrain import (
     MDLMBackbone,
     SplitSpec,
     StackContext,
+    draw_rollout,
     forward_rollout,
     on_policy_rollout,
     rollout_indices,
@@ -160,6 +161,9 @@ def test_rollout_refuses_masked_backbones():
     with pytest.raises(ValueError, match="prior 'mask'"):
         on_policy_rollout(model, torch.zeros(1, 4, dtype=torch.long), sampler=EntropyBoundSampler(65),
                           schedule=get_schedule("loglinear"))
+    with pytest.raises(ValueError, match="rollout mode 'teacher' is unknown; valid: on-policy, forward"):
+        draw_rollout(model, torch.zeros(1, 4, dtype=torch.long), sampler=EntropyBoundSampler(65),
+                     schedule=get_schedule("loglinear"), mode="teacher")
 
 
 @pytest.mark.parametrize("k", [0, 2])

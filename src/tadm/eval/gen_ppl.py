@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from tadm.eval.evaluator import Evaluator
 from tadm.eval.mauve import text_features
+from tadm.records import dataclass_record
 
 __all__ = ["GenPPLResult", "counted_positions", "decode_samples", "gen_ppl"]
 
@@ -100,18 +101,8 @@ class GenPPLResult:
     features: Any = None  # (N, D) float32 MAUVE features when asked for (``gen_ppl(..., features=True)``)
 
     def as_dict(self, per_text: bool = False) -> dict[str, Any]:
-        out = {
-            "gen_ppl": self.gen_ppl,
-            "nll": self.nll,
-            "num_tokens": self.num_tokens,
-            "num_texts": self.num_texts,
-            "num_chunks": self.num_chunks,
-            "context_size": self.context_size,
-            "evaluator": self.evaluator,
-        }
-        if per_text:
-            out.update(per_text_nll=self.per_text_nll, per_text_tokens=self.per_text_tokens)
-        return out
+        per_text_fields = () if per_text else ("per_text_nll", "per_text_tokens")
+        return dataclass_record(self, omit=("features", *per_text_fields))
 
 
 Segment = tuple[int, int, list[int]]  # (text index, chunk start, chunk ids)

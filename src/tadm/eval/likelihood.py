@@ -58,6 +58,7 @@ from tadm.diffusion import (
     sample_t,
 )
 from tadm.training.data import build_packed_dataset
+from tadm.records import dataclass_record
 
 __all__ = [
     "CachedBoundResult",
@@ -92,16 +93,7 @@ class LikelihoodResult:
         return math.exp(self.nll)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "nll": self.nll,
-            "ppl": self.ppl,
-            "num_tokens": self.num_tokens,
-            "num_sequences": self.num_sequences,
-            "num_t_samples": self.num_t_samples,
-            "discrete_steps": self.discrete_steps,
-            "seed": self.seed,
-        }
+        return dataclass_record(self, "ppl")
 
 
 def packed_eval_blocks(
@@ -539,14 +531,8 @@ class CachedBoundResult:
 
     def as_dict(self) -> dict[str, Any]:
         base = self.bounds.get(1)
-        return {
-            "num_steps": self.num_steps,
-            "bounds": {str(K): v for K, v in self.bounds.items()},
-            "increase": None if base is None else {str(K): v / base - 1.0 for K, v in self.bounds.items()},
-            "num_tokens": self.num_tokens,
-            "num_sequences": self.num_sequences,
-            "seed": self.seed,
-        }
+        return {**dataclass_record(self), "bounds": {str(K): v for K, v in self.bounds.items()},
+                "increase": None if base is None else {str(K): v / base - 1.0 for K, v in self.bounds.items()}}
 
 
 @torch.no_grad()

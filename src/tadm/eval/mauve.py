@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tadm.eval.evaluator import Evaluator
+from tadm.records import dataclass_record
 
 __all__ = ["MAUVE_MIN_SAMPLES", "MauveResult", "mauve_from_features", "mauve_sample_problem", "mauve_score",
            "text_features"]
@@ -87,17 +88,11 @@ class MauveResult:
     mauve: float
     frontier_integral: float
     num_buckets: int
-    num_p: int  # reference texts
-    num_q: int  # samples
+    num_reference: int  # reference texts (P)
+    num_samples: int  # generated texts (Q)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "mauve": self.mauve,
-            "frontier_integral": self.frontier_integral,
-            "num_buckets": self.num_buckets,
-            "num_reference": self.num_p,
-            "num_samples": self.num_q,
-        }
+        return dataclass_record(self)
 
 
 def mauve_from_features(
@@ -148,8 +143,8 @@ def mauve_from_features(
         mauve=float(out.mauve),
         frontier_integral=float(out.frontier_integral),
         num_buckets=int(out.num_buckets),
-        num_p=len(p),
-        num_q=len(q),
+        num_reference=len(p),
+        num_samples=len(q),
     )
 
 

@@ -190,6 +190,58 @@ def _table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+_TABLE2_METRICS = [("mauve", "MAUVE ↑"), ("gen_ppl", "Gen PPL ↓"), ("entropy", "Entropy ↑"),
+                   ("compute", "Compute ↓"), ("throughput", "Throughput ↑")]
+
+
+def _metric_cell(row: dict[str, Any] | None, name: str, base_tps: float | None) -> str:
+    """One sweep cell: MAUVE, Gen PPL, entropy, "calls (ratio x)" or "tok/s (ratio x)" against ``base_tps``."""
+    if row is None:
+        return "-"
+    if name == "mauve":
+        return format_mauve(row)
+    if name in ("gen_ppl", "entropy"):
+        return format_number(row.get(name), 2 if name == "gen_ppl" else 3)
+    if name == "compute":
+        calls, rel = row.get("layer_calls"), row.get("compute_relative")
+        return "-" if calls is None else f"{int(calls)} ({format_number(rel, 2)}x)"
+    tps = row.get("tokens_per_second")
+    if tps is None:
+        return "-"
+    return f"{format_number(tps, 2)} ({float(tps) / base_tps:.2f}x)" if base_tps else format_number(tps, 2)
+
+
+def _table2(index: dict[tuple, dict[str, Any]], pairs: list[tuple[str, Any]], steps: list[int],
+            base_tps: dict[int, float | None]) -> str:
+    """Table 2 layout: one column per (metric, T), a Data row first when the sweep has one."""
+    header = ["Method"] + [f"{label} T={T}" for _, label in _TABLE2_METRICS for T in steps]
+    body = []
+    data = index.get((DATA_MODEL, None, None))
+    if data is not None:
+        span = [format_number(data.get("mauve"), 2), format_number(data.get("gen_ppl"), 2),
+                format_number(data.get("entropy"), 3), "-", "-"]
+        body.append(["Data"] + [span[i] for i in range(len(_TABLE2_METRICS)) for _ in steps])
+    for model, K in pairs:
+        cells = [_metric_cell(index.get((model, T, K)), n, base_tps[T]) for n, _ in _TABLE2_METRICS for T in steps]
+        body.append([f"{model} ({refresh_label(K)})"] + cells)
+    return _table(header, body)
+
+
+def _table5(index: dict[tuple, dict[str, Any]], pairs: list[tuple[str, Any]], steps: list[int]) -> str:
+    """Table 5 layout: per T, MAUVE / Gen PPL / entropy / tok/s for each (model, K)."""
+    header = ["Method (K)"] + [f"{label} T={T}" for T in steps
+                               for label in ("MAUVE ↑", "Gen PPL ↓", "Entropy ↑", "Tok/s ↑")]
+    body = []
+    for model, K in pairs:
+        cells = []
+        for T in steps:
+            row = index.get((model, T, K))
+            cells += [_metric_cell(row, name, None) for name in ("mauve", "gen_ppl", "entropy")]
+            cells.append("-" if row is None else format_tps(row))
+        body.append([f"{model} ({refresh_label(K)})"] + cells)
+    return _table(header, body)
+
+
 def markdown_report(
     rows: Sequence[dict[str, Any]],
     *,
@@ -206,59 +258,14 @@ def markdown_report(
     """
     index = {cell_key(r): r for r in rows}
     pairs, steps = _ordered(rows)
-    data = index.get((DATA_MODEL, None, None))
-
-    def base_tps(T: int) -> float | None:
-        if throughput_baseline is None:
-            return None
-        ref = index.get((throughput_baseline, T, 1))
+    base_tps: dict[int, float | None] = {}
+    for T in steps:
+        ref = index.get((throughput_baseline, T, 1)) if throughput_baseline is not None else None
         value = None if ref is None else ref.get("tokens_per_second")
-        return float(value) if value else None
-
-    def metric(row: dict[str, Any] | None, name: str, T: int) -> str:
-        if row is None:
-            return "-"
-        if name == "mauve":
-            return format_mauve(row)
-        if name == "gen_ppl":
-            return format_number(row.get("gen_ppl"), 2)
-        if name == "entropy":
-            return format_number(row.get("entropy"), 3)
-        if name == "compute":
-            calls, rel = row.get("layer_calls"), row.get("compute_relative")
-            return "-" if calls is None else f"{int(calls)} ({format_number(rel, 2)}x)"
-        tps = row.get("tokens_per_second")
-        base = base_tps(T)
-        if tps is None:
-            return "-"
-        return f"{format_number(tps, 2)} ({float(tps) / base:.2f}x)" if base else format_number(tps, 2)
-
-    parts = [f"# {title}", ""]
-    parts += list(notes) + ([""] if notes else [])
-    # Table 2 layout: one column per (metric, T)
-    names = [("mauve", "MAUVE ↑"), ("gen_ppl", "Gen PPL ↓"), ("entropy", "Entropy ↑"),
-             ("compute", "Compute ↓"), ("throughput", "Throughput ↑")]
-    header = ["Method"] + [f"{label} T={T}" for _, label in names for T in steps]
-    body = []
-    if data is not None:
-        span = [format_number(data.get("mauve"), 2), format_number(data.get("gen_ppl"), 2), format_number(data.get("entropy"), 3), "-", "-"]
-        body.append(["Data"] + [span[i] for i in range(len(names)) for _ in steps])
-    for model, K in pairs:
-        cells = [metric(index.get((model, T, K)), n, T) for n, _ in names for T in steps]
-        body.append([f"{model} ({refresh_label(K)})"] + cells)
-    parts += ["## Quality, compute and throughput (Table 2 layout)", "", _table(header, body), ""]
-    # Table 5 layout: per T, MAUVE / Gen PPL / entropy / tok/s for each (model, K)
-    header = ["Method (K)"] + [f"{label} T={T}" for T in steps
-                               for label in ("MAUVE ↑", "Gen PPL ↓", "Entropy ↑", "Tok/s ↑")]
-    body = []
-    for model, K in pairs:
-        cells = []
-        for T in steps:
-            row = index.get((model, T, K))
-            cells += [metric(row, "mauve", T), metric(row, "gen_ppl", T), metric(row, "entropy", T),
-                      "-" if row is None else format_tps(row)]
-        body.append([f"{model} ({refresh_label(K)})"] + cells)
-    parts += ["## Refresh-interval sweep (Table 5 layout)", "", _table(header, body), ""]
+        base_tps[T] = float(value) if value else None
+    parts = [f"# {title}", ""] + list(notes) + ([""] if notes else [])
+    parts += ["## Quality, compute and throughput (Table 2 layout)", "", _table2(index, pairs, steps, base_tps), ""]
+    parts += ["## Refresh-interval sweep (Table 5 layout)", "", _table5(index, pairs, steps), ""]
     return "\n".join(parts)
 
 

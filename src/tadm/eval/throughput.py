@@ -32,6 +32,7 @@ from tadm.sampling import GenerationOutput, Sampler, generate
 from tadm.sampling.anchor_cache import LayerCallCounter
 from tadm.sampling.refresh import parse_refresh
 from tadm.devices import DTYPE_SPELLINGS, resolve_dtype
+from tadm.records import dataclass_record
 
 __all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput", "measure_throughput", "resolve_dtype"]
 
@@ -81,22 +82,7 @@ class ThroughputResult:
         return self.tokens_per_generation / max(min(self.seconds), 1e-12)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "tokens_per_second": self.tokens_per_second,
-            "tokens_per_second_min": self.tokens_per_second_min,
-            "tokens_per_second_max": self.tokens_per_second_max,
-            "seconds": self.seconds,
-            "num_generations": self.num_generations,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "num_steps": self.num_steps,
-            "refresh_interval": self.refresh_interval,
-            "dtype": self.dtype,
-            "device": self.device,
-            "layer_calls": self.layer_calls,
-            "analytic_layer_calls": self.analytic_layer_calls,
-            "policy": self.policy,
-        }
+        return dataclass_record(self, "tokens_per_second_min", "tokens_per_second_max")
 
 
 @dataclass

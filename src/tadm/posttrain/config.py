@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 from tadm.config import (
     ConfigError,
     OptimSection,
+    RecipeConfig,
     check_loggers,
     check_range,
     load_structured,
@@ -148,7 +149,7 @@ class PosttrainLoopSection:
 
 
 @dataclass
-class PosttrainConfig:
+class PosttrainConfig(RecipeConfig):
     base: FrozenBaseSection = field(default_factory=FrozenBaseSection)
     split: LayerSplitSection = field(default_factory=LayerSplitSection)
     fusion: FusionSection = field(default_factory=FusionSection)
@@ -157,9 +158,6 @@ class PosttrainConfig:
     data: ChatDataSection = field(default_factory=ChatDataSection)
     optim: PosttrainOptimSection = field(default_factory=PosttrainOptimSection)
     train: PosttrainLoopSection = field(default_factory=PosttrainLoopSection)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _validate(cfg: PosttrainConfig) -> None:

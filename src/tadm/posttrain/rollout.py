@@ -44,6 +44,7 @@ __all__ = [
     "RolloutState",
     "forward_rollout",
     "on_policy_rollout",
+    "draw_rollout",
     "rollout_indices",
     "sample_cache_ages",
 ]
@@ -216,12 +217,13 @@ def _draw_times(
     return k, t_anchor, i_a, i_s
 
 
-def on_policy_rollout(
+def draw_rollout(
     model: AnchoredBackbone,
     x0: Tensor,
     *,
     sampler: EntropyBoundSampler,
     schedule: NoiseSchedule,
+    mode: str = "on-policy",
     prompt: PromptCache | None = None,
     cache_ages: Sequence[int] = CACHE_AGES,
     cache_age_probs: Sequence[float] = CACHE_AGE_PROBS,
@@ -231,17 +233,26 @@ def on_policy_rollout(
     t_anchor: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> RolloutState:
-    """Sample (t', k), corrupt ``x0`` (B, L) to z_t', cache the anchor there and roll out k reverse steps.
+    """Sample (t', k) per row and build the (anchor, current) canvas pair the post-training loss trains on.
+
+    ``mode="on-policy"`` (the paper's, Eq. (anchor-sft-rollout)): corrupt ``x0`` to z_t', cache the
+    anchor there and let the student make k reverse steps. ``mode="forward"`` (an ablation, no model
+    steps): with t = max(t' - k / T, 0) the current canvas is ``z_t ~ q(. | x0)`` of Eq. (fwd) and the
+    anchor's canvas is ``z_t'`` corrupted further from it, ``q(z_t' | z_t)`` with keep probability
+    alpha_t' / alpha_t (the uniform-noise analogue of Eq. (fwd_t_t'), as in pretraining): the current
+    canvas is synthesised from the clean target (teacher-forced) instead of sampled by the student.
 
     Args:
         model: the split backbone with its current fusion (the student).
         x0: (B, L) clean canvas ids.
         sampler: Algorithm 2 with T = ``sampler.num_steps``, used for the k transitions.
         schedule: alpha_t of the uniform forward process.
+        mode: one of :data:`ROLLOUT_MODES`.
         prompt: encoded context (block-diffusion backbones), shared by the anchor and current passes.
         cache_ages, cache_age_probs: the distribution of k (paper: {0, 1, 2}, (0.34, 0.33, 0.33)).
         self_conditioning_prob: probability that a row uses self-conditioning (paper: 0.5); it must
-            be 0 for backbones without self-conditioning.
+            be 0 for backbones without self-conditioning. Its rows get the frozen model's fresh
+            prediction on z_t' as their first signal.
         antithetic: stratify t' across the batch.
         cache_age, t_anchor: fix k and/or t' per row (B,) instead of drawing them.
         generator: source of randomness.
@@ -249,73 +260,36 @@ def on_policy_rollout(
     Returns:
         RolloutState at the rollout's end point.
     """
-    _check_rollout(model, self_conditioning_prob)
-    k, t_anchor, i_a, i_s = _draw_times(x0, sampler.num_steps, cache_ages, cache_age_probs, antithetic, cache_age,
-                                        t_anchor, generator)
-    z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
-    rollout = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
-    z, anchor, prepared, c = _roll_out(model, sampler, z_anchor, k, i_a, rollout, generator)
-    return RolloutState(
-        x0=x0,
-        z_anchor=z_anchor,
-        z_current=z,
-        anchor=anchor,
-        c_current=c,
-        prepared=prepared,
-        t_anchor=t_anchor,
-        cache_age=k,
-        i_a=i_a,
-        i_s=i_s,
-        self_conditioning=rollout.sc_rows,
-    )
-
-
-def forward_rollout(
-    model: AnchoredBackbone,
-    x0: Tensor,
-    *,
-    sampler: EntropyBoundSampler,
-    schedule: NoiseSchedule,
-    prompt: PromptCache | None = None,
-    cache_ages: Sequence[int] = CACHE_AGES,
-    cache_age_probs: Sequence[float] = CACHE_AGE_PROBS,
-    self_conditioning_prob: float = 0.5,
-    antithetic: bool = True,
-    cache_age: Tensor | None = None,
-    t_anchor: Tensor | None = None,
-    generator: torch.Generator | None = None,
-) -> RolloutState:
-    """The ablation of :func:`on_policy_rollout`: both canvases drawn from the forward process, no model steps.
-
-    With t' and k drawn as there and t = max(t' - k / T, 0), the current canvas is
-    ``z_t ~ q(. | x0)`` of Eq. (fwd) and the anchor's canvas is ``z_t'`` corrupted further from it,
-    ``q(z_t' | z_t)`` with keep probability alpha_t' / alpha_t (the uniform-noise analogue of
-    Eq. (fwd_t_t'), as in pretraining). The current canvas is thus synthesised from the clean target
-    (teacher-forced) instead of sampled by the student. Self-conditioning rows get the frozen model's
-    fresh prediction on z_t' as their signal. Arguments and result as :func:`on_policy_rollout`.
-    """
+    if mode not in ROLLOUT_MODES:
+        raise ValueError(f"rollout mode {mode!r} is unknown; valid: {', '.join(ROLLOUT_MODES)}")
     _check_rollout(model, self_conditioning_prob)
     T = sampler.num_steps
     k, t_anchor, i_a, i_s = _draw_times(x0, T, cache_ages, cache_age_probs, antithetic, cache_age, t_anchor, generator)
-    t_current = torch.clamp(t_anchor.double() - k.double() / T, min=0.0)  # (B,)
-    alpha_current = schedule.alpha(t_current)  # (B,)
-    keep = (schedule.alpha(t_anchor.double()) / alpha_current.clamp_min(1e-12)).clamp(0.0, 1.0)  # (B,)
-    z_current = uniform_corrupt(x0, alpha_current.float(), model.vocab_size, generator)  # (B, L)
-    z_anchor = uniform_corrupt(z_current, keep.float(), model.vocab_size, generator)  # (B, L)
-    rollout = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
-    anchor_state = model.prepare(z_anchor, rollout.pass_context())
-    anchor = model.compute_anchor(model.encode(z_anchor, anchor_state), anchor_state)  # (B, L, 2d)
-    prepared = model.prepare(z_current, rollout.pass_context())
-    return RolloutState(
-        x0=x0,
-        z_anchor=z_anchor,
-        z_current=z_current,
-        anchor=anchor,
-        c_current=model.encode(z_current, prepared),
-        prepared=prepared,
-        t_anchor=t_anchor,
-        cache_age=k,
-        i_a=i_a,
-        i_s=i_s,
-        self_conditioning=rollout.sc_rows,
-    )
+    if mode == "on-policy":
+        z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
+        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
+        z_current, anchor, prepared, c_current = _roll_out(model, sampler, z_anchor, k, i_a, context, generator)
+    else:
+        t_current = torch.clamp(t_anchor.double() - k.double() / T, min=0.0)  # (B,)
+        alpha_current = schedule.alpha(t_current)  # (B,)
+        keep = (schedule.alpha(t_anchor.double()) / alpha_current.clamp_min(1e-12)).clamp(0.0, 1.0)  # (B,)
+        z_current = uniform_corrupt(x0, alpha_current.float(), model.vocab_size, generator)  # (B, L)
+        z_anchor = uniform_corrupt(z_current, keep.float(), model.vocab_size, generator)  # (B, L)
+        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
+        anchor_state = model.prepare(z_anchor, context.pass_context())
+        anchor = model.compute_anchor(model.encode(z_anchor, anchor_state), anchor_state)  # (B, L, 2d)
+        prepared = model.prepare(z_current, context.pass_context())
+        c_current = model.encode(z_current, prepared)
+    return RolloutState(x0=x0, z_anchor=z_anchor, z_current=z_current, anchor=anchor, c_current=c_current,
+                        prepared=prepared, t_anchor=t_anchor, cache_age=k, i_a=i_a, i_s=i_s,
+                        self_conditioning=context.sc_rows)
+
+
+def on_policy_rollout(model: AnchoredBackbone, x0: Tensor, **options: Any) -> RolloutState:
+    """:func:`draw_rollout` with ``mode="on-policy"``: the student's own k reverse steps from z_t'."""
+    return draw_rollout(model, x0, mode="on-policy", **options)
+
+
+def forward_rollout(model: AnchoredBackbone, x0: Tensor, **options: Any) -> RolloutState:
+    """:func:`draw_rollout` with ``mode="forward"``: both canvases drawn from the forward process (an ablation)."""
+    return draw_rollout(model, x0, mode="forward", **options)

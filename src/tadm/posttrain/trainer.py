@@ -48,8 +48,7 @@ from tadm.posttrain.data import (
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.posttrain.rollout import (
     RolloutState,
-    forward_rollout,
-    on_policy_rollout,
+    draw_rollout,
 )
 from tadm.sampling.entropy_bound import EntropyBoundSampler
 from tadm.training.checkpoint import (
@@ -194,12 +193,12 @@ class PosttrainTrainer:
             if hasattr(backbone, "prefill"):
                 with torch.no_grad():
                     prompt = backbone.prefill(batch.context_ids, batch.context_mask)
-            rollout = on_policy_rollout if r.mode == "on-policy" else forward_rollout
-            state = rollout(
+            state = draw_rollout(
                 self.model,
                 batch.targets,
                 sampler=self.sampler,
                 schedule=self.schedule,
+                mode=r.mode,
                 prompt=prompt,
                 cache_ages=r.cache_ages,
                 cache_age_probs=r.cache_age_probs,

@@ -38,6 +38,7 @@ from tadm.config import (
     ModelSection,
     ObjectiveSection,
     OptimSection,
+    RecipeConfig,
     TrainSection,
     config_error,
     load_structured,
@@ -144,7 +145,7 @@ class SamplingSection(SamplingSettings):
 
 
 @dataclass
-class StudyConfig:
+class StudyConfig(RecipeConfig):
     name: str = "study"
     out_dir: str = "runs/study"
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -156,9 +157,6 @@ class StudyConfig:
     train: TrainSection = field(default_factory=TrainSection)
     staleness: StalenessSection = field(default_factory=StalenessSection)
     sampling: SamplingSection = field(default_factory=SamplingSection)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def model(self, name: str) -> StudyModel:
         for m in self.models:
