@@ -73,3 +73,9 @@ def test_a_dataclass_record_lists_fields_in_order_then_properties_without_omitte
                               discrete_steps=None, seed=0)
     record = records.dataclass_record(result, "ppl", omit=("seed",))
     assert "seed" not in record and list(record)[-1] == "ppl" and record["ppl"] == pytest.approx(2.718281828)
+
+
+def test_a_markdown_table_left_aligns_the_first_column_and_centres_the_rest():
+    table = records.markdown_table(["model", "K", "tok/s"], [["tadm", 2, 63.5], ["mdlm", 1, None]])
+    assert table.splitlines() == ["| model | K | tok/s |", "|---|:---:|:---:|", "| tadm | 2 | 63.5 |",
+                                  "| mdlm | 1 | None |"]

@@ -39,6 +39,7 @@ __all__ = [
     "dataclass_record",
     "git_commit",
     "json_ready",
+    "markdown_table",
     "machine_info",
     "provenance_note",
     "read_json",
@@ -74,6 +75,12 @@ def dataclass_record(result: Any, *properties: str, omit: Iterable[str] = ()) ->
     record = {f.name: getattr(result, f.name) for f in fields(result) if f.name not in omitted}
     record.update((name, getattr(result, name)) for name in properties)
     return record
+
+
+def markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table: the first column left-aligned, the others centred, each cell written with ``str``."""
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:

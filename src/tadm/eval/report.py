@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tadm.records import machine_info, write_csv, write_json
+from tadm.records import machine_info, markdown_table, write_csv, write_json
 
 __all__ = [
     "DATA_MODEL",
@@ -184,12 +184,6 @@ def _ordered(rows: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, int | str]
     return pairs, steps
 
 
-def _table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    return "\n".join(lines)
-
-
 _TABLE2_METRICS = [("mauve", "MAUVE ↑"), ("gen_ppl", "Gen PPL ↓"), ("entropy", "Entropy ↑"),
                    ("compute", "Compute ↓"), ("throughput", "Throughput ↑")]
 
@@ -224,7 +218,7 @@ def _table2(index: dict[tuple, dict[str, Any]], pairs: list[tuple[str, Any]], st
     for model, K in pairs:
         cells = [_metric_cell(index.get((model, T, K)), n, base_tps[T]) for n, _ in _TABLE2_METRICS for T in steps]
         body.append([f"{model} ({refresh_label(K)})"] + cells)
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 def _table5(index: dict[tuple, dict[str, Any]], pairs: list[tuple[str, Any]], steps: list[int]) -> str:
@@ -239,7 +233,7 @@ def _table5(index: dict[tuple, dict[str, Any]], pairs: list[tuple[str, Any]], st
             cells += [_metric_cell(row, name, None) for name in ("mauve", "gen_ppl", "entropy")]
             cells.append("-" if row is None else format_tps(row))
         body.append([f"{model} ({refresh_label(K)})"] + cells)
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 def markdown_report(
@@ -284,4 +278,4 @@ def zero_shot_markdown(records: Sequence[dict[str, Any]]) -> str:
             r = index.get((model, data))
             cells.append("-" if r is None else ("≤ " if r.get("kind") == "nelbo" else "") + format_number(r.get("ppl"), 2))
         body.append([model] + cells)
-    return _table(["Model"] + datasets, body)
+    return markdown_table(["Model"] + datasets, body)

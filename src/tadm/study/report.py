@@ -34,7 +34,7 @@ from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
 from tadm.eval.report import format_number, markdown_report
 from tadm.eval.significance import paired_summary
 from tadm.protocol import LayerSplit
-from tadm.records import provenance_note, write_csv, write_json, write_text
+from tadm.records import markdown_table, provenance_note, write_csv, write_json, write_text
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
 
 __all__ = ["collect_results", "write_report"]
@@ -81,11 +81,6 @@ def _pm(mean: float | None, spread: float | None, digits: int = 2, scale: float 
         return "-"
     text = f"{mean * scale:+.{digits}f}{suffix}" if suffix == "%" else f"{mean * scale:.{digits}f}{suffix}"
     return text if spread is None else f"{text} ± {spread * scale:.{digits}f}"
-
-
-def _table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
 
 
 # ---------------------------------------------------------------------------------------- collect
@@ -166,7 +161,7 @@ def _model_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
         ])
     header = ["model", "kind", "parameters", "tokens / run", "training", "val nats/token (mean ± half-range)",
               "perplexity (bound)", "uninformative anchor"]
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 def _staleness_table(cfg: StudyConfig, res: dict[str, Any], T: int) -> str:
@@ -184,7 +179,7 @@ def _staleness_table(cfg: StudyConfig, res: dict[str, Any], T: int) -> str:
             means = [sum(v) / len(v) for v in per_seed.values()]
             cells.append(_pm(_mean(means), _spread(means), 2, 100.0, "%") if means else "-")
         body.append(cells)
-    return _table(["model", "seeds"] + [f"k={k}" for k in ages], body)
+    return markdown_table(["model", "seeds"] + [f"k={k}" for k in ages], body)
 
 
 def _per_seed_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
@@ -206,7 +201,7 @@ def _per_seed_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
             inc = [r["increase"][str(kmax)] for r in cached if r.get("increase") and str(kmax) in r["increase"]]
             cells.append(_pm(_mean(inc), None, 2, 100.0, "%") if inc else "-")
             body.append(cells)
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 def _cached_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
@@ -231,7 +226,7 @@ def _cached_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
             else:
                 cells.append(f"{format_number(_mean(values), 4)} ({_pm(_mean(incs), _spread(incs), 2, 100.0, '%')})")
         body.append(cells)
-    return _table(["model"] + [f"K={K}" for K in Ks], body)
+    return markdown_table(["model"] + [f"K={K}" for K in Ks], body)
 
 
 def _degradation_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
@@ -266,7 +261,7 @@ def _degradation_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
             means = [sum(v) / len(v) for v in per_seed.values()]
             cells.append(_pm(_mean(means), _spread(means), 2, 100.0, "%") if means else "-")
         body.append(cells)
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 # ------------------------------------------------------------------------------- paired by training seed
@@ -325,7 +320,7 @@ def _paired_table(cfg: StudyConfig, res: dict[str, Any]) -> str | None:
         return None
     header = ["measure", "pair", "seeds", "stale-trained", "fresh-trained", "difference (pp, 95% CI)",
               "seeds lower / higher / tied", "paired t p", "sign p"]
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 def _invocation_table(invocations: Sequence[dict[str, Any]]) -> str:
@@ -341,7 +336,7 @@ def _invocation_table(invocations: Sequence[dict[str, Any]]) -> str:
         body.append([str(inv.get("started", "?")), commit, stages or "-",
                      "cut off" if inv.get("ran") is None else f"{inv['ran']} units",
                      "-" if total is None else f"{total / 60:.1f}"])
-    return _table(["started", "commit", "stages (min)", "units", "total (min)"], body)
+    return markdown_table(["started", "commit", "stages (min)", "units", "total (min)"], body)
 
 
 def _ev_label(ev: str) -> str:

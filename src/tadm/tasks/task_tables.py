@@ -22,7 +22,7 @@ from typing import Any
 
 from tadm.eval.plots import plot_task_accuracy_vs_refresh
 from tadm.eval.significance import PairedSummary, paired_summary, prompt_differences
-from tadm.records import write_csv, write_json, write_text
+from tadm.records import markdown_table, write_csv, write_json, write_text
 
 __all__ = ["CELL_FIELDS", "cells", "naive_rows", "prompt_comparison", "task_rows", "write_tables"]
 
@@ -165,9 +165,7 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no rows)\n"
     head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_fmt(r.get(k), k) for k in head) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(head, [[_fmt(r.get(k), k) for k in head] for r in rows]) + "\n"
 
 
 def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
