@@ -34,7 +34,7 @@ USES: dict[str, set[str]] = {
     "eval": {"devices", "diffusion", "hf", "nn", "protocol", "records", "sampling", "specs", "training"},
     "posttrain": {"config", "devices", "diffusion", "hf", "nn", "protocol", "records", "sampling", "specs",
                   "training"},
-    "study": {"config", "eval", "nn", "protocol", "records", "sampling", "specs", "training"},
+    "study": {"config", "devices", "eval", "nn", "protocol", "records", "sampling", "specs", "training"},
     "tasks": {"devices", "eval", "hf", "posttrain", "records", "sampling", "specs"},
     "cli": {"config", "devices", "eval", "hf", "nn", "posttrain", "protocol", "records", "sampling", "specs",
             "study", "tasks", "training"},

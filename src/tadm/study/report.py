@@ -23,7 +23,6 @@ per evaluator, Gen PPL against measured tokens/s with the Pareto front (points l
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
 from tadm.eval.report import format_number, markdown_report
 from tadm.eval.significance import paired_summary
 from tadm.protocol import LayerSplit
-from tadm.records import markdown_table, provenance_note, write_csv, write_json, write_text
+from tadm.records import markdown_table, provenance_note, read_json, write_csv, write_json, write_text
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig
 
 __all__ = ["collect_results", "write_report"]
@@ -46,13 +45,6 @@ SAMPLE_FIELDS = (
     "compute_relative",
 )
 STALENESS_FIELDS = ("model", "kind", "seed", "eval_seed", "steps", "age", "nelbo", "increase")
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -98,12 +90,12 @@ def collect_results(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cel
     models, likelihood, staleness, cached, samples = [], [], [], [], []
     for m in cfg.models:
         for seed in cfg.seeds_of(m):
-            marker = _read(layout.run_dir(m.name, seed) / "study_unit.json")
+            marker = read_json(layout.run_dir(m.name, seed) / "study_unit.json")
             if marker is not None:
                 models.append({"model": m.name, "kind": m.kind, "seed": seed, "num_parameters": marker["num_parameters"],
                                "tokens_seen": marker["tokens_seen"], "steps": marker["step"],
                                "train_seconds": marker["wall_time_s"], "train_val_nelbo": marker["val_nelbo"]})
-            lik = _read(layout.eval_file(m.name, seed, "likelihood"))
+            lik = read_json(layout.eval_file(m.name, seed, "likelihood"))
             if lik is not None:
                 result = lik["result"]
                 likelihood.append({**result, "bound": result.get("kind"), "eval_seed": result.get("seed"),
@@ -111,7 +103,7 @@ def collect_results(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cel
             for naive in (False, True):
                 label = f"{m.name}-naive" if naive else m.name
                 for eval_seed in cfg.staleness.eval_seeds:
-                    st = _read(layout.eval_file(m.name, seed, f"staleness{'-naive' if naive else ''}-e{eval_seed}"))
+                    st = read_json(layout.eval_file(m.name, seed, f"staleness{'-naive' if naive else ''}-e{eval_seed}"))
                     if st is None:
                         continue
                     # the unit's own "seed" is the evaluation seed: the training seed must win
@@ -489,7 +481,7 @@ def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell],
                  log: Callable[[str], None] = print) -> dict[str, Path]:
     """Rebuild ``results.json``, ``results.csv``, ``staleness.csv``, ``report.md`` and the plots."""
     res = collect_results(cfg, layout, run, cells)
-    invocations = (_read(layout.manifest) or {}).get("invocations", [])
+    invocations = (read_json(layout.manifest) or {}).get("invocations", [])
     files = _write_data_files(cfg, res, invocations, layout.root)
     lines = [*_setup_lines(cfg, invocations), *_likelihood_lines(cfg, res), *_sampling_lines(cfg, res),
              "## Files", "", "`results.json` (everything above, with configs, seeds, machine and commit), "

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from tadm.config import ConfigError
+from tadm.devices import resolve_device
 from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import cached_process_nelbo, evaluate_likelihood, packed_eval_blocks, stale_anchor_nelbo
 from tadm.eval.pipeline import Cell, PipelineStore, Run, sample_cells, score_cells, time_cells
@@ -115,12 +115,6 @@ def _done(path: Path, spec: Any) -> bool:
     return same_spec(read_json(path), spec)
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def _fmt_seconds(seconds: float) -> str:
     m, s = divmod(int(round(seconds)), 60)
     h, m = divmod(m, 60)
@@ -135,7 +129,7 @@ class _Study:
         self.log = log
         self.progress = progress
         self.out = StudyOutput(out_dir=self.layout.root)
-        self.device = _device(cfg.sampling.device)
+        self.device = resolve_device(cfg.sampling.device)
         self._models: dict[tuple[str, int, bool], Any] = {}
         self._tokenizer: Any = None
         self._tokenizer_source: str | None = None
