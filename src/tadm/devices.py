@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DEVICE_NAMES", "DTYPE_NAMES", "DTYPE_SPELLINGS", "resolve_device", "resolve_dtype"]
+__all__ = ["DEVICE_NAMES", "DTYPE_NAMES", "DTYPE_SPELLINGS", "resolve_device", "resolve_dtype", "synchronize"]
 
 DEVICE_NAMES = ("auto", "cpu", "cuda", "cuda:N")
 DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
@@ -38,6 +38,12 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
             raise ValueError(f"device {spec!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
         return torch.device(name)
     raise ValueError(f"unknown device {spec!r}; valid: {', '.join(DEVICE_NAMES)}")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA runs asynchronously; a CPU has nothing to wait for), e.g. before a timer reads."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def resolve_dtype(name: str | torch.dtype | None = "auto", device: torch.device | str = "cpu") -> torch.dtype:

@@ -27,23 +27,18 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from tadm.devices import DTYPE_SPELLINGS, resolve_dtype, synchronize
 from tadm.eval.compute import policy_layer_calls
+from tadm.records import dataclass_record
 from tadm.sampling import GenerationOutput, Sampler, generate
 from tadm.sampling.anchor_cache import LayerCallCounter
 from tadm.sampling.refresh import parse_refresh
-from tadm.devices import DTYPE_SPELLINGS, resolve_dtype
-from tadm.records import dataclass_record
 
 __all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput", "measure_throughput", "resolve_dtype"]
 
 MIN_TIMED_GENERATIONS = 5  # fewer timed generations give no meaningful median
 
 DTYPES = DTYPE_SPELLINGS  # autocast dtypes, in tadm.specs' vocabulary
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -145,12 +140,12 @@ def interleaved_throughput(
         random.Random(order_seed + r).shuffle(order)
         for cell in order:
             generator = torch.Generator(device=gen_device).manual_seed(seed + r)
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             with torch.autocast(device.type, dtype=amp, enabled=amp != torch.float32):
                 out = generate_fn(cell.model, samplers[cell.key], batch_size=batch_size, seq_len=cell.seq_len,
                                   num_steps=cell.num_steps, generator=generator, device=device, policy=cell.policy)
-            _sync(device)
+            synchronize(device)
             if r >= warmup:
                 seconds[cell.key].append(time.perf_counter() - start)
             counted[cell.key] = out.layer_calls

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tadm.devices import synchronize
 from tadm.posttrain.adapter_io import attach_adapter
 from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.generate import generate_blocks
@@ -102,16 +103,11 @@ def cut_at_eos(row: Sequence[int], eos_ids: Sequence[int], budget: int) -> tuple
     return out, False
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed(device: torch.device, run: Any) -> tuple[Any, float]:
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     result = run()
-    _sync(device)
+    synchronize(device)
     return result, time.perf_counter() - start
 
 
