@@ -34,30 +34,12 @@ from typing import Any
 from tadm.config import ConfigError
 from tadm.devices import resolve_device
 from tadm.eval.gen_ppl import decode_samples
-from tadm.eval.likelihood import (
-    cached_process_nelbo,
-    evaluate_likelihood,
-    packed_eval_blocks,
-    stale_anchor_nelbo,
-)
-from tadm.eval.pipeline import (
-    Cell,
-    PipelineStore,
-    Run,
-    sample_cells,
-    score_cells,
-    time_cells,
-)
+from tadm.eval.likelihood import cached_process_nelbo, evaluate_likelihood, packed_eval_blocks, stale_anchor_nelbo
+from tadm.eval.pipeline import Cell, PipelineStore, Run, sample_cells, score_cells, time_cells
 from tadm.nn import NaiveReuse, load_model
 from tadm.records import git_commit, machine_info, read_json, same_spec, write_json
 from tadm.sampling.refresh import parse_refresh
-from tadm.study.config import (
-    IN_DOMAIN_EVALUATOR,
-    MODEL_KINDS,
-    StudyConfig,
-    StudyModel,
-    model_experiment_config,
-)
+from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, StudyModel, model_experiment_config
 from tadm.study.report import write_report
 from tadm.training.checkpoint import STATE_FILENAME
 from tadm.training.provenance import check_provenance, train_recorded_tokenizer
