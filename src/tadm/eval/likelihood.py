@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -127,17 +128,13 @@ def _batches(blocks: Any, batch_size: int, max_blocks: int | None) -> Iterator[T
     """(B, L) LongTensors from a (N, L) tensor, a PackedTokens, or an iterable of (L,) / (B, L) tensors."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if isinstance(blocks, Tensor):
-        if blocks.dim() != 2:
-            raise ValueError(f"blocks must have shape (N, L), got {tuple(blocks.shape)}")
-        n = blocks.shape[0] if max_blocks is None else min(max_blocks, blocks.shape[0])
-        for s in range(0, n, batch_size):
-            yield blocks[s : min(n, s + batch_size)].long()
-        return
-    if hasattr(blocks, "get_batch") and hasattr(blocks, "__len__"):
+    if isinstance(blocks, Tensor) and blocks.dim() != 2:
+        raise ValueError(f"blocks must have shape (N, L), got {tuple(blocks.shape)}")
+    if isinstance(blocks, Tensor) or (hasattr(blocks, "get_batch") and hasattr(blocks, "__len__")):
         n = len(blocks) if max_blocks is None else min(max_blocks, len(blocks))
         for s in range(0, n, batch_size):
-            yield blocks.get_batch(range(s, min(n, s + batch_size)))
+            end = min(n, s + batch_size)
+            yield blocks[s:end].long() if isinstance(blocks, Tensor) else blocks.get_batch(range(s, end))
         return
     seen = 0
     pending: list[Tensor] = []
@@ -171,20 +168,28 @@ def is_autoregressive(model: nn.Module) -> bool:
     return model.mask_token_id is None
 
 
-def _device_of(model: nn.Module, device: torch.device | str | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
+def _checked_batches(model: nn.Module, blocks: Any, mask_id: int | None, batch_size: int, max_blocks: int | None,
+                     device: torch.device | str | None, progress: bool, desc: str) -> Iterator[Tensor]:
+    """The (B, L) batches of :func:`_batches`, each checked by :func:`_check_ids` and moved to ``device``.
+
+    ``device`` defaults to the model's; the model is put in eval mode first. A block set that gives no
+    batch at all is a ValueError once it is exhausted.
+    """
+    if device is None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    model.eval()
+    empty = True
+    for x in tqdm(_batches(blocks, batch_size, max_blocks), desc=desc, disable=not progress, leave=False):
+        _check_ids(x, model, mask_id)
+        empty = False
+        yield x.to(device)  # (B, L)
+    if empty:
+        raise ValueError("no text to evaluate: the block set is empty")
 
 
 def _fresh_anchor_log_probs(model: nn.Module, z_t: Tensor, t: Tensor) -> Tensor:
     """log x_theta(z_t) with the anchor computed from z_t itself (t' = t): (B, L, V)."""
-    t_arg = _time_arg(model, t)
-    c = model.encode(z_t, t_arg)  # (B, L, D)
-    h = model.compute_anchor(c, t_arg)  # (B, L, D_a)
-    return model.predict(z_t, c, h, t_arg)  # (B, L, V)
+    return anchored_log_probs(model, z_t, t, z_t, t)
 
 
 @torch.no_grad()
@@ -221,42 +226,27 @@ def diffusion_nelbo(
     if num_t_samples < 1:
         raise ValueError(f"num_t_samples must be >= 1, got {num_t_samples}")
     sched = get_schedule(schedule)
-    device = _device_of(model, device)
-    model.eval()
     generator = torch.Generator().manual_seed(seed)
     total = 0.0
     tokens = sequences = 0
-    for x in tqdm(_batches(blocks, batch_size, max_blocks), desc="NELBO", disable=not progress, leave=False):
-        _check_ids(x, model, mask_id)
-        x = x.to(device)  # (B, L)
-        B, L = x.shape
+    for x in _checked_batches(model, blocks, mask_id, batch_size, max_blocks, device, progress, "NELBO"):
         if discrete_steps is not None:
-            per_token = discrete_masked_nelbo(
-                lambda z, t: _fresh_anchor_log_probs(model, z, t), x, discrete_steps, sched, mask_id, generator
-            )  # (B, L)
+            per_token = discrete_masked_nelbo(partial(_fresh_anchor_log_probs, model), x, discrete_steps, sched,
+                                              mask_id, generator)  # (B, L)
             total += float(per_token.double().sum())
-            tokens += B * L
         else:
-            times = sample_t(B * num_t_samples, eps=eps, antithetic=antithetic, generator=generator)  # (n B,)
-            for r in range(num_t_samples):
-                t = times[r * B : (r + 1) * B].to(device)  # (B,)
+            times = sample_t(x.shape[0] * num_t_samples, eps=eps, antithetic=antithetic, generator=generator)  # (n B,)
+            for t in times.to(x.device).split(x.shape[0]):  # draw r uses times r * B .. r * B + B - 1
                 z_t = mask_corrupt(x, sched.alpha(t), mask_id, generator)  # (B, L)
                 log_probs = _fresh_anchor_log_probs(model, z_t, t)  # (B, L, V)
                 loss = masked_diffusion_loss(log_probs, x, z_t, t, sched, mask_id)  # (B, L)
                 total += float(loss.double().sum())
-                tokens += B * L
-        sequences += B
-    if sequences == 0:
-        raise ValueError("no text to evaluate: the block set is empty")
-    return LikelihoodResult(
-        kind="nelbo",
-        nll=total / tokens,
-        num_tokens=tokens // (1 if discrete_steps is not None else num_t_samples),
-        num_sequences=sequences,
-        num_t_samples=0 if discrete_steps is not None else num_t_samples,
-        discrete_steps=discrete_steps,
-        seed=seed,
-    )
+        tokens += x.numel()
+        sequences += x.shape[0]
+    draws = 1 if discrete_steps is not None else num_t_samples  # loss sums per block token
+    return LikelihoodResult(kind="nelbo", nll=total / (tokens * draws), num_tokens=tokens, num_sequences=sequences,
+                            num_t_samples=0 if discrete_steps is not None else num_t_samples,
+                            discrete_steps=discrete_steps, seed=seed)
 
 
 @torch.no_grad()
@@ -270,13 +260,9 @@ def ar_perplexity(
     progress: bool = False,
 ) -> LikelihoodResult:
     """Exact NLL (nats per token) of an AR model: -log p(x_i | x_<i) over positions 1..L-1 of each block."""
-    device = _device_of(model, device)
-    model.eval()
     total = 0.0
     tokens = sequences = 0
-    for x in tqdm(_batches(blocks, batch_size, max_blocks), desc="AR NLL", disable=not progress, leave=False):
-        _check_ids(x, model, None)
-        x = x.to(device)  # (B, L)
+    for x in _checked_batches(model, blocks, None, batch_size, max_blocks, device, progress, "AR NLL"):
         if x.shape[1] < 2:
             raise ValueError("blocks need at least 2 tokens for a next-token likelihood")
         logits = model(x[:, :-1]).float()  # (B, L - 1, V)
@@ -284,8 +270,6 @@ def ar_perplexity(
         total += float(nll.double().sum())
         tokens += nll.numel()
         sequences += x.shape[0]
-    if sequences == 0:
-        raise ValueError("no text to evaluate: the block set is empty")
     return LikelihoodResult(kind="exact", nll=total / tokens, num_tokens=tokens, num_sequences=sequences)
 
 
@@ -340,14 +324,13 @@ def anchored_log_probs(
 
 
 def _check_steps(values: Sequence[int], name: str, minimum: int) -> list[int]:
-    out = []
+    values = list(values)
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             raise ValueError(f"{name} must be integers >= {minimum}, got {v!r}")
-        out.append(v)
-    if not out:
+    if not values:
         raise ValueError(f"{name} must not be empty")
-    return out
+    return values
 
 
 @dataclass
@@ -382,11 +365,7 @@ class StalenessResult:
             "increase": {str(T): [x / self.fresh - 1.0 for x in v] for T, v in self.curves.items()},
             "uninformative": self.uninformative,
             "uninformative_increase": None if self.uninformative is None else self.uninformative / self.fresh - 1.0,
-            "num_tokens": self.num_tokens,
-            "num_sequences": self.num_sequences,
-            "num_t_samples": self.num_t_samples,
-            "seed": self.seed,
-            "seconds": self.seconds,
+            **dataclass_record(self, omit=("curves", "uninformative")),
         }
 
 
@@ -480,39 +459,27 @@ def stale_anchor_nelbo(
         uninformative: also bound the model with an anchor from a fully masked canvas.
     """
     check_anchored(model)
-    steps = _check_steps(list(steps), "step budgets T", 1)
+    steps = _check_steps(steps, "step budgets T", 1)
     if isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0:
         raise ValueError(f"cache age k must be an integer >= 0, got {max_age!r}")
     if num_t_samples < 1:
         raise ValueError(f"num_t_samples must be >= 1, got {num_t_samples}")
-    device = _device_of(model, device)
-    model.eval()
     generator = torch.Generator().manual_seed(seed)
     totals = _StaleTotals(model, get_schedule(schedule), steps, max_age, uninformative,
                           anchor_generator=torch.Generator().manual_seed(_anchor_seed(seed)))
     tokens = sequences = 0
-    for x in tqdm(_batches(blocks, batch_size, max_blocks), desc="stale NELBO", disable=not progress, leave=False):
-        _check_ids(x, model, totals.mask_id)
-        x = x.to(device)  # (B, L)
-        B, L = x.shape
-        times = sample_t(B * num_t_samples, eps=eps, antithetic=antithetic, generator=generator)  # (n B,)
-        for r in range(num_t_samples):
-            totals.add(x, times[r * B : (r + 1) * B].to(device), generator)
-            tokens += B * L
-        sequences += B
-    if sequences == 0:
-        raise ValueError("no text to evaluate: the block set is empty")
-    fresh = totals.fresh / tokens
-    curves = {T: [fresh] + [totals.stale[(T, k)] / tokens for k in range(1, max_age + 1)] for T in steps}
-    return StalenessResult(
-        curves=curves,
-        uninformative=totals.blank / tokens if uninformative else None,
-        num_tokens=tokens // num_t_samples,
-        num_sequences=sequences,
-        num_t_samples=num_t_samples,
-        seed=seed,
-        seconds=totals.clock,
-    )
+    for x in _checked_batches(model, blocks, totals.mask_id, batch_size, max_blocks, device, progress, "stale NELBO"):
+        times = sample_t(x.shape[0] * num_t_samples, eps=eps, antithetic=antithetic, generator=generator)  # (n B,)
+        for t in times.to(x.device).split(x.shape[0]):  # as in diffusion_nelbo
+            totals.add(x, t, generator)
+        tokens += x.numel()
+        sequences += x.shape[0]
+    scored = tokens * num_t_samples  # the loss sums count every block token once per t draw
+    fresh = totals.fresh / scored
+    curves = {T: [fresh] + [totals.stale[(T, k)] / scored for k in range(1, max_age + 1)] for T in steps}
+    return StalenessResult(curves=curves, uninformative=totals.blank / scored if uninformative else None,
+                           num_tokens=tokens, num_sequences=sequences, num_t_samples=num_t_samples, seed=seed,
+                           seconds=totals.clock)
 
 
 @dataclass
@@ -557,29 +524,19 @@ def cached_process_nelbo(
     check_anchored(model)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"number of steps T must be an integer >= 1, got {num_steps!r}")
-    intervals = _check_steps(list(refresh_intervals), "refresh intervals K", 1)
+    intervals = _check_steps(refresh_intervals, "refresh intervals K", 1)
     mask_id = int(model.mask_token_id)
     sched = get_schedule(schedule)
-    device = _device_of(model, device)
-    model.eval()
     generator = torch.Generator().manual_seed(seed)
     anchor_generator = torch.Generator().manual_seed(_anchor_seed(seed))
     totals = {K: 0.0 for K in intervals}
     tokens = sequences = 0
-
-    def log_probs_fn(z_t: Tensor, t: Tensor, z_a: Tensor, t_a: Tensor) -> Tensor:
-        return anchored_log_probs(model, z_t, t, z_a, t_a)
-
-    for x in tqdm(_batches(blocks, batch_size, max_blocks), desc="cached bound", disable=not progress, leave=False):
-        _check_ids(x, model, mask_id)
-        x = x.to(device)  # (B, L)
-        per_token = discrete_cached_nelbo(log_probs_fn, x, num_steps, intervals, sched, mask_id, generator,
-                                          anchor_generator)
+    for x in _checked_batches(model, blocks, mask_id, batch_size, max_blocks, device, progress, "cached bound"):
+        per_token = discrete_cached_nelbo(partial(anchored_log_probs, model), x, num_steps, intervals, sched, mask_id,
+                                          generator, anchor_generator)
         for K in intervals:
             totals[K] += float(per_token[K].double().sum())
         tokens += x.numel()
         sequences += x.shape[0]
-    if sequences == 0:
-        raise ValueError("no text to evaluate: the block set is empty")
     return CachedBoundResult(num_steps=num_steps, bounds={K: totals[K] / tokens for K in intervals},
                              num_tokens=tokens, num_sequences=sequences, seed=seed)
