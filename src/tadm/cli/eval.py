@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Evaluate samples and checkpoints (paper Tables 2, 3 and 5).",
     )
     esub = p.add_subparsers(dest="eval_command", required=True, metavar="METRIC")
-    _add_prepare(esub)
-    _add_gen_ppl(esub)
-    _add_mauve(esub)
-    _add_likelihood(esub)
-    _add_staleness(esub)
-    _add_throughput(esub)
-    _add_sweep(esub)
-    _add_tasks(esub)
-    _add_convert_livecodebench(esub)
+    for add in (_add_prepare, _add_gen_ppl, _add_mauve, _add_likelihood, _add_staleness, _add_throughput, _add_sweep,
+                _add_tasks, _add_convert_livecodebench):
+        add(esub)
     p.set_defaults(func=run)
 
 
@@ -89,7 +84,9 @@ def _evaluator_args(p: argparse.ArgumentParser) -> None:
     device_arg(p)
 
 
-def _sample_args(p: argparse.ArgumentParser) -> None:
+def _scoring_parser(esub: argparse._SubParsersAction, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand that scores a sample set under an evaluator."""
+    p = esub.add_parser(name, help=help_text)
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--samples", metavar="FILE", help="JSON (lines) from `tadm sample --json`: token_ids or texts")
     group.add_argument("--texts", metavar="SOURCE", help="a text source: .txt/.jsonl file, directory or 'brown'")
@@ -97,6 +94,8 @@ def _sample_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-texts", type=positive_int, default=None, metavar="N", help="use the first N texts")
     p.add_argument("--progress", action="store_true", help="show progress bars")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _evaluator_args(p)
+    return p
 
 
 def _read_sample_records(path: Path) -> list[dict[str, Any]]:
@@ -130,13 +129,12 @@ def _sample_tokenizer(args: argparse.Namespace, records: list[dict[str, Any]]) -
     return find_tokenizer(model, args.tokenizer)
 
 
-def _read_samples(args: argparse.Namespace) -> tuple[list[str], list[list[int]] | None]:
+def _load_samples(args: argparse.Namespace, need: str) -> tuple[list[str], list[list[int]] | None]:
+    """Texts to score and, when known, their token ids in the generating model's vocabulary (never empty)."""
     if args.texts is not None:
-        texts = []
-        for doc in load_texts(args.texts):
-            texts.append(doc)
-            if args.max_texts is not None and len(texts) >= args.max_texts:
-                break
+        texts = list(islice(load_texts(args.texts), args.max_texts))
+        if not texts:
+            raise CLIError(f"the sample set is empty: {need}")
         return texts, None
 
     records = _read_sample_records(Path(args.samples))
@@ -154,14 +152,6 @@ def _read_samples(args: argparse.Namespace) -> tuple[list[str], list[list[int]] 
     if not texts:
         raise ValueError(f"--samples {args.samples} holds no token_ids or texts: the sample set is empty")
     return texts, None
-
-
-def _load_samples(args: argparse.Namespace, need: str) -> tuple[list[str], list[list[int]] | None]:
-    """Texts to score and, when known, their token ids in the generating model's vocabulary (never empty)."""
-    texts, ids = _read_samples(args)
-    if not texts:
-        raise CLIError(f"the sample set is empty: {need}")
-    return texts, ids
 
 
 def _emit(args: argparse.Namespace, record: dict[str, Any], line: str) -> None:
@@ -199,14 +189,6 @@ def _run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scoring_parser(esub: argparse._SubParsersAction, name: str, help_text: str) -> argparse.ArgumentParser:
-    """A subcommand that scores a sample set under an evaluator."""
-    p = esub.add_parser(name, help=help_text)
-    _sample_args(p)
-    _evaluator_args(p)
-    return p
-
-
 def _buckets(value: str) -> int | str:
     """--num-buckets: 'auto' or an integer >= 1."""
     if value == "auto":
@@ -227,7 +209,6 @@ def _add_gen_ppl(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_gen_ppl(args: argparse.Namespace) -> int:
-
     texts, ids = _load_samples(args, need="Gen PPL needs texts to score")
     evaluator = load_evaluator(args.evaluator, device=args.device)
     result = gen_ppl(texts, evaluator, batch_size=args.eval_batch_size, context_size=args.context_size,
@@ -257,22 +238,15 @@ def _add_mauve(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_mauve(args: argparse.Namespace) -> int:
-
     texts, _ = _load_samples(args, need="MAUVE needs samples")
-    wanted = args.max_reference or len(texts)
-    references = []
-    for doc in load_texts(args.reference):
-        references.append(doc)
-        if len(references) >= wanted:
-            break
+    references = list(islice(load_texts(args.reference), args.max_reference or len(texts)))
     minimum = args.min_samples or MAUVE_MIN_SAMPLES
     problem = mauve_sample_problem(len(texts), len(references), minimum)
     if problem is not None:
         raise CLIError(f"{problem}; pass more, or --min-samples N to accept fewer knowingly")
-    buckets = args.num_buckets
     evaluator = load_evaluator(args.evaluator, device=args.device)
     result = mauve_score(texts, references, evaluator, max_tokens=args.max_tokens, batch_size=args.eval_batch_size,
-                         progress=args.progress, num_buckets=buckets, seed=args.seed, min_samples=minimum)
+                         progress=args.progress, num_buckets=args.num_buckets, seed=args.seed, min_samples=minimum)
     record = result.as_dict() | {"evaluator": evaluator.name}
     _emit(args, record, f"MAUVE {result.mauve:.4f} ({result.num_samples} samples vs {result.num_reference} reference texts, "
                         f"{result.num_buckets} buckets) under {evaluator.name}")
@@ -288,20 +262,21 @@ def _add_likelihood(esub: argparse._SubParsersAction) -> None:
                    help="checkpoint dirs, hub ids, or builder names (with --tokenizer)")
     p.add_argument("--data", nargs="+", required=True, metavar="[NAME=]SOURCE",
                    help="text sources: file, directory, 'brown', HF dataset name")
-    p.add_argument("--tokenizer", default=None, metavar="DIR", help="the models' tokenizer (default: each checkpoint's)")
-    p.add_argument("--seq-len", type=positive_int, default=None, metavar="L", help="block length (default: model max)")
-    p.add_argument("--split", choices=("all", "val"), default="all", help="all documents, or the held-out ones")
-    p.add_argument("--val-fraction", type=float, default=0.01)
+    _bound_args(p, split="all", val_fraction=0.01)
     p.add_argument("--discrete-steps", type=positive_int, default=None, metavar="T",
                    help="use the discrete-time bound with T steps instead")
-    _bound_args(p)
-    p.add_argument("--progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print JSON (an object for one pair, else a list)")
     p.set_defaults(eval_func=_run_likelihood)
 
 
-def _bound_args(p: argparse.ArgumentParser) -> None:
-    """Settings shared by the likelihood bounds: Monte-Carlo draws, schedule, batching, seed, cache, device."""
+def _bound_args(p: argparse.ArgumentParser, *, split: str, val_fraction: float) -> None:
+    """Settings shared by the likelihood bounds: tokenizer, blocks, Monte-Carlo draws, schedule, batching, seed,
+    cache, device, progress bars."""
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="the models' tokenizer (default: each checkpoint's)")
+    p.add_argument("--seq-len", type=positive_int, default=None, metavar="L", help="block length (default: model max)")
+    p.add_argument("--split", choices=("all", "val"), default=split, help="all documents, or the held-out ones")
+    p.add_argument("--val-fraction", type=float, default=val_fraction)
     p.add_argument("--t-samples", type=positive_int, default=1, metavar="N", help="Monte-Carlo draws of t per block")
     p.add_argument("--schedule", default="loglinear")
     p.add_argument("--batch-size", type=positive_int, default=8)
@@ -309,6 +284,17 @@ def _bound_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=".tadm-cache")
     device_arg(p)
+    p.add_argument("--progress", action="store_true")
+
+
+def _eval_blocks(args: argparse.Namespace, name: str, model: Any, tokenizer: Any, source: str) -> tuple[Any, int]:
+    """The blocks of ``source`` at --seq-len (default: the model's maximum) for model ``name``, and that length."""
+    max_len = model.max_seq_len
+    seq_len = args.seq_len or max_len
+    if seq_len > max_len:
+        raise CLIError(f"--seq-len {seq_len} does not fit model {name!r} (max {max_len})")
+    return packed_eval_blocks(source, tokenizer, seq_len, cache_dir=args.cache_dir, split=args.split,
+                              val_fraction=args.val_fraction, progress=args.progress), seq_len
 
 
 def _named(specs: list[str]) -> list[tuple[str, str]]:
@@ -327,18 +313,12 @@ def _named(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def _run_likelihood(args: argparse.Namespace) -> int:
-
     models, sources = _named(args.model), _named(args.data)
     records: list[dict[str, Any]] = []
     for model_name, spec in models:
         model, tokenizer = load_model_and_tokenizer(spec, args.tokenizer, args.device)
-        max_len = model.max_seq_len
-        seq_len = args.seq_len or max_len
-        if seq_len > max_len:
-            raise CLIError(f"--seq-len {seq_len} does not fit model {model_name!r} (max {max_len})")
         for data_name, source in sources:
-            blocks = packed_eval_blocks(source, tokenizer, seq_len, cache_dir=args.cache_dir, split=args.split,
-                                        val_fraction=args.val_fraction, progress=args.progress)
+            blocks, seq_len = _eval_blocks(args, model_name, model, tokenizer, source)
             result = evaluate_likelihood(model, blocks, num_t_samples=args.t_samples,
                                          discrete_steps=args.discrete_steps, schedule=args.schedule,
                                          batch_size=args.batch_size, max_blocks=args.max_blocks, seed=args.seed,
@@ -367,10 +347,6 @@ def _add_staleness(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", nargs="+", required=True, metavar="[NAME=]PATH",
                    help="anchored models (TADM, ADLM): checkpoint dirs, hub ids, or builder names (with --tokenizer)")
     p.add_argument("--data", default="brown", metavar="SOURCE", help="text source (default: the bundled corpus)")
-    p.add_argument("--split", choices=("all", "val"), default="val", help="all documents, or the held-out ones")
-    p.add_argument("--val-fraction", type=float, default=0.02)
-    p.add_argument("--tokenizer", default=None, metavar="DIR", help="the models' tokenizer (default: each checkpoint's)")
-    p.add_argument("--seq-len", type=positive_int, default=None, metavar="L", help="block length (default: model max)")
     p.add_argument("-T", "--steps", dest="steps", type=positive_int, nargs="+", default=[128], metavar="T",
                    help="step budgets T: cache age k means t' = min(1, t + k / T)")
     p.add_argument("--max-age", type=nonnegative_int, default=7, metavar="K_MAX", help="ages k = 0 .. K_MAX")
@@ -382,9 +358,8 @@ def _add_staleness(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--naive", action="store_true",
                    help="also evaluate each TADM with its fusion bypassed (naive reuse of the cached denoiser input)")
     p.add_argument("--no-uninformative", action="store_true", help="skip the fully-masked-anchor bound")
-    _bound_args(p)
+    _bound_args(p, split="val", val_fraction=0.02)
     p.add_argument("--plot", default=None, metavar="PNG", help="write the NELBO-vs-k plot here")
-    p.add_argument("--progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per model)")
     p.set_defaults(eval_func=_run_staleness)
 
@@ -409,7 +384,6 @@ def staleness_text(record: dict[str, Any]) -> str:
 
 
 def _run_staleness(args: argparse.Namespace) -> int:
-
     if not 0.0 < args.val_fraction < 1.0:
         raise CLIError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
     intervals = [p.fixed_interval for p in refresh_policies(args)]
@@ -427,12 +401,7 @@ def _run_staleness(args: argparse.Namespace) -> int:
         if args.naive and isinstance(model, TADM):
             loaded.append((f"{name} (naive reuse)", spec, NaiveReuse(model), tokenizer))
     for name, spec, model, tokenizer in loaded:
-        max_len = model.max_seq_len
-        seq_len = args.seq_len or max_len
-        if seq_len > max_len:
-            raise CLIError(f"--seq-len {seq_len} does not fit model {name!r} (max {max_len})")
-        blocks = packed_eval_blocks(args.data, tokenizer, seq_len, cache_dir=args.cache_dir, split=args.split,
-                                    val_fraction=args.val_fraction, progress=args.progress)
+        blocks, seq_len = _eval_blocks(args, name, model, tokenizer, args.data)
         common = dict(schedule=args.schedule, batch_size=args.batch_size, seed=args.seed, max_blocks=args.max_blocks,
                       device=args.device, progress=args.progress)
         stale = stale_anchor_nelbo(model, blocks, steps=args.steps, max_age=args.max_age,
@@ -475,7 +444,6 @@ def _add_throughput(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_throughput(args: argparse.Namespace) -> int:
-
     model = resolve_model(args.model, device=args.device)
     if model.mask_token_id is None:
         raise CLIError(f"model {args.model!r} has no mask token: throughput is measured for diffusion models")
@@ -487,10 +455,10 @@ def _run_throughput(args: argparse.Namespace) -> int:
     for T in args.steps:
         for policy in refresh_policies(args):
             sampler = sampler_from_args(args, args.sampler, model)
-            r = measure_throughput(model, sampler, seq_len=length, num_steps=T, policy=policy,
-                                   num_generations=args.generations, batch_size=args.batch_size, warmup=args.warmup,
-                                   dtype=args.dtype, device=args.device, seed=args.seed, progress=args.progress)
-            results.append(r)
+            results.append(measure_throughput(model, sampler, seq_len=length, num_steps=T, policy=policy,
+                                              num_generations=args.generations, batch_size=args.batch_size,
+                                              warmup=args.warmup, dtype=args.dtype, device=args.device, seed=args.seed,
+                                              progress=args.progress))
     if args.json:
         dicts = [r.as_dict() | {"model": args.model, "sampler": args.sampler} for r in results]
         print(json.dumps(dicts[0] if len(dicts) == 1 else dicts))
@@ -545,13 +513,12 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-
     sampling = SamplingSettings(
         steps=args.steps, refresh=[p.config() for p in refresh_policies(args)], num_samples=args.samples,
         batch_size=args.batch_size, seed=args.seed,
         sampler=SamplerSection(name=args.sampler, top_p=args.top_p, eta=args.eta, schedule=args.schedule,
                                nucleus=args.nucleus, time_grid=args.time_grid),
-        evaluators=[args.evaluator or "smollm2-135m"], eval_batch_size=args.eval_batch_size,
+        evaluators=[args.evaluator or DEFAULT_EVALUATOR], eval_batch_size=args.eval_batch_size,
         reference=None if args.reference.lower() == "none" else args.reference, reference_split=args.reference_split,
         mauve_min_samples=args.mauve_min_samples, mauve_num_buckets=args.num_buckets,
         throughput_generations=args.throughput_generations, throughput_batch_size=args.throughput_batch_size,
@@ -621,7 +588,6 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
 
 
 def _run_tasks(args: argparse.Namespace) -> int:
-
     config = TaskRunConfig(
         tasks=args.tasks, refresh=[p.config() for p in refresh_policies(args)],
         seeds=sorted({s for ss in args.seeds for s in ss}), naive=args.naive, base=args.base, adapter=args.adapter,
