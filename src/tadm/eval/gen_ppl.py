@@ -193,22 +193,16 @@ def gen_ppl(
             f"no position to score in {len(texts)} texts: each needs at least 2 evaluator tokens besides end-of-text"
         )
     mean_nll = math.fsum(nll_sum) / total_tokens
-    feature_array = None
-    if features:
-        missing = [n for n, f in enumerate(feats) if f is None]  # texts of a single evaluator token
-        if missing:
-            for n, f in zip(missing, text_features([texts[n] for n in missing], evaluator, max_tokens=size)):
-                feats[n] = f
-        feature_array = np.stack(feats).astype(np.float32)
-    return GenPPLResult(
-        gen_ppl=math.exp(mean_nll),
-        nll=mean_nll,
-        num_tokens=total_tokens,
-        num_texts=len(texts),
-        num_chunks=len(segments),
-        context_size=size,
-        evaluator=evaluator.name,
-        per_text_nll=nll_sum,
-        per_text_tokens=counts,
-        features=feature_array,
-    )
+    return GenPPLResult(gen_ppl=math.exp(mean_nll), nll=mean_nll, num_tokens=total_tokens, num_texts=len(texts),
+                        num_chunks=len(segments), context_size=size, evaluator=evaluator.name, per_text_nll=nll_sum,
+                        per_text_tokens=counts,
+                        features=_all_features(feats, texts, evaluator, size) if features else None)
+
+
+def _all_features(feats: list[Any], texts: Sequence[str], evaluator: Evaluator, size: int) -> np.ndarray:
+    """(N, D) float32 MAUVE features: those of the scoring pass, plus a separate pass for texts it gave none."""
+    missing = [n for n, f in enumerate(feats) if f is None]  # texts of a single evaluator token
+    if missing:
+        for n, f in zip(missing, text_features([texts[n] for n in missing], evaluator, max_tokens=size)):
+            feats[n] = f
+    return np.stack(feats).astype(np.float32)
