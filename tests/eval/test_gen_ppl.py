@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from tadm.cli import main
 from tadm.eval.evaluator import evaluator_from_hf
 from tadm.eval.gen_ppl import counted_positions, decode_samples, gen_ppl
+from tadm.eval.mauve import text_features
 from tests.eval.test_evaluator import (
     fixture_docs,
     save_ar_evaluator,
@@ -168,3 +170,16 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["eval", "gen-ppl", "--texts", str(text), "--evaluator", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
     assert "missing" in err and "prepare-evaluator" in err and "\n" not in err
+
+
+def test_features_from_the_scoring_pass_equal_a_separate_mauve_pass():
+    """MAUVE features taken from Gen PPL's own forward passes (one pass) are the ones text_features computes,
+    including for a text of a single evaluator token, which the scoring pass cannot give."""
+    ev = tiny_ar_evaluator()
+    texts = known_texts()[:3] + ["a"]
+    assert len(ev.encode(["a"])[0]) == 1
+    result = gen_ppl(texts, ev, batch_size=2, features=True)
+    separate = text_features(texts, ev, max_tokens=ev.context_size)
+    assert result.features.shape == separate.shape and result.features.dtype == np.float32
+    np.testing.assert_allclose(result.features, separate, rtol=1e-4, atol=1e-5)
+    assert gen_ppl(texts, ev, batch_size=2).features is None
