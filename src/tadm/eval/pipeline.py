@@ -193,18 +193,22 @@ def _slug(text: str) -> str:
 
 
 class PipelineStore(UnitStore):
-    """Where each stage's units live: ``samples/``, ``scores/EVALUATOR/`` and ``throughput.json``."""
+    """Where each stage's units live: ``samples/``, ``scores/EVALUATOR/`` and ``throughput.json``.
+
+    Each ``*_path`` is relative to the store's root, as :meth:`~tadm.records.UnitStore.load`, ``save`` and
+    ``done`` take it.
+    """
 
     def sample_path(self, cell: Cell) -> Path:
-        return self.path(Path("samples") / cell.stem / f"T{cell.steps}-K{cell.refresh}.json")
+        return Path("samples") / cell.stem / f"T{cell.steps}-K{cell.refresh}.json"
 
     def score_path(self, evaluator: str, cell: Cell | None) -> Path:
         base = Path("scores") / _slug(evaluator)
-        return self.path(base / ("data.json" if cell is None else f"{cell.stem}-T{cell.steps}-K{cell.refresh}.json"))
+        return base / ("data.json" if cell is None else f"{cell.stem}-T{cell.steps}-K{cell.refresh}.json")
 
     @property
     def throughput_path(self) -> Path:
-        return self.path("throughput.json")
+        return Path("throughput.json")
 
 
 def sample_spec(cell: Cell, settings: SamplingSettings, length: int) -> dict[str, Any]:

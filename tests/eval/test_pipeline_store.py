@@ -1,0 +1,25 @@
+"""Where the pipeline's units live, with the store's root given as a relative path (as `out_dir` usually is)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tadm.eval.pipeline import Cell, PipelineStore
+from tadm.sampling.refresh import parse_refresh
+
+
+def test_units_of_a_relative_root_land_under_it_and_are_found_again(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = PipelineStore(Path("runs") / "study")
+    cell = Cell(label="tadm", model_path="runs/study/models/tadm-s0/final", steps=32, policy=parse_refresh(8), seed=0)
+    spec = {"model": cell.model_path, "steps": 32, "refresh": 8}
+    for relative, payload in ((store.sample_path(cell), {"token_ids": [[1, 2]]}),
+                              (store.score_path("ar", cell), {"gen_ppl": 12.5}),
+                              (store.score_path("ar", None), {"gen_ppl": 9.0}),
+                              (store.throughput_path, {"rows": []})):
+        assert not store.done(relative, spec)
+        store.save(relative, spec, payload)
+        assert store.done(relative, spec) and store.load(relative)["spec"] == spec
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.json"))
+    assert written == ["runs/study/samples/tadm-s0/T32-K8.json", "runs/study/scores/ar/data.json",
+                       "runs/study/scores/ar/tadm-s0-T32-K8.json", "runs/study/throughput.json"]
