@@ -74,7 +74,7 @@ def test_split_data_is_deterministic_and_answers_add_up(laptop_task, tmp_path):
     assert laptop_task.parse_args([]).out == "runs/laptop-task-split"
     assert laptop_task.parse_args(["--task", "addition"]).out == "runs/laptop-task"
     split, addition = laptop_task.parse_args([]), laptop_task.parse_args(["--task", "addition"])
-    assert (split.digits, split.pretrain_steps, split.posttrain_steps, split.eval_examples) == (2, 9000, 4800, 199)
+    assert (split.digits, split.pretrain_steps, split.posttrain_steps, split.eval_examples) == (2, 9000, 9600, 199)
     assert (addition.digits, addition.pretrain_steps, addition.posttrain_steps) == (2, 3000, 600)
     assert laptop_task.parse_args(["--digits", "2"]).digits == 2
     assert laptop_task.parse_args(["--seed", "3"]).model_seed == 3  # the model follows the data seed...
