@@ -2,7 +2,8 @@
 
 For every pretraining seed ``runs/split2/seed-M`` and every post-training variant under its
 ``variants/NAME`` (``laptop_task.py --variant NAME``: one factor changed at a time with
-``--posttrain-steps`` or ``--posttrain-set``, each listed on the results page), this reads the evaluation units (base at K = 1, TADM and naive reuse at each K, three sampling seeds) and the KL
+``--posttrain-steps`` or ``--posttrain-set``, each listed on the results page), this reads the
+evaluation units (base at K = 1, TADM and naive reuse at each K, three sampling seeds) and the KL
 diagnosis (``kl.json``) and writes into ``--out``:
 
 * ``variants.csv``: per variant, pretraining seed and K: accuracies, the recovered share of the
