@@ -46,6 +46,12 @@ def positive_float(value: str) -> float:
     return number
 
 
+def config_args(p: argparse.ArgumentParser, *, preset: str, overrides: str) -> None:
+    """CONFIG (a YAML file or a shipped preset name) and its dotted KEY=VALUE overrides."""
+    p.add_argument("config", help=f"YAML file or shipped preset name, e.g. {preset}")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"dotted config overrides, e.g. {overrides}")
+
+
 def fidelity_args(p: argparse.ArgumentParser) -> None:
     """--nucleus and --time-grid: fidelity to the released ReMDM sampler (see tadm.sampling.remdm)."""
 

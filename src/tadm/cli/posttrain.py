@@ -16,6 +16,7 @@ import torch
 
 from tadm.cli.common import (
     CLIError,
+    config_args,
     device_arg,
     dtype_arg,
     policy_from_args,
@@ -49,8 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="train the fusion (run under torchrun for data parallelism)",
         description="Post-train a fusion adapter from a YAML preset (a file, or a shipped preset such as posttrain-tiny) plus key=value overrides.",
     )
-    t.add_argument("config", help="YAML preset, a YAML file or a shipped preset name, e.g. posttrain-diffusiongemma")
-    t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. train.max_steps=100 data.train_file=x.jsonl")
+    config_args(t, preset="posttrain-diffusiongemma", overrides="train.max_steps=100 data.train_file=x.jsonl")
     t.set_defaults(func=run_train)
 
     pl = actions.add_parser(
@@ -59,8 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Build the config's split model on the meta device (no weights, no memory, no download) and "
                     "estimate GPU memory per process for one training step and for inference at batch 1 and 8.",
     )
-    pl.add_argument("config", help="YAML preset, a YAML file or a shipped preset name, e.g. posttrain-diffusiongemma")
-    pl.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. train.micro_batch_size=2")
+    config_args(pl, preset="posttrain-diffusiongemma", overrides="train.micro_batch_size=2")
     pl.add_argument("--inference-prompt", type=positive_int, default=512, metavar="N",
                     help="prompt tokens of the inference rows (default: 512)")
     pl.add_argument("--json", action="store_true", help="print one JSON object")

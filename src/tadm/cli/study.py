@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from tadm.cli.common import config_args
 from tadm.study import load_study_config, run_study
 from tadm.training.trainer import NonFiniteLossError
 
@@ -23,8 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "where it stopped. Writes results.json / results.csv / staleness.csv / report.md and plots/."
         ),
     )
-    p.add_argument("config", help="study YAML file or shipped study preset name")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. out_dir=runs/s2")
+    config_args(p, preset="study-tiny", overrides="out_dir=runs/s2")
     p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), metavar="STAGE",
                    help=f"run only these stages ({', '.join(STAGES)}); finished units are skipped either way")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from tadm.cli.common import config_args
 from tadm.config import load_config
 from tadm.training.checkpoint import STATE_FILENAME
 from tadm.training.trainer import NonFiniteLossError, TrainingInterrupted, train
@@ -27,8 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "130 interrupted."
         ),
     )
-    p.add_argument("config", help="YAML preset, a YAML file or a shipped preset name, e.g. tadm-tiny")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
+    config_args(p, preset="tadm-tiny", overrides="train.max_steps=200")
     p.add_argument("--resume", action="store_true", help="continue from train.out_dir/training_state.pt")
     p.set_defaults(func=run)
 
