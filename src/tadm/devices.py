@@ -41,7 +41,7 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued work (CUDA runs asynchronously; a CPU has nothing to wait for), e.g. before a timer reads."""
+    """Wait for ``device``'s queued work before a timer reads (CUDA runs asynchronously; a CPU never waits)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

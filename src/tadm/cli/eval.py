@@ -248,8 +248,8 @@ def _run_mauve(args: argparse.Namespace) -> int:
     result = mauve_score(texts, references, evaluator, max_tokens=args.max_tokens, batch_size=args.eval_batch_size,
                          progress=args.progress, num_buckets=args.num_buckets, seed=args.seed, min_samples=minimum)
     record = result.as_dict() | {"evaluator": evaluator.name}
-    _emit(args, record, f"MAUVE {result.mauve:.4f} ({result.num_samples} samples vs {result.num_reference} reference texts, "
-                        f"{result.num_buckets} buckets) under {evaluator.name}")
+    _emit(args, record, f"MAUVE {result.mauve:.4f} ({result.num_samples} samples vs {result.num_reference} "
+                        f"reference texts, {result.num_buckets} buckets) under {evaluator.name}")
     return 0
 
 
