@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from typing import Any, Callable
 
 from tadm.devices import resolve_device, resolve_dtype
 from tadm.sampling import SAMPLERS, build_sampler
@@ -46,10 +46,13 @@ def positive_float(value: str) -> float:
     return number
 
 
-def config_args(p: argparse.ArgumentParser, *, preset: str, overrides: str) -> None:
-    """CONFIG (a YAML file or a shipped preset name) and its dotted KEY=VALUE overrides."""
+def config_parser(sub: argparse._SubParsersAction, name: str, *, preset: str, overrides: str,
+                  **parser_kwargs: Any) -> argparse.ArgumentParser:
+    """Subcommand ``name`` that reads CONFIG (a YAML file or a shipped preset name) and dotted KEY=VALUE overrides."""
+    p = sub.add_parser(name, **parser_kwargs)
     p.add_argument("config", help=f"YAML file or shipped preset name, e.g. {preset}")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"dotted config overrides, e.g. {overrides}")
+    return p
 
 
 def fidelity_args(p: argparse.ArgumentParser) -> None:

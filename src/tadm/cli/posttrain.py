@@ -16,7 +16,7 @@ import torch
 
 from tadm.cli.common import (
     CLIError,
-    config_args,
+    config_parser,
     device_arg,
     dtype_arg,
     policy_from_args,
@@ -45,21 +45,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     actions = p.add_subparsers(dest="posttrain_command", required=True, metavar="ACTION")
 
-    t = actions.add_parser(
-        "train",
+    t = config_parser(
+        actions, "train", preset="posttrain-diffusiongemma", overrides="train.max_steps=100 data.train_file=x.jsonl",
         help="train the fusion (run under torchrun for data parallelism)",
         description="Post-train a fusion adapter from a YAML preset (a file, or a shipped preset such as posttrain-tiny) plus key=value overrides.",
     )
-    config_args(t, preset="posttrain-diffusiongemma", overrides="train.max_steps=100 data.train_file=x.jsonl")
     t.set_defaults(func=run_train)
 
-    pl = actions.add_parser(
-        "plan",
+    pl = config_parser(
+        actions, "plan", preset="posttrain-diffusiongemma", overrides="train.micro_batch_size=2",
         help="parameter counts and GPU memory per process of a post-training config, without weights",
         description="Build the config's split model on the meta device (no weights, no memory, no download) and "
                     "estimate GPU memory per process for one training step and for inference at batch 1 and 8.",
     )
-    config_args(pl, preset="posttrain-diffusiongemma", overrides="train.micro_batch_size=2")
     pl.add_argument("--inference-prompt", type=positive_int, default=512, metavar="N",
                     help="prompt tokens of the inference rows (default: 512)")
     pl.add_argument("--json", action="store_true", help="print one JSON object")

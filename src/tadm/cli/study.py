@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 
-from tadm.cli.common import config_args
+from tadm.cli.common import config_parser
 from tadm.study import load_study_config, run_study
 from tadm.training.trainer import NonFiniteLossError
 
@@ -14,8 +14,8 @@ STAGES = ("train", "likelihood", "sample", "score", "throughput", "report")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "study",
+    p = config_parser(
+        sub, "study", preset="study-tiny", overrides="out_dir=runs/s2",
         help="train TADM / fresh-anchor TADM / ADLM / MDLM / AR at equal size and measure stale-anchor quality",
         description=(
             "Run (or continue) the staleness study described by CONFIG (a YAML file or a shipped study preset: "
@@ -24,7 +24,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "where it stopped. Writes results.json / results.csv / staleness.csv / report.md and plots/."
         ),
     )
-    config_args(p, preset="study-tiny", overrides="out_dir=runs/s2")
     p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), metavar="STAGE",
                    help=f"run only these stages ({', '.join(STAGES)}); finished units are skipped either way")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

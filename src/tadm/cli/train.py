@@ -7,15 +7,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from tadm.cli.common import config_args
+from tadm.cli.common import config_parser
 from tadm.config import load_config
 from tadm.training.checkpoint import STATE_FILENAME
 from tadm.training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "train",
+    p = config_parser(
+        sub, "train", preset="tadm-tiny", overrides="train.max_steps=200",
         help="pretrain TADM / MDLM / ADLM / AR from a YAML config (torchrun for several GPUs)",
         description=(
             "Train the model described by CONFIG (a YAML file or a shipped preset: tadm-tiny, tadm-brown-cpu, tadm-owt-small, ...), with dotted overrides such as "
@@ -28,7 +28,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "130 interrupted."
         ),
     )
-    config_args(p, preset="tadm-tiny", overrides="train.max_steps=200")
     p.add_argument("--resume", action="store_true", help="continue from train.out_dir/training_state.pt")
     p.set_defaults(func=run)
 
