@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["mask_corrupt", "uniform_corrupt", "further_mask", "forward_marginal", "PRIORS"]
 
 PRIORS = ("mask", "uniform")
 

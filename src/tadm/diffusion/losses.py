@@ -18,17 +18,6 @@ from tadm.diffusion.forward import _column, _per_token, _rand, further_mask, mas
 from tadm.diffusion.schedules import NoiseSchedule
 from tadm.diffusion.time_sampling import last_refresh_step
 
-__all__ = [
-    "discrete_weight",
-    "masked_diffusion_loss",
-    "TANELBOTerms",
-    "t_anelbo_loss",
-    "usdm_loss",
-    "kd_loss",
-    "discrete_masked_nelbo",
-    "discrete_cached_nelbo",
-]
-
 
 def _loss_dtype(t: Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)

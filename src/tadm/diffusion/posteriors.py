@@ -21,17 +21,6 @@ from torch import Tensor
 
 from tadm.diffusion.forward import _column, _per_token
 
-__all__ = [
-    "reverse_posterior",
-    "masked_posterior",
-    "remdm_sigma_max",
-    "remdm_sigma",
-    "remdm_posterior",
-    "remdm_move_probs",
-    "remdm_move_probs_scalar",
-    "usdm_posterior",
-    "REMDM_STRATEGIES",
-]
 
 REMDM_STRATEGIES = ("cap", "rescale", "conf", "loop")
 

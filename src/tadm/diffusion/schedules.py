@@ -15,15 +15,6 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = [
-    "NoiseSchedule",
-    "LogLinearSchedule",
-    "LinearSchedule",
-    "CosineSchedule",
-    "SCHEDULES",
-    "get_schedule",
-]
-
 
 @runtime_checkable
 class NoiseSchedule(Protocol):

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["sample_t", "StaleAnchorTimes", "sample_stale_anchor_times", "last_refresh_step"]
-
 
 def _draw_rand(n: int, generator: torch.Generator | None, device: torch.device | str | None) -> Tensor:
     """U[0, 1) draws made where the generator lives, then moved to ``device``."""
