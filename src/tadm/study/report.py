@@ -75,6 +75,29 @@ def _pm(mean: float | None, spread: float | None, digits: int = 2, scale: float 
     return text if spread is None else f"{text} ± {spread * scale:.{digits}f}"
 
 
+def _percent(per_seed: dict[int, float], digits: int = 2) -> str:
+    """Mean over training seeds ± half their range, in percent ("-" for no seed)."""
+    values = list(per_seed.values())
+    return _pm(_mean(values), _spread(values), digits, 100.0, "%") if values else "-"
+
+
+def _age_increase(rows: Sequence[dict[str, Any]], T: int, age: int) -> dict[int, float]:
+    """Per training seed: the T-ANELBO increase at cache age ``age`` over age 0 for step budget T."""
+    return _seed_means([r for r in rows if str(T) in r["curves"]],
+                       lambda r: r["curves"][str(T)][age] / r["curves"][str(T)][0] - 1.0)
+
+
+def _k_change(res: dict[str, Any], label: str, field: str, ev: str, T: int, K: int) -> dict[int, float]:
+    """Per sampled training seed: the relative change of ``field`` (Gen PPL, entropy) from K = 1 to K."""
+    out = {}
+    for seed in {r["seed"] for r in res["samples"] if r["model"] == label}:
+        pick = {r["refresh"]: r for r in res["samples"]
+                if r["model"] == label and r["evaluator"] == ev and r["steps"] == T and r["seed"] == seed}
+        if 1 in pick and K in pick and pick[1].get(field) and pick[K].get(field) is not None:
+            out[seed] = pick[K][field] / pick[1][field] - 1.0
+    return out
+
+
 # ---------------------------------------------------------------------------------------- collect
 def _split(cfg: StudyConfig, kind: str) -> Any:
     """Shared / anchor / denoiser Transformer layers of a study model (MDLM: one stack, no anchor)."""
@@ -161,16 +184,7 @@ def _staleness_table(cfg: StudyConfig, res: dict[str, Any], T: int) -> str:
     body = []
     for label in dict.fromkeys(r["model"] for r in res["staleness"]):
         rows = [r for r in res["staleness"] if r["model"] == label]
-        cells = [label, str(len({r["seed"] for r in rows}))]
-        for k in ages:
-            per_seed: dict[int, list[float]] = {}
-            for r in rows:
-                curve = r["curves"].get(str(T))
-                if curve is not None:
-                    per_seed.setdefault(r["seed"], []).append(curve[k] / curve[0] - 1.0)
-            means = [sum(v) / len(v) for v in per_seed.values()]
-            cells.append(_pm(_mean(means), _spread(means), 2, 100.0, "%") if means else "-")
-        body.append(cells)
+        body.append([label, str(len({r["seed"] for r in rows}))] + [_percent(_age_increase(rows, T, k)) for k in ages])
     return markdown_table(["model", "seeds"] + [f"k={k}" for k in ages], body)
 
 
@@ -187,9 +201,7 @@ def _per_seed_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
             fresh = _mean([r["fresh"] for r in rows])
             blank = [r["uninformative"] / r["fresh"] - 1.0 for r in rows if r.get("uninformative") is not None]
             cells = [label, str(seed), format_number(fresh, 4), _pm(_mean(blank), None, 1, 100.0, "%") if blank else "-"]
-            for T in cfg.staleness.steps:
-                inc = [r["curves"][str(T)][age] / r["curves"][str(T)][0] - 1.0 for r in rows if str(T) in r["curves"]]
-                cells.append(_pm(_mean(inc), None, 2, 100.0, "%") if inc else "-")
+            cells += [_percent(_age_increase(rows, T, age)) for T in cfg.staleness.steps]
             inc = [r["increase"][str(kmax)] for r in cached if r.get("increase") and str(kmax) in r["increase"]]
             cells.append(_pm(_mean(inc), None, 2, 100.0, "%") if inc else "-")
             body.append(cells)
@@ -203,20 +215,14 @@ def _cached_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
         rows = [r for r in res["cached"] if r["model"] == label]
         cells = [label]
         for K in Ks:
-            per_seed: dict[int, list[tuple[float, float | None]]] = {}
-            for r in rows:
-                value = r["bounds"].get(str(K))
-                inc = (r.get("increase") or {}).get(str(K))
-                if value is not None:
-                    per_seed.setdefault(r["seed"], []).append((value, inc))
-            values = [sum(v for v, _ in lst) / len(lst) for lst in per_seed.values()]
-            incs = [sum(i for _, i in lst) / len(lst) for lst in per_seed.values() if all(i is not None for _, i in lst)]
+            values = list(_seed_means(rows, lambda r: r["bounds"].get(str(K))).values())
+            incs = _seed_means(rows, lambda r: (r.get("increase") or {}).get(str(K)))
             if not values:
                 cells.append("-")
             elif K == 1 or not incs:
                 cells.append(format_number(_mean(values), 4))
             else:
-                cells.append(f"{format_number(_mean(values), 4)} ({_pm(_mean(incs), _spread(incs), 2, 100.0, '%')})")
+                cells.append(f"{format_number(_mean(values), 4)} ({_percent(incs)})")
         body.append(cells)
     return markdown_table(["model"] + [f"K={K}" for K in Ks], body)
 
@@ -234,25 +240,10 @@ def _degradation_table(cfg: StudyConfig, res: dict[str, Any]) -> str:
     body = []
     labels = list(dict.fromkeys([r["model"] for r in res["samples"]] + [r["model"] for r in res["staleness"]]))
     for label in labels:
-        cells = [label]
-        for ev in cfg.sampling.evaluators:
-            for T in cfg.sampling.steps:
-                changes = []
-                for seed in {r["seed"] for r in res["samples"] if r["model"] == label}:
-                    pick = {r["refresh"]: r for r in res["samples"]
-                            if r["model"] == label and r["evaluator"] == ev and r["steps"] == T and r["seed"] == seed}
-                    if 1 in pick and kmax in pick and pick[1]["gen_ppl"]:
-                        changes.append(pick[kmax]["gen_ppl"] / pick[1]["gen_ppl"] - 1.0)
-                cells.append(_pm(_mean(changes), _spread(changes), 1, 100.0, "%") if changes else "-")
-        for T in cfg.staleness.steps:
-            per_seed: dict[int, list[float]] = {}
-            for r in res["staleness"]:
-                curve = r["curves"].get(str(T))
-                if r["model"] == label and curve is not None:
-                    per_seed.setdefault(r["seed"], []).append(curve[age] / curve[0] - 1.0)
-            means = [sum(v) / len(v) for v in per_seed.values()]
-            cells.append(_pm(_mean(means), _spread(means), 2, 100.0, "%") if means else "-")
-        body.append(cells)
+        cells = [label] + [_percent(_k_change(res, label, "gen_ppl", ev, T, kmax), 1)
+                           for ev in cfg.sampling.evaluators for T in cfg.sampling.steps]
+        stale = [r for r in res["staleness"] if r["model"] == label]
+        body.append(cells + [_percent(_age_increase(stale, T, age)) for T in cfg.staleness.steps])
     return markdown_table(header, body)
 
 
@@ -263,23 +254,14 @@ def _paired_measures(cfg: StudyConfig, res: dict[str, Any]) -> list[tuple[str, C
     Kmax = _largest_fixed(cfg)
 
     def nelbo_increase(T: int) -> Callable[[str], dict[int, float]]:
-        return lambda label: _seed_means([r for r in res["staleness"] if r["model"] == label and str(T) in r["curves"]],
-                                         lambda r: r["curves"][str(T)][age] / r["curves"][str(T)][0] - 1.0)
+        return lambda label: _age_increase([r for r in res["staleness"] if r["model"] == label], T, age)
 
     def cached_increase(label: str) -> dict[int, float]:
         return _seed_means([r for r in res["cached"] if r["model"] == label],
                            lambda r: (r.get("increase") or {}).get(str(kmax)))
 
     def sample_ratio(field: str, ev: str, T: int) -> Callable[[str], dict[int, float]]:
-        def per_seed(label: str) -> dict[int, float]:
-            out = {}
-            for seed in {r["seed"] for r in res["samples"] if r["model"] == label}:
-                pick = {r["refresh"]: r for r in res["samples"] if r["model"] == label and r["evaluator"] == ev
-                        and r["steps"] == T and r["seed"] == seed}
-                if 1 in pick and Kmax in pick and pick[1].get(field) and pick[Kmax].get(field) is not None:
-                    out[seed] = pick[Kmax][field] / pick[1][field] - 1.0
-            return out
-        return per_seed
+        return lambda label: _k_change(res, label, field, ev, T, Kmax)
 
     measures = [(f"NELBO increase at k = {age}, T = {T}", nelbo_increase(T)) for T in cfg.staleness.steps]
     measures.append((f"cached-process bound, K = {kmax} over K = 1", cached_increase))
