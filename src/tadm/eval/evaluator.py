@@ -158,16 +158,6 @@ class Evaluator:
             raise ValueError(f"chunk of {ids.shape[1]} tokens exceeds the evaluator context of {self.context_size}")
         return self.forward_fn(ids.to(self.device), attention_mask.to(self.device), hidden)
 
-    def describe(self) -> dict[str, Any]:
-        """JSON-ready summary for result files."""
-        return {
-            "name": self.name,
-            "backend": self.backend,
-            "context_size": self.context_size,
-            "vocab_size": self.vocab_size,
-            "end_ids": sorted(self.end_ids),
-        }
-
 
 def evaluator_from_hf(
     model: nn.Module,

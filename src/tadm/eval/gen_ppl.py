@@ -100,9 +100,8 @@ class GenPPLResult:
     per_text_tokens: list[int] = field(default_factory=list)  # counted positions of each text
     features: Any = None  # (N, D) float32 MAUVE features when asked for (``gen_ppl(..., features=True)``)
 
-    def as_dict(self, per_text: bool = False) -> dict[str, Any]:
-        per_text_fields = () if per_text else ("per_text_nll", "per_text_tokens")
-        return dataclass_record(self, omit=("features", *per_text_fields))
+    def as_dict(self) -> dict[str, Any]:
+        return dataclass_record(self, omit=("features", "per_text_nll", "per_text_tokens"))
 
 
 Segment = tuple[int, int, list[int]]  # (text index, chunk start, chunk ids)

@@ -354,10 +354,6 @@ class StalenessResult:
     def fresh(self) -> float:
         return next(iter(self.curves.values()))[0]
 
-    def increase(self, num_steps: int, age: int) -> float:
-        """Relative increase of the bound at cache age ``age`` over the fresh bound."""
-        return self.curves[num_steps][age] / self.fresh - 1.0
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "fresh": self.fresh,
@@ -491,10 +487,6 @@ class CachedBoundResult:
     num_tokens: int
     num_sequences: int
     seed: int
-
-    def increase(self, refresh_interval: int) -> float:
-        """Relative increase of the bound at K over K = 1 (needs K = 1 among the measured intervals)."""
-        return self.bounds[refresh_interval] / self.bounds[1] - 1.0
 
     def as_dict(self) -> dict[str, Any]:
         base = self.bounds.get(1)

@@ -166,12 +166,6 @@ def format_tps(row: dict[str, Any], digits: int = 2) -> str:
     return f"{format_number(tps, digits)} [{format_number(low, 1)}-{format_number(high, 1)}]"
 
 
-def _row_label(row: dict[str, Any]) -> str:
-    if row["model"] == DATA_MODEL:
-        return "Data"
-    return f"{row['model']} ({refresh_label(row['refresh'])})"
-
-
 def _ordered(rows: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, int | str]], list[int]]:
     """Distinct (model, K) in first-seen model order then K (named policies last), and the sorted T values."""
     models: list[str] = []

@@ -59,10 +59,6 @@ class ThroughputResult:
     policy: str = ""  # the refresh policy's label
 
     @property
-    def median_seconds(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
     def tokens_per_generation(self) -> int:
         return self.batch_size * self.seq_len
 
