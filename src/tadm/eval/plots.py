@@ -40,7 +40,6 @@ def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
-    # deferred: matplotlib is an optional dependency (the eval extra)
     import matplotlib.pyplot as plt
 
     return plt
@@ -57,22 +56,13 @@ def _save(plt: Any, fig: Any, path: str | os.PathLike[str]) -> Path:
 
 
 def _usable(rows: Sequence[dict[str, Any]], *fields: str) -> list[dict[str, Any]]:
-    out = []
-    for r in rows:
-        if r.get("steps") is None or r.get("refresh") is None:
-            continue  # the data row has no (T, K)
-        values = [r.get(f) for f in fields]
-        if all(v is not None and math.isfinite(float(v)) for v in values):
-            out.append(r)
-    return out
+    """The rows with a (T, K) (not the data row) and a finite value in every one of ``fields``."""
+    return [r for r in rows if r.get("steps") is not None and r.get("refresh") is not None
+            and all(r.get(f) is not None and math.isfinite(float(r.get(f))) for f in fields)]
 
 
 def _models(rows: Sequence[dict[str, Any]]) -> list[str]:
-    seen: list[str] = []
-    for r in rows:
-        if r["model"] not in seen:
-            seen.append(r["model"])
-    return seen
+    return list(dict.fromkeys(r["model"] for r in rows))
 
 
 def plot_genppl_vs_throughput(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
@@ -93,9 +83,7 @@ def plot_genppl_vs_throughput(rows: Sequence[dict[str, Any]], path: str | os.Pat
             ax.plot(xs, ys, marker="o", label=label)
             for r, x, y in zip(pts, xs, ys):
                 ax.annotate(refresh_label(r["refresh"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("throughput (tokens/s)")
-    ax.set_ylabel("Gen PPL")
-    ax.set_title("Gen PPL vs throughput")
+    ax.set(xlabel="throughput (tokens/s)", ylabel="Gen PPL", title="Gen PPL vs throughput")
     ax.grid(True, alpha=0.3)
     if usable:
         ax.legend(fontsize=8)
@@ -121,9 +109,7 @@ def plot_genppl_vs_refresh(rows: Sequence[dict[str, Any]], path: str | os.PathLi
         ks = sorted({int(r["refresh"]) for r in usable if int(r["steps"]) == T})
         if ks:
             ax.set_xticks(ks, [str(k) for k in ks])
-        ax.set_xlabel("anchor refresh interval K")
-        ax.set_ylabel("Gen PPL")
-        ax.set_title(f"T = {T}")
+        ax.set(xlabel="anchor refresh interval K", ylabel="Gen PPL", title=f"T = {T}")
         ax.grid(True, alpha=0.3)
         if usable:
             ax.legend(fontsize=8)
@@ -132,8 +118,7 @@ def plot_genppl_vs_refresh(rows: Sequence[dict[str, Any]], path: str | os.PathLi
 
 def write_plots(rows: Sequence[dict[str, Any]], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Both plots into ``out_dir``: ``genppl_vs_throughput.png`` and ``genppl_vs_refresh.png``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)  # _save creates it
     return [
         plot_genppl_vs_throughput(rows, out / "genppl_vs_throughput.png"),
         plot_genppl_vs_refresh(rows, out / "genppl_vs_refresh.png"),
@@ -171,9 +156,8 @@ def plot_nelbo_vs_age(records: Sequence[dict[str, Any]], path: str | os.PathLike
             label = model if len(curves) == 1 else f"{model} ({len(curves)} seeds)"
             ax.errorbar(ages, mean, yerr=[low, high], marker="o", markersize=3, capsize=2, label=label)
         ax.axhline(0.0, color="grey", linewidth=0.8)
-        ax.set_xlabel("cache age k (reverse steps since the refresh)")
-        ax.set_ylabel("NELBO increase over k = 0 (%)")
-        ax.set_title(f"T = {T}: t' = t + k / {T}")
+        ax.set(xlabel="cache age k (reverse steps since the refresh)", ylabel="NELBO increase over k = 0 (%)",
+               title=f"T = {T}: t' = t + k / {T}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     return _save(plt, fig, path)
@@ -204,9 +188,7 @@ def plot_task_accuracy_vs_refresh(cells: Sequence[dict[str, Any]], path: str | o
         ax.set_xscale("log", base=2)
         ks = sorted({c["K"] for c in mine if isinstance(c["K"], int)})
         ax.set_xticks(ks, [str(k) for k in ks])
-        ax.set_xlabel("refresh interval K")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_title(task)
+        ax.set(xlabel="refresh interval K", ylabel="accuracy (%)", title=task)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _save(plt, fig, path)
@@ -240,24 +222,23 @@ def plot_pareto(
         ys = [float(r[metric]) for r in pts]
         ax.scatter(xs, ys, marker=markers[n % len(markers)], label=model, s=28)
         for r, x, y in zip(pts, xs, ys):
-            ax.annotate(f"{refresh_label(r['refresh']).replace('=', '')} T{r['steps']}", (x, y), textcoords="offset points", xytext=(3, 3),
-                        fontsize=6.5)
+            ax.annotate(f"{refresh_label(r['refresh']).replace('=', '')} T{r['steps']}", (x, y),
+                        textcoords="offset points", xytext=(3, 3), fontsize=6.5)
     if usable:
         points = [(float(r["tokens_per_second"]), float(r[metric])) for r in usable]
         front = pareto_front(points)
         ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="grey", linewidth=1,
                 label="Pareto front")
         ax.legend(fontsize=8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    ax.set(xscale="log", yscale="log")
     # deferred: matplotlib is an optional dependency (the eval extra)
     from matplotlib.ticker import FormatStrFormatter
 
     for axis in (ax.xaxis, ax.yaxis):  # plain numbers rather than 2 x 10^1 on the log axes
         axis.set_major_formatter(FormatStrFormatter("%g"))
         axis.set_minor_formatter(FormatStrFormatter("%g"))
-    ax.set_xlabel("measured throughput (tokens/s, median)")
-    ax.set_ylabel(metric.replace("_", " ").replace("gen ppl", "Gen PPL") + " (lower is better)")
+    ax.set(xlabel="measured throughput (tokens/s, median)",
+           ylabel=metric.replace("_", " ").replace("gen ppl", "Gen PPL") + " (lower is better)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3, which="both")
     return _save(plt, fig, path)

@@ -140,19 +140,12 @@ def format_number(value: Any, digits: int) -> str:
 def format_mauve(row: dict[str, Any]) -> str:
     """MAUVE with its counts: "0.612 [64, 6 cl.]"; "n<50" when it was refused; plain when counts are unknown."""
     if row.get("mauve") is None:
-        note = row.get("mauve_note")
-        if note:
-            return f"n<{_minimum_in(note)}" if _minimum_in(note) else "-"
-        return "-"
+        minimum = re.search(r"at least (\d+)", row.get("mauve_note") or "")
+        return f"n<{minimum.group(1)}" if minimum else "-"
     value = format_number(row.get("mauve"), 3)
     if row.get("mauve_buckets") is None:
         return value
     return f"{value} [{row.get('mauve_num_samples')}, {row.get('mauve_buckets')} cl.]"
-
-
-def _minimum_in(note: str) -> str | None:
-    found = re.search(r"at least (\d+)", note)
-    return found.group(1) if found else None
 
 
 def format_tps(row: dict[str, Any], digits: int = 2) -> str:
@@ -168,10 +161,7 @@ def format_tps(row: dict[str, Any], digits: int = 2) -> str:
 
 def _ordered(rows: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, int | str]], list[int]]:
     """Distinct (model, K) in first-seen model order then K (named policies last), and the sorted T values."""
-    models: list[str] = []
-    for r in rows:
-        if r["model"] != DATA_MODEL and r["model"] not in models:
-            models.append(r["model"])
+    models = list(dict.fromkeys(r["model"] for r in rows if r["model"] != DATA_MODEL))
     pairs = sorted({(r["model"], refresh_value(r["refresh"])) for r in rows if r["model"] != DATA_MODEL},
                    key=lambda p: (models.index(p[0]), refresh_order(p[1])))
     steps = sorted({int(r["steps"]) for r in rows if r["model"] != DATA_MODEL})
@@ -247,9 +237,8 @@ def markdown_report(
     index = {cell_key(r): r for r in rows}
     pairs, steps = _ordered(rows)
     base_tps: dict[int, float | None] = {}
-    for T in steps:
-        ref = index.get((throughput_baseline, T, 1)) if throughput_baseline is not None else None
-        value = None if ref is None else ref.get("tokens_per_second")
+    for T in steps:  # model names are strings, so no row matches a throughput_baseline of None
+        value = index.get((throughput_baseline, T, 1), {}).get("tokens_per_second")
         base_tps[T] = float(value) if value else None
     parts = [f"# {title}", ""] + list(notes) + ([""] if notes else [])
     parts += ["## Quality, compute and throughput (Table 2 layout)", "", _table2(index, pairs, steps, base_tps), ""]
