@@ -33,11 +33,13 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 from tadm.hf import first_line, is_repo_id, load_hf
 from tadm.nn import load_model
 from tadm.nn.dit import time_condition
 from tadm.nn.hub import MODEL_CLASSES
+from tadm.records import read_json
 from tadm.specs import find_tokenizer
 from tadm.training.rundir import remove_stale_temporaries, temporary_path
 
@@ -149,6 +151,12 @@ class Evaluator:
         """Token ids of each text with the evaluator's tokenizer, no BOS/EOS added."""
         return [self.encode_fn(text) for text in texts]
 
+    def pad(self, chunks: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+        """Chunks right-padded with ``pad_id`` to the longest: ids (b, n) and the real-token mask (b, n) bool."""
+        ids = [torch.tensor(c, dtype=torch.long) for c in chunks]
+        valid = [torch.ones(len(c), dtype=torch.bool) for c in chunks]
+        return pad_sequence(ids, batch_first=True, padding_value=self.pad_id), pad_sequence(valid, batch_first=True)
+
     @torch.no_grad()
     def forward(self, ids: Tensor, attention_mask: Tensor, hidden: bool = False) -> EvaluatorOutput:
         """ids (B, n), attention_mask (B, n) with right padding -> logits (B, n, V) (+ hidden (B, n, D))."""
@@ -242,13 +250,7 @@ def evaluator_from_ar_model(
 
 def _is_tadm_checkpoint(path: Path) -> str | None:
     """The tadm ``model_type`` of a checkpoint directory, or None for anything else."""
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        return None
-    try:
-        raw = json.loads(config_file.read_text())
-    except (OSError, ValueError):
-        return None
+    raw = read_json(path / "config.json")
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type in MODEL_CLASSES and (path / "model.safetensors").is_file() and "architectures" not in raw:
         return str(model_type)
@@ -463,10 +465,7 @@ def _dequantize(gguf_path: Path, name: str, log: Callable[[str], None]) -> tuple
 
 def _prepared(path: Path) -> dict[str, Any] | None:
     """The marker of a directory that ``prepare-evaluator`` wrote, or None."""
-    try:
-        raw = json.loads((path / MARKER_FILENAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
+    raw = read_json(path / MARKER_FILENAME)
     return raw if isinstance(raw, dict) and isinstance(raw.get("preset"), str) else None
 
 

@@ -119,12 +119,7 @@ def _segments(encoded: Sequence[Sequence[int]], size: int, max_tokens: int | Non
 def _score_chunks(evaluator: Evaluator, group: Sequence[Segment], hidden: bool) -> tuple[Tensor, Tensor, Any]:
     """Per position of a padded batch of chunks: the NLL of the next token (b, n - 1), whether it counts
     (b, n - 1), and the last-layer hidden states (b, n, D) when ``hidden``."""
-    width = len(group[0][2])
-    ids = torch.full((len(group), width), evaluator.pad_id, dtype=torch.long)  # (b, n)
-    valid = torch.zeros((len(group), width), dtype=torch.bool)  # (b, n)
-    for row, (_, _, chunk) in enumerate(group):
-        ids[row, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-        valid[row, : len(chunk)] = True
+    ids, valid = evaluator.pad([chunk for _, _, chunk in group])  # (b, n), (b, n)
     output = evaluator.forward(ids, valid.long(), hidden=hidden)
     logits = output.logits[:, :-1].float()  # (b, n - 1, V)
     targets = ids[:, 1:].to(logits.device)  # (b, n - 1)

@@ -68,13 +68,8 @@ def text_features(
     feats: list[np.ndarray | None] = [None] * len(encoded)
     for start in tqdm(range(0, len(order), batch_size), desc="MAUVE features", disable=not progress, leave=False):
         group = order[start : start + batch_size]
-        width = len(encoded[group[0]])
-        ids = torch.full((len(group), width), evaluator.pad_id, dtype=torch.long)  # (b, n)
-        mask = torch.zeros((len(group), width), dtype=torch.long)  # (b, n)
-        for row, n in enumerate(group):
-            ids[row, : len(encoded[n])] = torch.tensor(encoded[n])
-            mask[row, : len(encoded[n])] = 1
-        hidden = evaluator.forward(ids, mask, hidden=True).hidden  # (b, n, D)
+        ids, valid = evaluator.pad([encoded[n] for n in group])  # (b, n), (b, n)
+        hidden = evaluator.forward(ids, valid.long(), hidden=True).hidden  # (b, n, D)
         assert hidden is not None
         for row, n in enumerate(group):
             feats[n] = hidden[row, len(encoded[n]) - 1].float().cpu().numpy()  # (D,)
