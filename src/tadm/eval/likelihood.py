@@ -43,6 +43,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain, islice
 from typing import Any
 
 import torch
@@ -58,8 +59,9 @@ from tadm.diffusion import (
     masked_diffusion_loss,
     sample_t,
 )
-from tadm.training.data import build_packed_dataset
 from tadm.records import dataclass_record
+from tadm.sampling.base import check_num_steps
+from tadm.training.data import build_packed_dataset
 
 __all__ = [
     "CachedBoundResult",
@@ -136,19 +138,10 @@ def _batches(blocks: Any, batch_size: int, max_blocks: int | None) -> Iterator[T
             end = min(n, s + batch_size)
             yield blocks[s:end].long() if isinstance(blocks, Tensor) else blocks.get_batch(range(s, end))
         return
-    seen = 0
-    pending: list[Tensor] = []
-    for item in blocks if isinstance(blocks, Iterable) else []:
-        rows = item.unsqueeze(0) if item.dim() == 1 else item
-        for row in rows:
-            if max_blocks is not None and seen >= max_blocks:
-                break
-            pending.append(row)
-            seen += 1
-            if len(pending) == batch_size:
-                yield torch.stack(pending).long()
-                pending = []
-    if pending:
+    if not isinstance(blocks, Iterable):
+        return
+    rows = islice(chain.from_iterable(item.unsqueeze(0) if item.dim() == 1 else item for item in blocks), max_blocks)
+    while pending := list(islice(rows, batch_size)):
         yield torch.stack(pending).long()
 
 
@@ -514,8 +507,7 @@ def cached_process_nelbo(
     Costs up to T network calls per batch and K (fewer when several K share an anchor step).
     """
     check_anchored(model)
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"number of steps T must be an integer >= 1, got {num_steps!r}")
+    check_num_steps(num_steps)
     intervals = _check_steps(refresh_intervals, "refresh intervals K", 1)
     mask_id = int(model.mask_token_id)
     sched = get_schedule(schedule)
