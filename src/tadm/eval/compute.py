@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +29,7 @@ def layer_calls(split: LayerSplit, num_steps: int, refresh_interval: int = 1) ->
     """
     _check_split(split)
     check_num_steps(num_steps)
-    check_refresh_interval(refresh_interval)
-    return num_steps * (split.shared + split.denoiser) + math.ceil(num_steps / refresh_interval) * split.anchor
+    return policy_layer_calls(split, num_steps, check_refresh_interval(refresh_interval))
 
 
 def policy_layer_calls(
@@ -95,8 +93,7 @@ def compute_row(
     if isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 1:
         raise ValueError(f"baseline layers must be an integer >= 1, got {baseline_layers!r}")
     policy = parse_refresh(refresh)
-    key = policy.key
-    return ComputeRow(name=name, num_steps=num_steps, refresh=int(key) if key.isdigit() else key,
+    return ComputeRow(name=name, num_steps=num_steps, refresh=policy.record,
                       layer_calls=policy_layer_calls(split, num_steps, policy),
                       baseline_layer_calls=num_steps * baseline)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +69,7 @@ class SamplerSection:
         return self.name
 
     def options(self, name: str) -> dict[str, Any]:
-        settings = {"top_p": self.top_p, "eta": self.eta, "schedule": self.schedule, "nucleus": self.nucleus,
-                    "time_grid": self.time_grid}
-        return sampler_options(name, settings)
+        return sampler_options(name, {k: v for k, v in asdict(self).items() if k != "name"})
 
     def build(self, model: Any, num_steps: int, length: int) -> tuple[str, Any]:
         """(resolved name, sampler) for ``model`` at T = ``num_steps`` and canvas ``length``."""
@@ -80,17 +78,13 @@ class SamplerSection:
 
     def spec(self) -> dict[str, Any]:
         """The settings a sample unit depends on (the keys units have always recorded)."""
-        return {"sampler": self.name, "top_p": self.top_p, "eta": self.eta, "nucleus": self.nucleus,
-                "time_grid": self.time_grid}
+        return {"sampler": self.name, **{k: v for k, v in asdict(self).items() if k not in ("name", "schedule")}}
 
     def validate(self, where: str) -> None:
         masked = sorted(n for n, e in SAMPLERS.items() if e.needs == "mask_id")
-        if self.name != "auto" and self.name not in masked:
-            raise ValueError(f"{where}.name {self.name!r} is unknown; valid: auto, {', '.join(masked)}")
-        if self.nucleus not in NUCLEUS_RULES:
-            raise ValueError(f"{where}.nucleus {self.nucleus!r} is unknown; valid: {', '.join(NUCLEUS_RULES)}")
-        if self.time_grid not in TIME_GRIDS:
-            raise ValueError(f"{where}.time_grid {self.time_grid!r} is unknown; valid: {', '.join(TIME_GRIDS)}")
+        for key, valid in (("name", ["auto", *masked]), ("nucleus", NUCLEUS_RULES), ("time_grid", TIME_GRIDS)):
+            if getattr(self, key) not in valid:
+                raise ValueError(f"{where}.{key} {getattr(self, key)!r} is unknown; valid: {', '.join(valid)}")
         for name in ("remdm-cap", "remdm-loop") if self.name == "auto" else (self.name,):
             try:
                 sampler_config(name, **self.options(name))
