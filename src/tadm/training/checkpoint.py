@@ -19,6 +19,7 @@ Temporaries are named after the writing process (``.training_state.pt.tmp-<pid>`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from tadm.config import ExperimentConfig, save_config
-from tadm.training.rundir import remove_stale_temporaries, temporary_path
+from tadm.training.rundir import remove_stale_temporaries, replace_atomically, temporary_path
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -62,31 +63,19 @@ class CorruptStateError(ValueError):
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # some platforms cannot open or fsync directories
         fd = os.open(path, os.O_RDONLY)
-    except OSError:  # some platforms cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def save_training_state(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """``torch.save(state)`` to ``path`` atomically: a temporary file beside it, fsync, ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_atomically(path, lambda f: torch.save(state, f))
     _fsync_dir(path.parent)
     remove_stale_temporaries(path.parent)
     return path
@@ -132,7 +121,7 @@ def capture_rng_state() -> dict[str, Any]:
     """This process's torch (CPU and CUDA), numpy and Python RNG states as tensors and plain values."""
     np_state = np.random.get_state()
     py_version, py_internal, py_gauss = random.getstate()
-    state: dict[str, Any] = {
+    return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "numpy": {
@@ -147,7 +136,6 @@ def capture_rng_state() -> dict[str, Any]:
             "gauss_next": py_gauss,
         },
     }
-    return state
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tadm.config import check_loggers
-from tadm.training.rundir import temporary_path
+from tadm.training.rundir import replace_atomically
 
 __all__ = ["METRICS_FILENAME", "TENSORBOARD_DIRNAME", "MetricsLogger", "read_metrics"]
 
@@ -70,14 +70,18 @@ def _warn(message: str) -> None:
     warnings.warn(message, stacklevel=3)
 
 
+def _not_installed(package: str) -> None:
+    warnings.warn(f"train.loggers names {package} but the {package} package is not installed (pip install "
+                  f"{package}); logging to metrics.jsonl only", stacklevel=4)
+
+
 def _tensorboard_writer(log_dir: Path, purge_step: int) -> Any:
     """A TensorBoard writer on ``log_dir`` hiding older events of steps >= ``purge_step``; None without the package."""
     try:
         # deferred: tensorboard is optional (only with "tensorboard" in train.loggers)
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        warnings.warn("train.loggers names tensorboard but the tensorboard package is not installed "
-                      "(pip install tensorboard); logging to metrics.jsonl only", stacklevel=3)
+        _not_installed("tensorboard")
         return None
     return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
@@ -88,8 +92,7 @@ def _wandb_run(out_dir: Path, project: str, config: dict[str, Any] | None) -> An
     try:
         import wandb  # deferred: optional extra, only with "wandb" in train.loggers
     except ImportError:
-        warnings.warn("train.loggers names wandb but the wandb package is not installed (pip install wandb); "
-                      "logging to metrics.jsonl only", stacklevel=3)
+        _not_installed("wandb")
         return None
     # wandb writes under dir/wandb; mode None lets wandb read WANDB_MODE (online unless set, e.g. offline)
     return wandb.init(project=project, dir=str(out_dir), mode=os.environ.get("WANDB_MODE"), config=config,
@@ -153,15 +156,8 @@ class MetricsLogger:
 
     def _rewrite(self, records: list[dict[str, Any]]) -> None:
         """Replace the file by ``records`` atomically: a kill leaves the old file or the new one."""
-        tmp = temporary_path(self.path)
-        try:
-            with open(tmp, "w") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in records))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        replace_atomically(self.path, lambda f: f.write(text.encode()))
 
     def holds(self, step: int, split: str) -> bool:
         """Whether the resumed run's kept records include one of ``step`` and ``split``."""

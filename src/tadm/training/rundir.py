@@ -19,6 +19,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
+from typing import IO, Any, Callable
 
 from tadm.config import ConfigError
 
@@ -34,6 +35,7 @@ __all__ = [
     "pid_alive",
     "prepare_run_dir",
     "remove_stale_temporaries",
+    "replace_atomically",
     "temporary_path",
 ]
 
@@ -51,6 +53,20 @@ def temporary_path(path: str | os.PathLike[str], kind: str = "tmp") -> Path:
     """``.<name>.<kind>-<pid>`` beside ``path``: where this process assembles ``path`` before renaming it."""
     path = Path(path)
     return path.with_name(f".{path.name}.{kind}-{os.getpid()}")
+
+
+def replace_atomically(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(file)`` into :func:`temporary_path`, fsync, ``os.replace`` onto ``path``: a kill leaves the old file
+    or the new one, and no temporary."""
+    tmp = temporary_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:

@@ -93,7 +93,7 @@ from tadm.training.objectives import (
 )
 from tadm.training.precision import autocast_context, uses_bf16
 from tadm.training.provenance import check_provenance, train_recorded_tokenizer
-from tadm.training.rundir import RunDirLock, prepare_run_dir, remove_stale_temporaries
+from tadm.training.rundir import RunDirLock, prepare_run_dir, remove_stale_temporaries, replace_atomically
 from tadm.training.tokenization import META_FILENAME, TextTokenizer, check_vocab_compatible, load_tokenizer
 
 __all__ = [
@@ -216,9 +216,7 @@ def _token_counts(packed: PackedTokens, vocab_size: int) -> torch.Tensor:
     rows = 1 << 14
     for lo in range(0, len(packed), rows):
         counts += np.bincount(np.asarray(packed.array[lo : lo + rows]).ravel(), minlength=vocab_size)[:vocab_size]
-    tmp = cache.with_name(cache.name + ".tmp.npy")
-    np.save(tmp, counts)
-    tmp.replace(cache)
+    replace_atomically(cache, lambda f: np.save(f, counts))
     return torch.from_numpy(counts)
 
 
