@@ -49,7 +49,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -346,17 +346,6 @@ def _fmt_time(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-class _Printer:
-    """Rank-0 messages that do not break the progress bar."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def __call__(self, message: str) -> None:
-        if self.enabled:
-            tqdm.write(message, file=sys.stdout)
-
-
 # ====================================================================================== the loop
 def train(cfg: ExperimentConfig, *, resume: bool = False) -> TrainResult:
     """Run (or, with ``resume``, continue) the experiment ``cfg``; see the module docstring.
@@ -386,25 +375,20 @@ def _nothing_to_resume(state_path: Path) -> ConfigError:
     return ConfigError(f"nothing to resume: no training state at {state_path}")
 
 
-def _lock_out_dir(cfg: ExperimentConfig, resume: bool) -> RunDirLock:
-    """``train.out_dir`` checked (a directory, writable) and locked; leftovers of killed saves removed."""
-    out_dir = Path(cfg.train.out_dir)
-    if resume and not out_dir.is_dir():
-        raise _nothing_to_resume(out_dir / STATE_FILENAME)
-    lock = RunDirLock(prepare_run_dir(out_dir)).acquire()
-    cleaned = remove_stale_temporaries(out_dir)
-    if cleaned:
-        _Printer(True)(f"removed {len(cleaned)} leftover(s) of interrupted saves: {', '.join(p.name for p in cleaned)}")
-    return lock
-
-
 @contextlib.contextmanager
 def _claim_out_dir(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> Iterator[None]:
-    """Rank 0 holds ``train.out_dir``'s lock for the body; if it cannot, every rank raises its error."""
-    lock, problem = None, None
+    """Rank 0 checks ``train.out_dir`` (a directory, writable), holds its lock for the body and removes leftovers
+    of killed saves; if it cannot, every rank raises its error."""
+    lock, problem, out_dir = None, None, Path(cfg.train.out_dir)
     if info.is_main:
         try:
-            lock = _lock_out_dir(cfg, resume)
+            if resume and not out_dir.is_dir():
+                raise _nothing_to_resume(out_dir / STATE_FILENAME)
+            lock = RunDirLock(prepare_run_dir(out_dir)).acquire()
+            cleaned = remove_stale_temporaries(out_dir)
+            if cleaned:
+                tqdm.write(f"removed {len(cleaned)} leftover(s) of interrupted saves: "
+                           f"{', '.join(p.name for p in cleaned)}", file=sys.stdout)
         except ConfigError as err:
             problem = err
     problems = all_gather_objects(None if problem is None else str(problem), info)
@@ -425,7 +409,6 @@ class _Run:
 
     cfg: ExperimentConfig
     info: DistInfo
-    say: _Printer
     micro: int  # micro-batch size per rank (train.micro_batch_size, or derived from the world size)
     accum: int  # micro-batches per rank and optimizer step
     tokenizer: TextTokenizer
@@ -464,6 +447,11 @@ class _Run:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return autocast_context(self.info.device, self.cfg.train.precision)
+
+    def say(self, message: str) -> None:
+        """A rank-0 message that does not break the progress bar."""
+        if self.info.is_main:
+            tqdm.write(message, file=sys.stdout)
 
 
 @dataclass
@@ -569,7 +557,7 @@ def _build_run(cfg: ExperimentConfig, resume: bool, info: DistInfo, micro: int, 
         min_lr_ratio=oc.min_lr_ratio,
     )
     return _Run(
-        cfg=cfg, info=info, say=_Printer(info.is_main), micro=micro, accum=accum, tokenizer=tokenizer,
+        cfg=cfg, info=info, micro=micro, accum=accum, tokenizer=tokenizer,
         splits=splits, sampler=sampler, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
         ema=EMA(raw_model, tc.ema) if tc.ema > 0 else None, objective=get_objective(cfg.model.arch),
         obj_cfg=obj_cfg, val_cfg=validation_config(obj_cfg),
@@ -758,33 +746,9 @@ class _StopRequest:
             signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous is None else self._previous)
 
 
-def _stop(run: _Run, done: int) -> NoReturn:
-    """The state at step ``done`` saved (unless it already is), then :class:`TrainingInterrupted`."""
-    if run.last_saved != done:
-        _save_state(run, done)
-    raise TrainingInterrupted(f"interrupted at step {done}/{run.cfg.train.max_steps}; training state saved to "
-                              f"{run.state_path}", done, run.state_path)
-
-
-def _step_and_record(run: _Run, step: int, bar: Any, window: _Throughput, wall_start: float) -> bool:
-    """Optimizer step ``step + 1`` with its log line, evaluation and save when due; True if it evaluated."""
-    tc, done = run.cfg.train, step + 1
-    stats = _train_step(run, step)
-    tokens_per_s = window.step()
-    bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-    bar.update(1)
-    if done % tc.log_every == 0 or done == tc.max_steps:
-        _log_step(run, done, stats, tokens_per_s, bool(bar.disable), wall_start)
-        window.restart()
-    if done % tc.eval_every == 0:
-        _record_val(run, done)
-    if done % tc.save_every == 0:
-        _save_state(run, done)
-    return done % tc.eval_every == 0
-
-
 def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
-    """The steps from ``run.start_step`` to ``train.max_steps`` with their logs, evaluations and saves, then the end."""
+    """The steps from ``run.start_step`` to ``train.max_steps`` with their logs, evaluations and saves; then
+    validation and training state at the last step unless just done, and ``final/`` (rank 0)."""
     tc = run.cfg.train
     bar = tqdm(total=tc.max_steps, initial=run.start_step, unit="step", desc="train", dynamic_ncols=True,
                disable=None if run.info.is_main else True)
@@ -795,28 +759,36 @@ def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
         window = _Throughput(run.tokens_per_step)
         last_eval = run.start_step if fresh else -1
         with _StopRequest(enabled=not run.info.distributed) as stop:
-            for step in range(run.start_step, tc.max_steps):
-                if _step_and_record(run, step, bar, window, wall_start):
-                    last_eval = step + 1
-                if stop.requested and step + 1 < tc.max_steps:
-                    _stop(run, step + 1)
+            for done in range(run.start_step + 1, tc.max_steps + 1):
+                stats = _train_step(run, done - 1)
+                tokens_per_s = window.step()
+                bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                bar.update(1)
+                if done % tc.log_every == 0 or done == tc.max_steps:
+                    _log_step(run, done, stats, tokens_per_s, bool(bar.disable), wall_start)
+                    window.restart()
+                if done % tc.eval_every == 0:
+                    _record_val(run, done)
+                    last_eval = done
+                if done % tc.save_every == 0:
+                    _save_state(run, done)
+                if stop.requested and done < tc.max_steps:
+                    if run.last_saved != done:
+                        _save_state(run, done)
+                    raise TrainingInterrupted(f"interrupted at step {done}/{tc.max_steps}; training state saved to "
+                                              f"{run.state_path}", done, run.state_path)
         bar.close()
-        _finish(run, last_eval)
+        end = run.result.step
+        if last_eval != end:
+            _record_val(run, end)
+        if run.last_saved != end:
+            _save_state(run, end)
+        if run.info.is_main:
+            save_model_dir(run.eval_model, run.out_dir / FINAL_DIRNAME, tokenizer=run.tokenizer, config=run.cfg)
+        barrier(run.info)
     finally:
         bar.close()
         run.metrics.close()
-
-
-def _finish(run: _Run, last_eval: int) -> None:
-    """Validation and training state at the last step unless just done, then ``final/`` (rank 0)."""
-    end = run.result.step
-    if last_eval != end:
-        _record_val(run, end)
-    if run.last_saved != end:
-        _save_state(run, end)
-    if run.info.is_main:
-        save_model_dir(run.eval_model, run.out_dir / FINAL_DIRNAME, tokenizer=run.tokenizer, config=run.cfg)
-    barrier(run.info)
 
 
 def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo, micro: int, accum: int) -> TrainResult:
@@ -842,7 +814,7 @@ def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo, micro: int, accu
     return result
 
 
-def _summary(say: _Printer, result: TrainResult, start_step: int, tokens_per_step: int, ema: bool) -> None:
+def _summary(say: Callable[[str], None], result: TrainResult, start_step: int, tokens_per_step: int, ema: bool) -> None:
     ran = result.step - start_step
     rate = ran * tokens_per_step / max(result.wall_time_s, 1e-9)
     recent = result.losses[-10:]
