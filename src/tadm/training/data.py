@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -166,7 +167,7 @@ def _hf_hint(source: str) -> str:
     )
 
 
-def _import_datasets(source: str) -> Any:
+def _hf_rows(source: str, split: str | None, local_dir: Path | None) -> Iterable[Any]:
     try:
         # deferred: the Hugging Face datasets package is optional (only for Hub datasets)
         import datasets
@@ -175,11 +176,6 @@ def _import_datasets(source: str) -> Any:
             f"{source!r} is not a local file or directory, so it would be loaded as a Hugging Face "
             f"dataset, which needs `pip install datasets` and network access. {_hf_hint(source)}"
         ) from err
-    return datasets
-
-
-def _hf_rows(source: str, split: str | None, local_dir: Path | None) -> Iterable[Any]:
-    datasets = _import_datasets(source)
     split = split or "train"
     try:
         if local_dir is not None:
@@ -251,37 +247,27 @@ def load_texts(
             ``text_field``.
     """
     spec = os.fspath(source)
-    label = spec
-    if spec in BUNDLED_CORPORA:
-        _check_local_split(spec, split)
-        docs: Iterator[str] = _read_jsonl(bundled_corpus_path(spec), "text")
-        return _nonblank(docs, label)
     path = Path(spec).expanduser()
-    if path.is_file():
+    if spec in BUNDLED_CORPORA:
+        files, text_field = [bundled_corpus_path(spec)], "text"
+    elif path.is_file():
         if _suffix(path) is None:
             raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(TEXT_SUFFIXES)}")
-        _check_local_split(spec, split)
-        return _nonblank(_read_file(path, text_field, doc_sep), label)
-    if path.is_dir():
-        if any((path / m).is_file() for m in _HF_DISK_MARKERS):
-            return _nonblank(_read_hf(_hf_rows(spec, split, path), spec, text_field), label)
-        _check_local_split(spec, split)
+        files = [path]
+    elif path.is_dir() and not any((path / m).is_file() for m in _HF_DISK_MARKERS):
         files = _dir_files(path)
         if not files:
             raise ValueError(f"directory {path} holds no {'/'.join(TEXT_SUFFIXES)} files")
-        docs = (d for f in files for d in _read_file(f, text_field, doc_sep))
-        return _nonblank(docs, label)
-    if _looks_like_path(spec):
+    elif path.is_dir() or not _looks_like_path(spec):  # a dataset saved by `datasets`, or a hub name
+        return _nonblank(_read_hf(_hf_rows(spec, split, path if path.is_dir() else None), spec, text_field), spec)
+    else:
         raise FileNotFoundError(f"corpus file or directory {spec!r} does not exist")
-    return _nonblank(_read_hf(_hf_rows(spec, split, None), spec, text_field), label)
-
-
-def _check_local_split(source: str, split: str | None) -> None:
     if split not in (None, "train"):
         raise ValueError(
-            f"split={split!r} given for local source {source!r}, which has a single split; "
+            f"split={split!r} given for local source {spec!r}, which has a single split; "
             "pass split=None and hold out validation documents with val_fraction"
         )
+    return _nonblank((d for f in files for d in _read_file(f, text_field, doc_sep)), spec)
 
 
 # ============================================================================ packing
@@ -403,9 +389,9 @@ def _tokenize_to_file(
     lengths: list[int] = []
     eos = tokenizer.eos_id
     bar = tqdm(desc=f"tokenizing {label}", unit="doc", disable=None if progress is None else not progress)
+    docs = iter(docs)
     with open(out, "wb") as f:
-
-        def flush(batch: list[str]) -> None:
+        for batch in iter(lambda: list(itertools.islice(docs, batch_docs)), []):
             encoded = encode_batch(batch) if encode_batch else [tokenizer.encode(d) for d in batch]
             sizes = [len(ids) + 1 for ids in encoded]
             ends = np.cumsum(sizes)
@@ -417,15 +403,6 @@ def _tokenize_to_file(
             f.write(flat.astype(dtype).tobytes())
             lengths.extend(sizes)
             bar.update(len(batch))
-
-        batch: list[str] = []
-        for doc in docs:
-            batch.append(doc)
-            if len(batch) == batch_docs:
-                flush(batch)
-                batch = []
-        if batch:
-            flush(batch)
     bar.close()
     return np.asarray(lengths, dtype=np.int64)
 
@@ -657,10 +634,6 @@ class BlockSampler(Sampler[list[int]]):
     def steps_per_epoch(self) -> int:
         return self.num_blocks // self.batch_size
 
-    @property
-    def local_batch_size(self) -> int:
-        return self.batch_size // self.world_size
-
     def epoch_permutation(self, epoch: int) -> torch.Tensor:
         """The block order of ``epoch``: LongTensor (num_blocks,)."""
         if epoch != self._perm_epoch:
@@ -677,7 +650,7 @@ class BlockSampler(Sampler[list[int]]):
 
     def batch_indices(self, step: int) -> list[int]:
         """This rank's indices of ``step``."""
-        b = self.local_batch_size
+        b = self.batch_size // self.world_size
         return self.global_batch(step)[self.rank * b : (self.rank + 1) * b]
 
     def __iter__(self) -> Iterator[list[int]]:
