@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tadm.diffusion import (
+    NoiseSchedule,
     further_mask,
     get_schedule,
     mask_corrupt,
@@ -109,6 +110,13 @@ def _per_token_mean(per_token: Tensor) -> Tensor:
     return per_token.sum() / per_token.numel()
 
 
+def _schedule_mask_and_t(model: nn.Module, x: Tensor, generator: torch.Generator | None,
+                         cfg: ObjectiveConfig) -> tuple[NoiseSchedule, int, Tensor]:
+    """What every masked diffusion objective starts with: its schedule, the mask id and t ~ U(eps, 1), (B,)."""
+    schedule, mask_id = get_schedule(cfg.schedule), _mask_id(model)
+    return schedule, mask_id, sample_t(x.shape[0], cfg.eps, cfg.antithetic, generator, device=x.device)
+
+
 def tadm_objective(
     model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig
 ) -> LossOutput:
@@ -129,10 +137,7 @@ def tadm_objective(
     Returns:
         LossOutput with parts "diffusion" and "anchor" and tensors z_t, z_tp, t, t_anchor.
     """
-    B, L = x.shape
-    schedule = get_schedule(cfg.schedule)
-    mask_id = _mask_id(model)
-    t = sample_t(B, cfg.eps, cfg.antithetic, generator, device=x.device)  # (B,)
+    schedule, mask_id, t = _schedule_mask_and_t(model, x, generator, cfg)
     times = sample_stale_anchor_times(t, cfg.refresh_intervals, cfg.step_budgets, generator)
     alpha_t = schedule.alpha(times.t)  # (B,)
     alpha_tp = schedule.alpha(times.t_anchor)  # (B,)
@@ -155,7 +160,7 @@ def tadm_objective(
     )
     return LossOutput(
         loss=_per_token_mean(terms.total),
-        num_tokens=B * L,
+        num_tokens=x.numel(),
         parts={
             "diffusion": _per_token_mean(terms.diffusion).detach(),
             "anchor": _per_token_mean(terms.anchor).detach(),
@@ -175,15 +180,12 @@ def mdlm_objective(
         generator: source of the t and mask draws.
         cfg: objective settings (schedule, eps, antithetic).
     """
-    B, L = x.shape
-    schedule = get_schedule(cfg.schedule)
-    mask_id = _mask_id(model)
-    t = sample_t(B, cfg.eps, cfg.antithetic, generator, device=x.device)  # (B,)
+    schedule, mask_id, t = _schedule_mask_and_t(model, x, generator, cfg)
     z_t = mask_corrupt(x, schedule.alpha(t), mask_id, generator)  # (B, L)
     log_probs = model(z_t, t)  # (B, L, V)
     per_token = masked_diffusion_loss(log_probs, x, z_t, t, schedule, mask_id)  # (B, L)
     loss = _per_token_mean(per_token)
-    return LossOutput(loss=loss, num_tokens=B * L, parts={"diffusion": loss.detach()}, tensors={"z_t": z_t, "t": t})
+    return LossOutput(loss=loss, num_tokens=x.numel(), parts={"diffusion": loss.detach()}, tensors={"z_t": z_t, "t": t})
 
 
 def adlm_objective(
@@ -202,10 +204,7 @@ def adlm_objective(
         generator: source of the t and mask draws.
         cfg: objective settings; ``anchor_token_mask`` selects the anchor tokens.
     """
-    B, L = x.shape
-    schedule = get_schedule(cfg.schedule)
-    mask_id = _mask_id(model)
-    t = sample_t(B, cfg.eps, cfg.antithetic, generator, device=x.device)  # (B,)
+    schedule, mask_id, t = _schedule_mask_and_t(model, x, generator, cfg)
     z_t = mask_corrupt(x, schedule.alpha(t), mask_id, generator)  # (B, L)
     log_probs, anchor_log_probs = model(z_t, t)  # (B, L, V) each
     diffusion = masked_diffusion_loss(log_probs, x, z_t, t, schedule, mask_id)  # (B, L)
@@ -216,7 +215,7 @@ def adlm_objective(
     total = diffusion + cfg.gamma * anchor if cfg.gamma > 0 else diffusion
     return LossOutput(
         loss=_per_token_mean(total),
-        num_tokens=B * L,
+        num_tokens=x.numel(),
         parts={"diffusion": _per_token_mean(diffusion).detach(), "anchor": _per_token_mean(anchor).detach()},
         tensors={"z_t": z_t, "t": t},
     )
