@@ -182,10 +182,8 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     return gathered
 
 
-def wrap_model(model: nn.Module, info: DistInfo, find_unused_parameters: bool = False) -> nn.Module:
+def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
     """``DistributedDataParallel(model)`` in a distributed run (rank 0's weights are broadcast), else ``model``."""
     if not info.distributed:
         return model
-
-    device_ids = [info.device.index] if info.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+    return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)

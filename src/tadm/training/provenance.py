@@ -11,6 +11,7 @@ same text (a moved or touched corpus).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -55,13 +56,6 @@ class _TextDigest:
 def _corpus(source: str | os.PathLike[str], text_field: str) -> dict[str, Any]:
     name, files = source_identity(source)
     return {"source": name, "source_files": files, "text_field": text_field}
-
-
-def _text_sha256(source: str | os.PathLike[str], text_field: str) -> str:
-    digest = _TextDigest()
-    for _ in digest.over(load_texts(source, text_field=text_field)):
-        pass
-    return digest.hexdigest()
 
 
 def _write(directory: Path, record: dict[str, Any]) -> None:
@@ -134,7 +128,9 @@ def check_provenance(
         raise TokenizerMismatchError(f"the tokenizer in {directory} was trained with {details}{tail}")
     if not differ and saved.get("source_files") == now["source_files"]:
         return
-    if _text_sha256(source, text_field) != saved.get("text_sha256"):
+    digest = _TextDigest()
+    collections.deque(digest.over(load_texts(source, text_field=text_field)), maxlen=0)  # hash every document
+    if digest.hexdigest() != saved.get("text_sha256"):
         what = f"on {saved.get('source')!r}" if differ else f"on an earlier version of {now['source']!r}"
         raise TokenizerMismatchError(f"the tokenizer in {directory} was trained {what}, not on the text of "
                                      f"{str(source)!r} now{tail}")

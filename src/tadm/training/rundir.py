@@ -80,13 +80,6 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def remove_stale_temporaries(directory: str | os.PathLike[str], target: str | None = None) -> list[Path]:
     """Delete the temporaries in ``directory`` whose writing process is dead; return what was cleaned.
 
@@ -106,8 +99,10 @@ def remove_stale_temporaries(directory: str | os.PathLike[str], target: str | No
         destination = directory / found["target"]
         if found["kind"] == "old" and not destination.exists():
             os.replace(path, destination)
+        elif path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
         else:
-            _remove(path)
+            path.unlink(missing_ok=True)
         cleaned.append(path)
     return cleaned
 
