@@ -144,15 +144,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     np_state = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            np_state["key"].numpy().astype(np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["cached_gaussian"],
-        )
-    )
+    key = np_state["key"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", key, np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
     py_state = state["python"]
     random.setstate((py_state["version"], tuple(int(v) for v in py_state["internal"].tolist()), py_state["gauss_next"]))
 
