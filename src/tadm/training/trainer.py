@@ -461,8 +461,7 @@ class _StepStats:
     loss: float
     lr: float
     grad_norm: float
-    part_names: list[str]
-    reduced: torch.Tensor  # (1 + parts,) rank-averaged loss and loss parts; the parts are read when logged
+    parts: dict[str, torch.Tensor]  # () rank-averaged loss parts, read (synchronised) only when logged
 
 
 def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | None:
@@ -689,7 +688,7 @@ def _train_step(run: _Run, step: int) -> _StepStats:
     run.sampler.step = done
     run.result.step = done
     run.result.losses.append(loss)
-    return _StepStats(loss=loss, lr=lr, grad_norm=grad_norm, part_names=list(part_sums), reduced=stats)
+    return _StepStats(loss=loss, lr=lr, grad_norm=grad_norm, parts=dict(zip(part_sums, stats[1:])))
 
 
 class _Throughput:
@@ -709,8 +708,7 @@ class _Throughput:
 
 def _log_step(run: _Run, done: int, stats: _StepStats, tokens_per_s: float, quiet_bar: bool, wall_start: float) -> None:
     tc = run.cfg.train
-    parts = dict(zip(stats.part_names, stats.reduced[1:].tolist()))
-    run.metrics.log(done, "train", {"loss": stats.loss, **parts, "lr": stats.lr, "grad_norm": stats.grad_norm,
+    run.metrics.log(done, "train", {"loss": stats.loss, **stats.parts, "lr": stats.lr, "grad_norm": stats.grad_norm,
                                     "tokens_per_s": tokens_per_s, "tokens_seen": done * run.tokens_per_step,
                                     "elapsed_s": time.perf_counter() - wall_start})
     if quiet_bar:
