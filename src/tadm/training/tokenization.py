@@ -99,26 +99,8 @@ class TextTokenizer:
         self.backend = backend
         self.bos_token, self.eos_token, self.mask_token = bos_token, eos_token, mask_token
         self.name = name
-        self._bos_id, self._eos_id, self._mask_id = ids["bos"], ids["eos"], ids["mask"]
-        self._vocab_size = vocab_size
-
-    # ---------------------------------------------------------------- ids
-    @property
-    def vocab_size(self) -> int:
-        """Number of ids, mask included: the model's vocabulary size V."""
-        return self._vocab_size
-
-    @property
-    def mask_id(self) -> int:
-        return self._mask_id
-
-    @property
-    def bos_id(self) -> int:
-        return self._bos_id
-
-    @property
-    def eos_id(self) -> int:
-        return self._eos_id
+        self.bos_id, self.eos_id, self.mask_id = ids["bos"], ids["eos"], ids["mask"]
+        self.vocab_size = vocab_size  # number of ids, mask included: the model's vocabulary size V
 
     # ---------------------------------------------------------------- text <-> ids
     def encode(self, text: str) -> list[int]:
@@ -127,16 +109,15 @@ class TextTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """``[encode(t) for t in texts]``, run in parallel by ``tokenizers``."""
-        fast = getattr(self.backend, "encode_batch_fast", None)  # no offsets: faster
-        batch = (fast or self.backend.encode_batch)(list(texts), add_special_tokens=False)
+        batch = self.backend.encode_batch_fast(list(texts), add_special_tokens=False)  # no offsets: faster
         return [enc.ids for enc in batch]
 
     def decode(self, ids: Sequence[int] | Any, *, skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (a list, 1-D tensor or array); special tokens kept by default."""
         ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-        bad = [i for i in ids if not 0 <= i < self._vocab_size]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside [0, {self._vocab_size})")
+            raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size})")
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ---------------------------------------------------------------- persistence
@@ -147,7 +128,7 @@ class TextTokenizer:
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
             "mask_token": self.mask_token,
-            "vocab_size": self._vocab_size,
+            "vocab_size": self.vocab_size,
         }
 
     def fingerprint(self) -> str:
@@ -196,8 +177,8 @@ class TextTokenizer:
 
     def __repr__(self) -> str:
         return (
-            f"TextTokenizer(name={self.name!r}, vocab_size={self._vocab_size}, bos_id={self._bos_id}, "
-            f"eos_id={self._eos_id}, mask_id={self._mask_id})"
+            f"TextTokenizer(name={self.name!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
+            f"eos_id={self.eos_id}, mask_id={self.mask_id})"
         )
 
 
