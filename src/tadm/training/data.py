@@ -43,6 +43,7 @@ __all__ = [
     "PackedSplits",
     "PackedTokens",
     "build_packed_dataset",
+    "hashed_seed",
     "load_texts",
     "source_identity",
     "token_dtype",
@@ -584,8 +585,9 @@ def build_packed_dataset(
 
 
 # ============================================================================ batches
-def _epoch_seed(seed: int, epoch: int) -> int:
-    digest = hashlib.sha256(f"tadm-blocks:{seed}:{epoch}".encode()).digest()
+def hashed_seed(*parts: object) -> int:
+    """A 63-bit seed from the SHA-256 of ``parts`` joined by ":" (e.g. ``"tadm-blocks", seed, epoch``)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
@@ -637,7 +639,7 @@ class BlockSampler(Sampler[list[int]]):
     def epoch_permutation(self, epoch: int) -> torch.Tensor:
         """The block order of ``epoch``: LongTensor (num_blocks,)."""
         if epoch != self._perm_epoch:
-            gen = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+            gen = torch.Generator().manual_seed(hashed_seed("tadm-blocks", self.seed, epoch))
             self._perm = torch.randperm(self.num_blocks, generator=gen)
             self._perm_epoch = epoch
         return self._perm
