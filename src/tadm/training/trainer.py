@@ -38,7 +38,6 @@ slice of every global batch, only rank 0 writes files and prints.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import random
 import shutil
@@ -68,7 +67,7 @@ from tadm.training.checkpoint import (
     save_model_dir,
     save_training_state,
 )
-from tadm.training.data import BlockSampler, PackedSplits, PackedTokens, build_packed_dataset
+from tadm.training.data import BlockSampler, PackedSplits, PackedTokens, build_packed_dataset, hashed_seed
 from tadm.training.distributed import (
     DistInfo,
     all_gather_objects,
@@ -175,8 +174,7 @@ def _seed_everything(seed: int) -> None:
 
 def _noise_seed(seed: int, step: int, chunk: int, split: str = "train") -> int:
     """Seed of the diffusion noise of micro-batch ``chunk`` (global index) of optimizer step ``step``."""
-    digest = hashlib.sha256(f"tadm-noise:{split}:{seed}:{step}:{chunk}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+    return hashed_seed("tadm-noise", split, seed, step, chunk)
 
 
 def _noise_generator(seed: int, step: int, chunk: int, split: str = "train") -> torch.Generator:
@@ -691,21 +689,6 @@ def _train_step(run: _Run, step: int) -> _StepStats:
     return _StepStats(loss=loss, lr=lr, grad_norm=grad_norm, parts=dict(zip(part_sums, stats[1:])))
 
 
-class _Throughput:
-    """Tokens per second over the steps since the last log line."""
-
-    def __init__(self, tokens_per_step: int) -> None:
-        self.tokens_per_step = tokens_per_step
-        self.restart()
-
-    def restart(self) -> None:
-        self.start, self.steps = time.perf_counter(), 0
-
-    def step(self) -> float:
-        self.steps += 1
-        return self.steps * self.tokens_per_step / max(time.perf_counter() - self.start, 1e-9)
-
-
 def _log_step(run: _Run, done: int, stats: _StepStats, tokens_per_s: float, quiet_bar: bool, wall_start: float) -> None:
     tc = run.cfg.train
     run.metrics.log(done, "train", {"loss": stats.loss, **stats.parts, "lr": stats.lr, "grad_norm": stats.grad_norm,
@@ -754,17 +737,18 @@ def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
         if fresh:
             _record_val(run, 0)
         run.model.train()
-        window = _Throughput(run.tokens_per_step)
+        window_start, window_steps = time.perf_counter(), 0  # tokens/s are over the steps since the last log line
         last_eval = run.start_step if fresh else -1
         with _StopRequest(enabled=not run.info.distributed) as stop:
             for done in range(run.start_step + 1, tc.max_steps + 1):
                 stats = _train_step(run, done - 1)
-                tokens_per_s = window.step()
+                window_steps += 1
+                tokens_per_s = window_steps * run.tokens_per_step / max(time.perf_counter() - window_start, 1e-9)
                 bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
                 bar.update(1)
                 if done % tc.log_every == 0 or done == tc.max_steps:
                     _log_step(run, done, stats, tokens_per_s, bool(bar.disable), wall_start)
-                    window.restart()
+                    window_start, window_steps = time.perf_counter(), 0
                 if done % tc.eval_every == 0:
                     _record_val(run, done)
                     last_eval = done
