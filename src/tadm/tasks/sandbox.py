@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 __all__ = [
     "CODE_EXEC_ENV",
@@ -184,15 +184,12 @@ class Containment:
         return self.namespaces
 
     def describe(self) -> str:
-        parts = []
-        parts.append("no network" if self.network_blocked else
-                     "NETWORK OPEN" + (" (TCP blocked by Landlock)" if self.landlock_abi >= 4 else ""))
-        parts.append("writes only in its directory" if self.filesystem_contained else "FILE SYSTEM WRITABLE")
-        if self.processes_contained:
-            parts.append("own PID namespace")
-        else:
-            parts.append("processes killed by session and marker (best effort)"
-                         + ("; signals to the evaluator blocked" if self.landlock_abi >= 6 else ""))
+        parts = ["no network" if self.network_blocked else
+                 "NETWORK OPEN" + (" (TCP blocked by Landlock)" if self.landlock_abi >= 4 else ""),
+                 "writes only in its directory" if self.filesystem_contained else "FILE SYSTEM WRITABLE",
+                 "own PID namespace" if self.processes_contained else
+                 "processes killed by session and marker (best effort)"
+                 + ("; signals to the evaluator blocked" if self.landlock_abi >= 6 else "")]
         how = "+".join(x for x, on in (("namespaces", self.namespaces), (f"landlock-abi{self.landlock_abi}",
                                                                        self.landlock_abi >= 1)) if on) or "none"
         return f"{how}: " + ", ".join(parts)
@@ -201,7 +198,6 @@ class Containment:
 def _landlock_abi() -> int:
     if not sys.platform.startswith("linux"):
         return 0
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
@@ -218,31 +214,25 @@ _UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--mount", "--pid", "--f
 def containment() -> Containment:
     """Probe once what this machine allows: the namespaces (a real sandboxed run) and the Landlock ABI."""
     abi = _landlock_abi()
-    unshare = shutil.which("unshare")
-    namespaces = False
-    if unshare is not None and sys.platform.startswith("linux"):
-        try:
-            namespaces = _probe(Containment(True, abi))
-        except (OSError, subprocess.SubprocessError):
-            namespaces = False
-    if not namespaces and abi >= 1:
-        try:
-            abi = abi if _probe(Containment(False, abi)) else 0
-        except (OSError, subprocess.SubprocessError):
-            abi = 0
+    can_unshare = shutil.which("unshare") is not None and sys.platform.startswith("linux")
+    namespaces = can_unshare and _probe(Containment(True, abi))
+    if not namespaces and abi >= 1 and not _probe(Containment(False, abi)):
+        abi = 0
     return Containment(namespaces, abi)
 
 
 def _probe(level: Containment) -> bool:
-    """Does a trivial program run to its end under ``level``, and is a write outside its directory refused?"""
+    """Does a trivial program run to its end under ``level``, and is a write outside its directory refused?
+    False also when the sandboxed run cannot be started at all."""
     outside = os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}probe-{os.getpid()}-{secrets.token_hex(4)}")
     code = f"try:\n    open({outside!r}, 'w').close()\nexcept OSError:\n    pass\nelse:\n    raise SystemExit(5)\n"
     try:
-        result = _run(code, stdin="", timeout=20.0, memory_mb=1024, max_output=4096, mode="tests", level=level)
+        return _run(code, stdin="", timeout=20.0, memory_mb=1024, max_output=4096, mode="tests", level=level).ok
+    except (OSError, subprocess.SubprocessError):
+        return False
     finally:
         if os.path.exists(outside):
             os.remove(outside)
-    return result.ok
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -262,8 +252,7 @@ class CodeLimits:
             raise ValueError(f"code memory limit must be an integer number of MB >= 16, got {self.memory_mb!r}")
 
     def run_kwargs(self) -> dict[str, object]:
-        return {"timeout": self.timeout, "memory_mb": self.memory_mb, "allow_execution": self.allow_execution,
-                "allow_network": self.allow_network}
+        return asdict(self)  # the field names are run_program's keywords
 
 
 @dataclass
@@ -469,12 +458,10 @@ def _run(code: str, *, stdin: str, timeout: float, memory_mb: int, max_output: i
         if completed and err.endswith(sentinel):
             err = err[: -len(sentinel)]
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        description = level.describe()
         if timed_out:
-            return SandboxResult("timeout", None, stdout, stderr, seconds, False, description)
-        returncode = process.returncode
-        return SandboxResult(_status(returncode, stderr, completed), returncode, stdout, stderr, seconds,
-                             completed, description)
+            return SandboxResult("timeout", None, stdout, stderr, seconds, False, level.describe())
+        return SandboxResult(_status(process.returncode, stderr, completed), process.returncode, stdout, stderr,
+                             seconds, completed, level.describe())
     finally:
         for fd in (read_end, write_end):
             if fd >= 0:
