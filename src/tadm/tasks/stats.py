@@ -63,12 +63,6 @@ class RequestStats:
         return {**asdict(self), "tokens_per_second": self.tokens_per_second}
 
 
-def _add(total: dict[str, int], calls: dict[str, int]) -> dict[str, int]:
-    for key, value in calls.items():
-        total[key] = total.get(key, 0) + int(value)
-    return total
-
-
 def summarize(requests: Iterable[RequestStats], batches: Iterable[BatchStats]) -> dict[str, Any]:
     """Totals over ``batches`` (each counted once) and per-request means over ``requests``."""
     requests, batches = list(requests), list(batches)
@@ -76,7 +70,8 @@ def summarize(requests: Iterable[RequestStats], batches: Iterable[BatchStats]) -
     tokens = sum(r.generated_tokens for r in requests)
     calls: dict[str, int] = {}
     for b in batches:
-        _add(calls, b.layer_calls)
+        for key, value in b.layer_calls.items():
+            calls[key] = calls.get(key, 0) + int(value)
     n = len(requests)
     stops = {kind: sum(r.stop == kind for r in requests) for kind in ("eos", "until", "length")}
     return {

@@ -26,9 +26,8 @@ from typing import Any
 __all__ = ["LABELS", "Verdict", "VerdictSummary", "parse_verdict", "summarize_verdicts"]
 
 LABELS = ("incoherent", "repetition_loop")
-_TRUE = {"true", "yes", "1"}
-_FALSE = {"false", "no", "0"}
-_NULL = {"null", "none", "unknown", "unsure", "n/a", ""}
+_WORDS = {**dict.fromkeys(("true", "yes", "1"), True), **dict.fromkeys(("false", "no", "0"), False),
+          **dict.fromkeys(("null", "none", "unknown", "unsure", "n/a", ""), None)}  # a label's readable words
 
 
 @dataclass
@@ -121,11 +120,7 @@ def _label(value: Any) -> tuple[bool, bool | None]:
     if value is None or isinstance(value, bool):
         return True, value
     text = str(value).strip().lower()
-    if text in _TRUE:
-        return True, True
-    if text in _FALSE:
-        return True, False
-    return (True, None) if text in _NULL else (False, None)
+    return text in _WORDS, _WORDS.get(text)
 
 
 def _from_mapping(data: dict[str, Any], raw: str) -> Verdict | None:
