@@ -35,12 +35,8 @@ from typing import Any
 
 from tadm.records import read_json_lines
 
-__all__ = ["RAW_FILES", "convert_rows", "decode_test_cases", "functional_program", "read_raw_jsonl",
-           "record_from_row", "same_json_output"]
-
-RAW_FILES = {"v1": "test.jsonl", "v2": "test2.jsonl", "v3": "test3.jsonl", "v4": "test4.jsonl",
-             "v5": "test5.jsonl", "v6": "test6.jsonl"}
-"""The file of the problems each release added (``livecodebench/code_generation_lite``)."""
+__all__ = ["convert_rows", "decode_test_cases", "functional_program", "read_raw_jsonl", "record_from_row",
+           "same_json_output"]
 
 
 class _NoGlobals(pickle.Unpickler):

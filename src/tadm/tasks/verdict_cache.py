@@ -54,9 +54,6 @@ class VerdictCache:
                 except (ValueError, KeyError, TypeError):
                     log.warning("%s:%d: skipping an unreadable cache line", self.path, number)
 
-    def __len__(self) -> int:
-        return len(self._answers)
-
     def get(self, key: str) -> str | None:
         """The cached raw answer for ``key``, or None."""
         return self._answers.get(key)
