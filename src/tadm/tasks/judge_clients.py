@@ -135,10 +135,6 @@ class OpenAIChatClient:
             reason = getattr(err, "reason", err)
             raise _Retryable(f"{type(reason).__name__}: {reason}") from None
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
-        return min(retry_after, self.max_backoff) if retry_after is not None else delay
-
     def complete(self, messages: Messages) -> str:
         """The model's answer to ``messages``; JudgeRequestError after ``max_attempts`` failed tries."""
         body = json.dumps({"model": self.model, "messages": messages, "temperature": 0.0,
@@ -149,7 +145,8 @@ class OpenAIChatClient:
             except _Retryable as err:
                 if attempt == self.max_attempts:
                     raise JudgeRequestError(f"judge {self.url} failed after {attempt} attempt(s): {err}") from None
-                self.sleep(self._delay(attempt, err.retry_after))
+                backoff = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
+                self.sleep(min(err.retry_after, self.max_backoff) if err.retry_after is not None else backoff)
         raise AssertionError("unreachable")
 
 
@@ -259,15 +256,13 @@ def make_judge_client(judge: str | None = None, *, url: str | None = None, model
     ``model`` is an OpenAI-compatible endpoint. ``options`` go to the client (timeout, max_attempts,
     api_key_env, ... or max_new_tokens, device).
     """
-    if judge is not None and judge.startswith(("local:", "local-free:")):
-        kind, path = judge.split(":", 1)
-        return LocalChatClient(path, **{"decoding": "free" if kind == "local-free" else "labels", **options})
-    if url is not None:
+    kind, colon, path = ("local" if judge is None else judge).partition(":")
+    if url is not None and not (colon and kind in ("local", "local-free")):
         if judge not in (None, "openai"):
             raise ValueError(f"give --judge local:PATH or --judge URL with --judge-model, not both ({judge!r})")
         return OpenAIChatClient(url, model or "", **options)
-    if judge in (None, "local", "local-free"):
-        decoding = "free" if judge == "local-free" else "labels"
-        return LocalChatClient(default_evaluator_path(), **{"decoding": decoding, **options})
+    if kind in ("local", "local-free"):
+        decoding = "free" if kind == "local-free" else "labels"
+        return LocalChatClient(path if colon else default_evaluator_path(), **{"decoding": decoding, **options})
     raise ValueError(f"unknown judge {judge!r}: use none, local, local:PATH, local-free:PATH, or an "
                      "http(s):// URL with --judge-model NAME")
