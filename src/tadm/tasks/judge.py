@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tadm.tasks.judge_clients import ChatClient, JudgeRequestError, make_judge_client
 from tadm.tasks.verdict import Verdict, VerdictSummary, parse_verdict, summarize_verdicts
@@ -57,10 +56,6 @@ class JudgeResult:
     verdicts: list[Verdict]
     summary: VerdictSummary
     requests: int  # requests sent in this run (the rest came from the cache)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary.as_dict(), "requests": self.requests,
-                "verdicts": [v.as_dict() for v in self.verdicts]}
 
 
 class DegenerationJudge:

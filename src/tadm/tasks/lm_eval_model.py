@@ -94,7 +94,7 @@ class TadmLM(LM):
         self.batch_size = parse_batch_size(self.args.batch_size, self.args.max_batch_size)
         self.request_stats: list[RequestStats] = []
         self.batch_stats: list[BatchStats] = []
-        self._warned: set[str] = set()
+        self._warned_gen_kwargs = False
 
     # ------------------------------------------------------------------ construction by lm-eval
     @staticmethod
@@ -156,20 +156,16 @@ class TadmLM(LM):
         return self._chat_tokenizer().chat_template if chat_template else None
 
     # ------------------------------------------------------------------ generation
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message)
-
     def _job(self, index: int, request: Any) -> _Job:
         context, gen_kwargs = request.args
         kwargs = dict(gen_kwargs or {})
         until = stop_strings(kwargs.pop("until", None))
         budget = int(kwargs.pop("max_gen_toks", self.args.max_gen_toks))
         ignored = sorted(kwargs)  # do_sample, temperature, ...: the diffusion sampler decides
-        if ignored:
-            self._warn_once("gen_kwargs", f"tadm model: generation kwargs {ignored} are ignored; the diffusion "
-                                          "sampler's settings come from --model_args")
+        if ignored and not self._warned_gen_kwargs:
+            self._warned_gen_kwargs = True
+            log.warning(f"tadm model: generation kwargs {ignored} are ignored; the diffusion sampler's settings "
+                        "come from --model_args")
         return _Job(index, request, context, self.generator.encode(context), until, budget)
 
     def _batches(self, jobs: list[_Job]) -> list[list[_Job]]:
