@@ -167,7 +167,6 @@ class BlockGenerator:
         # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import AutoTokenizer
 
-
         if adapter is not None and split is not None:
             raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
         mode = "naive" if naive else "paired"
@@ -176,8 +175,7 @@ class BlockGenerator:
             model = attach_adapter(stack, adapter, fusion_mode=mode)
         else:
             model = AnchoredBackbone(stack, SplitSpec(*split) if split else SplitSpec(), fusion_mode=mode).to(device)
-        source = tokenizer or base
-        tok = AutoTokenizer.from_pretrained(str(source), trust_remote_code=False)
+        tok = AutoTokenizer.from_pretrained(str(tokenizer or base), trust_remote_code=False)
         return cls(model, tok, settings, name=Path(str(base)).name + (f"+{Path(adapter).name}" if adapter else ""))
 
     def with_settings(self, settings: GenerationSettings, *, naive: bool | None = None) -> BlockGenerator:
@@ -203,11 +201,8 @@ class BlockGenerator:
     def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
         width = max(len(p) for p in prompts)
         pad = self.pad_id if self.pad_id is not None else 0
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-        for n, row in enumerate(prompts):
-            ids[n, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
-            mask[n, width - len(row):] = True
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)  # (B, width)
+        mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
         return ids.to(self.device), mask.to(self.device)
 
     def _row_stop(self, stop: StopCheck | None, budget: int) -> Callable[[Tensor], Tensor] | None:
@@ -228,7 +223,6 @@ class BlockGenerator:
         ``stop(row, ids)`` is asked after each canvas; a row for which it is true (e.g. a stop string
         appeared) gets no further canvas, and the batch ends when every row is done.
         """
-
         ids, mask = self._left_padded(prompts)
         self.model.fusion_mode = self.fusion_mode
         run = lambda: generate_blocks(  # noqa: E731
