@@ -93,11 +93,6 @@ def task_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], 
     return table
 
 
-def _mean_accuracy(all_cells: list[dict[str, Any]], method: str, K: int) -> float | None:
-    mine = [c["accuracy_mean"] for c in all_cells if c["method"] == method and c["K"] == K]
-    return statistics.fmean(mine) if mine else None
-
-
 def prompt_comparison(units: Sequence[dict[str, Any]], K: int) -> PairedSummary | None:
     """TADM against naive reuse at ``K``, over distinct prompts (:mod:`tadm.eval.significance`).
 
@@ -125,7 +120,8 @@ def naive_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]],
     for K in Ks:
         row: dict[str, Any] = {"K": K}
         for method, title in (("naive", "naive"), ("tadm", "TADM")):
-            row[f"{title} accuracy"] = _mean_accuracy(all_cells, method, K)
+            accuracies = [c["accuracy_mean"] for c in all_cells if c["method"] == method and c["K"] == K]
+            row[f"{title} accuracy"] = statistics.fmean(accuracies) if accuracies else None
             row.update(_judge_columns(title, _judged([u for u in units if u["method"] == method and u["K"] == K])))
         paired = prompt_comparison(units, K)
         row["prompts"] = paired.units if paired else None
@@ -168,18 +164,15 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     return markdown_table(head, [[_fmt(r.get(k), k) for k in head] for r in rows]) + "\n"
 
 
-def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows for CSV/JSON: a (mean, std) pair becomes two columns."""
-    out = []
-    for row in rows:
-        flat: dict[str, Any] = {}
-        for key, value in row.items():
-            if isinstance(value, tuple):
-                flat[f"{key} mean"], flat[f"{key} std"] = value
-            else:
-                flat[key] = value
-        out.append(flat)
-    return out
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """A row for CSV/JSON: a (mean, std) pair becomes two columns."""
+    flat: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, tuple):
+            flat[f"{key} mean"], flat[f"{key} std"] = value
+        else:
+            flat[key] = value
+    return flat
 
 
 def provenance_lines(provenance: dict[str, Any] | None, cells_: Sequence[dict[str, Any]]) -> list[str]:
@@ -230,7 +223,6 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
 
     ``provenance`` (command, machine, commit, wall time) is written under the Markdown tables and in the JSON.
     """
-
     all_cells = cells(units)
     tasks = task_rows(all_cells, units, benches, rows)
     Ks = list(dict.fromkeys(m.K for m in rows if m.name == "naive"))
@@ -240,7 +232,7 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
              "json": out / "results.json"}
     text = _markdown_file(tasks, naive, benches) + "\n".join(provenance_lines(provenance, all_cells))
     write_text(files["markdown"], text.rstrip("\n") + "\n")
-    flat = _flat(tasks)
+    flat = [_flat(row) for row in tasks]
     write_csv(files["task_csv"], list(flat[0]) if flat else ["method"], flat)
     if naive:
         files["naive_csv"] = write_csv(out / "naive_table.csv", list(naive[0]), naive)
