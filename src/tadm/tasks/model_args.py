@@ -150,14 +150,11 @@ class TadmModelArgs:
             if not (isinstance(value, bool) or value in (0, 1)):
                 raise ValueError(f"tadm model: {name} must be true or false, got {value!r}")
         parse_batch_size(self.batch_size, self.max_batch_size)
-        try:
-            resolve_dtype(self.dtype)
-            resolve_device(self.device or "auto")
-        except ValueError as err:
-            raise ValueError(f"tadm model: {err}") from None
         if self.base is not None:
             self.split_pair()
         try:
+            resolve_dtype(self.dtype)
+            resolve_device(self.device or "auto")
             self.build_policy()
             self.sampler_settings()
         except ValueError as err:

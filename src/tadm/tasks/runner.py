@@ -172,11 +172,9 @@ def unit_spec(cfg: TaskRunConfig, bench: Benchmark, data: TaskData, method: Meth
     """What a unit's result depends on; a stored result with another spec is recomputed."""
     return {"task": bench.name, "method": method.name, "K": method.K, "seed": seed, "base": cfg.base,
             "adapter": cfg.adapter if method.adapter else None, "split": cfg.split, "model": cfg.model,
-            "steps": cfg.steps,
-            "canvas_length": cfg.canvas_length if cfg.base else None,
-            "max_gen_toks": budget(cfg, bench),
-            "batch_size": cfg.batch_size, "data": data.source, "data_sha": _data_hash(data),
-            "examples": len(data.examples), "shots": len(data.shots)}
+            "steps": cfg.steps, "canvas_length": cfg.canvas_length if cfg.base else None,
+            "max_gen_toks": budget(cfg, bench), "batch_size": cfg.batch_size, "data": data.source,
+            "data_sha": _data_hash(data), "examples": len(data.examples), "shots": len(data.shots)}
 
 
 # ------------------------------------------------------------------------------------- generation
@@ -231,7 +229,6 @@ def run_unit(generator: Any, cfg: TaskRunConfig, bench: Benchmark, data: TaskDat
             "stats": lm.summary(), "records": records}
 
 
-# ------------------------------------------------------------------------------------------- units
 @dataclass
 class _Unit:
     bench: Benchmark
@@ -332,8 +329,7 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
     """
     started = time.perf_counter()
     benches = cfg.check(log)
-    out = Path(cfg.out_dir)
-    store = UnitStore(out)
+    store = UnitStore(Path(cfg.out_dir))
     units = _units(cfg, benches)
     ran = _generate_all(cfg, store, units, load or load_generator, log)
     judge_id = _judge_all(cfg, store, units, log) if cfg.judge not in (None, "", "none") else None
@@ -344,5 +340,5 @@ def run_tasks(cfg: TaskRunConfig, *, load: Callable[[TaskRunConfig, bool], Any] 
                   "judge_note": DEFAULT_JUDGE_WARNING if cfg.judge in ("local", "local-free") else None,
                   "sandbox": containment().describe() if any(b.runs_code for b in benches) else None,
                   "wall_seconds": round(time.perf_counter() - started, 1)}
-    files = write_tables(payloads, [b for b in benches], methods(cfg), out, config=asdict(cfg), provenance=provenance)
+    files = write_tables(payloads, benches, methods(cfg), store.root, config=asdict(cfg), provenance=provenance)
     return TaskRunResult(payloads, ran, files)
