@@ -17,6 +17,7 @@ and layer calls are kept in :attr:`TadmLM.request_stats` and summed by :meth:`Ta
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -171,14 +172,8 @@ class TadmLM(LM):
     def _batches(self, jobs: list[_Job]) -> list[list[_Job]]:
         """Jobs grouped by token budget, longest prompts first, in batches of ``batch_size``."""
         ordered = sorted(jobs, key=lambda j: (j.max_gen_toks, -len(j.ids), j.index))
-        batches: list[list[_Job]] = []
-        for job in ordered:
-            last = batches[-1] if batches else None
-            if last is None or len(last) == self.batch_size or last[0].max_gen_toks != job.max_gen_toks:
-                batches.append([job])
-            else:
-                last.append(job)
-        return batches
+        groups = [list(group) for _, group in itertools.groupby(ordered, key=lambda j: j.max_gen_toks)]
+        return [group[n:n + self.batch_size] for group in groups for n in range(0, len(group), self.batch_size)]
 
     def _run_batch(self, batch: list[_Job]) -> list[str]:
         seed = batch_seed(self.args.seed, [job.context for job in batch])
@@ -189,11 +184,16 @@ class TadmLM(LM):
                            seconds=out.seconds, generated_tokens=sum(len(t) for t in out.tokens),
                            layer_calls=out.layer_calls, encoder_layer_calls=out.encoder_layer_calls)
         self.batch_stats.append(stats)
-        texts = []
+        texts, passes = [], out.decoder_forward_passes
         for row, job in enumerate(batch):
             text, cut = truncate_at_stops(self.generator.decode(out.tokens[row]), job.until)
             texts.append(text)
-            self.request_stats.append(self._request_stats(job, stats, out, row, cut))
+            self.request_stats.append(RequestStats(
+                task=getattr(job.request, "task_name", None), doc_id=getattr(job.request, "doc_id", None),
+                batch=stats.index, batch_size=stats.size, prompt_tokens=len(job.ids),
+                generated_tokens=len(out.tokens[row]), seconds=out.seconds, layer_calls=dict(out.layer_calls),
+                encoder_layer_calls=out.encoder_layer_calls, decoder_forward_passes=int(passes[row]) if passes else 0,
+                stop="until" if cut else ("eos" if out.ended[row] else "length")))
         return texts
 
     def _stop(self, batch: list[_Job]) -> Any:
@@ -202,16 +202,6 @@ class TadmLM(LM):
             return None
         return lambda row, ids: bool(batch[row].until) and truncate_at_stops(
             self.generator.decode(ids), batch[row].until)[1]
-
-    @staticmethod
-    def _request_stats(job: _Job, batch: BatchStats, out: Any, row: int, cut: bool) -> RequestStats:
-        passes = out.decoder_forward_passes
-        return RequestStats(
-            task=getattr(job.request, "task_name", None), doc_id=getattr(job.request, "doc_id", None),
-            batch=batch.index, batch_size=batch.size, prompt_tokens=len(job.ids),
-            generated_tokens=len(out.tokens[row]), seconds=out.seconds, layer_calls=dict(out.layer_calls),
-            encoder_layer_calls=out.encoder_layer_calls, decoder_forward_passes=int(passes[row]) if passes else 0,
-            stop="until" if cut else ("eos" if out.ended[row] else "length"))
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Continuations of each request's context, cut at its ``until`` strings and ``max_gen_toks``."""
