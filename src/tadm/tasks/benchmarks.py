@@ -39,8 +39,8 @@ from tadm.tasks.livecodebench import functional_program, same_json_output
 from tadm.tasks.sandbox import CodeLimits, run_program
 
 __all__ = ["BENCHMARKS", "EXTRA_BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice",
-           "check_math", "check_sum", "extract_choice", "extract_code", "extract_math_answer", "get_benchmark", "parse_task_list", "score",
-           "select_shots"]
+           "check_math", "check_sum", "extract_choice", "extract_code", "extract_math_answer", "get_benchmark",
+           "parse_task_list", "score", "select_shots"]
 
 
 @dataclass(frozen=True)

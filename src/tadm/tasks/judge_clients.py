@@ -41,7 +41,8 @@ import torch
 
 from tadm.eval.evaluator import default_evaluator_path
 
-__all__ = ["LABEL_CHOICES", "LOCAL_DECODINGS", "ChatClient", "JudgeRequestError", "LocalChatClient", "OpenAIChatClient", "make_judge_client"]
+__all__ = ["LABEL_CHOICES", "LOCAL_DECODINGS", "ChatClient", "JudgeRequestError", "LocalChatClient",
+           "OpenAIChatClient", "make_judge_client"]
 
 Messages = list[dict[str, str]]
 

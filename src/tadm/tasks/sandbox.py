@@ -49,19 +49,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = [
-    "CODE_EXEC_ENV",
-    "HF_CODE_EVAL_ENV",
-    "NETWORK_ERROR",
-    "CodeExecutionNotAllowed",
-    "CodeLimits",
-    "Containment",
-    "SandboxResult",
-    "SandboxUnavailable",
-    "code_execution_allowed",
-    "containment",
-    "run_program",
-]
+__all__ = ["CODE_EXEC_ENV", "HF_CODE_EVAL_ENV", "NETWORK_ERROR", "CodeExecutionNotAllowed", "CodeLimits",
+           "Containment", "SandboxResult", "SandboxUnavailable", "code_execution_allowed", "containment", "run_program"]
 
 NETWORK_ERROR = "network access is disabled in the tadm sandbox"
 CODE_EXEC_ENV = "TADM_ALLOW_CODE_EXEC"
