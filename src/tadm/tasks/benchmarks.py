@@ -130,10 +130,6 @@ class Example:
 
 
 # ------------------------------------------------------------------------------------------ prompts
-def _choice_block(example: Example, letters: str) -> str:
-    return "\n".join(f"({letters[n]}) {text}" for n, text in enumerate(example.choices))
-
-
 def _shot_answer(bench: Benchmark, example: Example) -> str:
     if example.solution:
         return example.solution.strip()
@@ -142,7 +138,8 @@ def _shot_answer(bench: Benchmark, example: Example) -> str:
 
 def _question(bench: Benchmark, example: Example) -> str:
     if bench.answer_type == "choice":
-        return f"Question: {example.question.strip()}\n{_choice_block(example, bench.letters)}\nAnswer:"
+        choices = "\n".join(f"({bench.letters[n]}) {text}" for n, text in enumerate(example.choices))
+        return f"Question: {example.question.strip()}\n{choices}\nAnswer:"
     return f"Question: {example.question.strip()}\nAnswer:"
 
 
