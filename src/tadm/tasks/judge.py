@@ -15,6 +15,7 @@ as they arrive, so an interrupted run resumes; a request that fails for good sto
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -97,11 +98,9 @@ class DegenerationJudge:
         pending, running, failure = iter(todo.items()), set(), None
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="judge") as pool:
             while True:
-                while failure is None and len(running) < self.concurrency:
-                    item = next(pending, None)
-                    if item is None:
-                        break
-                    running.add(pool.submit(self._ask, item[0], *item[1]))
+                if failure is None:
+                    running |= {pool.submit(self._ask, key, *pair)
+                                for key, pair in itertools.islice(pending, self.concurrency - len(running))}
                 if not running:
                     break
                 done, running = wait(running, return_when=FIRST_COMPLETED)
