@@ -114,15 +114,12 @@ class OpenAIChatClient:
         self.max_tokens, self.sleep = int(max_tokens), sleep
         self.judge_id = f"openai:{self.url}:{model}"
 
-    def _headers(self) -> dict[str, str]:
+    def _post(self, body: bytes) -> str:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        key = os.environ.get(self.api_key_env)
+        key = os.environ.get(self.api_key_env)  # read at each request, so a key set later is used
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        return headers
-
-    def _post(self, body: bytes) -> str:
-        request = urllib.request.Request(self.url, data=body, headers=self._headers(), method="POST")
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return _content(response.read())

@@ -111,10 +111,6 @@ def _load(span: str) -> Any:
     return None
 
 
-def _key(name: Any) -> str:
-    return re.sub(r"[\s\-]+", "_", str(name).strip().lower())
-
-
 def _label(value: Any) -> tuple[bool, bool | None]:
     """(readable, value) of one label: a bool, None, or a word such as "true" / "null"."""
     if value is None or isinstance(value, bool):
@@ -124,7 +120,7 @@ def _label(value: Any) -> tuple[bool, bool | None]:
 
 
 def _from_mapping(data: dict[str, Any], raw: str) -> Verdict | None:
-    data = {_key(k): v for k, v in data.items()}
+    data = {re.sub(r"[\s\-]+", "_", str(k).strip().lower()): v for k, v in data.items()}  # "Repetition loop" too
     if not any(label in data for label in LABELS):
         return None
     values: dict[str, bool | None] = {}
