@@ -71,10 +71,6 @@ def cells(units: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _label(method: Any) -> str:
-    return {"baseline": "Base", "tadm": "TADM", "naive": "Naive reuse"}[method.name] + f", K={method.K}"
-
-
 def task_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], benches: Sequence[Any],
               rows: Sequence[Any]) -> list[dict[str, Any]]:
     """The task table: accuracy per benchmark, tokens/s and compute for each non-naive method."""
@@ -83,7 +79,7 @@ def task_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], 
         mine = [u for u in units if u["method"] == method.name and u["K"] == method.K]
         cost = _cost(mine)
         first = first or cost["layer_calls"]
-        row: dict[str, Any] = {"method": _label(method)}
+        row: dict[str, Any] = {"method": {"baseline": "Base", "tadm": "TADM"}[method.name] + f", K={method.K}"}
         for bench in benches:
             cell = next(c for c in all_cells if (c["task"], c["method"], c["K"]) == (bench.name, method.name, method.K))
             row[bench.title] = cell["accuracy_mean"], cell["accuracy_std"]
@@ -239,7 +235,6 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
     write_csv(files["cells_csv"], CELL_FIELDS, all_cells)
     if len({c["K"] for c in all_cells}) > 1:
         files["plot"] = plot_task_accuracy_vs_refresh(all_cells, out / "accuracy_vs_k.png")
-    payload = {"config": config, "provenance": provenance, "cells": all_cells, "task_table": flat,
-               "naive_table": naive}
-    write_json(files["json"], payload)
+    write_json(files["json"], {"config": config, "provenance": provenance, "cells": all_cells, "task_table": flat,
+                               "naive_table": naive})
     return files
