@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -42,9 +42,6 @@ from tadm.nn import load_model
 from tadm.nn.baselines import MDLM
 from tadm.nn.dit import subs_log_probs, time_condition
 
-if TYPE_CHECKING:  # pragma: no cover
-    from tadm.nn.baselines import MDLM
-
 __all__ = [
     "BACKBONES",
     "DiffusionGemmaBackbone",
@@ -53,6 +50,7 @@ __all__ = [
     "PromptCache",
     "StackContext",
     "load_backbone",
+    "load_diffusion_gemma",
     "resolve_dtype",
     "tiny_diffusion_gemma_config",
     "wrap_backbone",
@@ -147,6 +145,23 @@ def _check_base(path: str | Path, *, model_type: str) -> None:
         raise ValueError(f"base model {str(path)!r} is a {found!r} checkpoint; this backbone loads {model_type!r}")
 
 
+def load_diffusion_gemma(path: str | Path, **kwargs: Any) -> nn.Module:
+    """``DiffusionGemmaForBlockDiffusion.from_pretrained(path, **kwargs)`` after :func:`_check_base`.
+
+    Never runs code shipped with the checkpoint (``trust_remote_code=False``). A missing path, a
+    directory that is no DiffusionGemma checkpoint or an unreachable hub id is a one-line
+    FileNotFoundError or ValueError naming ``path``.
+    """
+    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    _check_base(path, model_type="diffusion_gemma")
+    try:
+        return load_hf(DiffusionGemmaForBlockDiffusion.from_pretrained, path, "base model", **kwargs)
+    except OSError as err:
+        raise FileNotFoundError(f"could not load base model {str(path)!r}: {first_line(err)}") from None
+
+
 def _check_tokens(z: Tensor, vocab_size: int) -> None:
     if z.dim() != 2 or z.dtype != torch.long:
         raise ValueError(f"canvas must be a LongTensor of token ids (B, L); got {z.dtype} of shape {tuple(z.shape)}")
@@ -197,23 +212,10 @@ class DiffusionGemmaBackbone(nn.Module):
     def from_pretrained(
         cls, path: str | Path, *, dtype: str | torch.dtype | None = "auto", device: str | torch.device = "cpu"
     ) -> DiffusionGemmaBackbone:
-        """Load a checkpoint directory or hub id with ``DiffusionGemmaForBlockDiffusion.from_pretrained``.
-
-        Never runs code shipped with the checkpoint (``trust_remote_code=False``). A missing path, a
-        directory that is no DiffusionGemma checkpoint or an unreachable hub id is a one-line
-        FileNotFoundError or ValueError naming ``path``.
-        """
-        # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
-        from transformers import DiffusionGemmaForBlockDiffusion
-
-        _check_base(path, model_type="diffusion_gemma")
+        """Load a checkpoint directory or hub id with :func:`load_diffusion_gemma` (one-line errors naming it)."""
         device = torch.device(device)
         placement = {} if device.type == "cpu" else {"device_map": str(device)}  # load straight onto the GPU
-        try:
-            model = load_hf(DiffusionGemmaForBlockDiffusion.from_pretrained, path, "base model",
-                            dtype=resolve_dtype(dtype, device), **placement)
-        except OSError as err:
-            raise FileNotFoundError(f"could not load base model {str(path)!r}: {first_line(err)}") from None
+        model = load_diffusion_gemma(path, dtype=resolve_dtype(dtype, device), **placement)
         return cls(model.to(device))
 
     @property

@@ -27,7 +27,6 @@ one, image inputs and any other model keyword (``decoder_input_ids``, ...).
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tadm.hf import NO_CUSTOM_CODE, check_hf_source, first_line, load_hf
+from tadm.hf import NO_CUSTOM_CODE
 from tadm.posttrain.adapter_io import (
     AdapterConfig,
     CardResults,
@@ -46,7 +45,7 @@ from tadm.posttrain.adapter_io import (
     resolve_adapter,
     save_adapter_pretrained,
 )
-from tadm.posttrain.backbone import DiffusionGemmaBackbone
+from tadm.posttrain.backbone import DiffusionGemmaBackbone, load_diffusion_gemma
 from tadm.posttrain.generate import BlockGenerationOutput, generate_blocks
 from tadm.posttrain.model import AnchoredBackbone, SplitSpec
 from tadm.sampling.anchor_cache import check_refresh_interval
@@ -81,25 +80,9 @@ def _load_base(base: Any, base_kwargs: dict[str, Any]) -> nn.Module:
             raise ValueError(f"loading options {sorted(base_kwargs)} apply only when base is a directory or Hub id, "
                              "not an already loaded model")
         return base
-    # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
-    from transformers import DiffusionGemmaForBlockDiffusion
-
     if base_kwargs.pop("trust_remote_code", False):
         raise ValueError(NO_CUSTOM_CODE)
-    text = os.fspath(base)
-    check_hf_source(text, "base model")
-    config_file = Path(text).expanduser() / "config.json"
-    if config_file.is_file():
-        try:
-            found = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            raise ValueError(f"base model {text!r}: {config_file} is not a valid JSON object") from None
-        if found != "diffusion_gemma":
-            raise ValueError(f"base model {text!r} is a {found!r} checkpoint, not 'diffusion_gemma'")
-    try:
-        return load_hf(DiffusionGemmaForBlockDiffusion.from_pretrained, text, "base model", **base_kwargs)
-    except OSError as err:
-        raise FileNotFoundError(f"could not load base model {text!r}: {first_line(err)}") from None
+    return load_diffusion_gemma(os.fspath(base), **base_kwargs)
 
 
 class TimeAnchoredDiffusionGemma(nn.Module):
