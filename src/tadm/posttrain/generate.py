@@ -138,25 +138,6 @@ class _CanvasContext(LoopContext):
         return self.stopping is not None and bool(self.done.all())
 
 
-@dataclass
-class _Blocks:
-    """Running state of block-wise generation: the sequences so far and what has been counted."""
-
-    sequences: Tensor  # (B, P + generated)
-    finished: Tensor  # (B,) rows that reached EOS or the budget
-    passes: Tensor  # (B,) decoder forward passes per row
-    counter: LayerCallCounter = field(default_factory=LayerCallCounter)
-    encoder_calls: int = 0
-    refreshes: list[list[int]] = field(default_factory=list)
-
-    def output(self, prompt_length: int, seconds: float) -> BlockGenerationOutput:
-        return BlockGenerationOutput(
-            sequences=self.sequences, prompt_length=prompt_length, layer_calls=self.counter,
-            encoder_layer_calls=self.encoder_calls, refresh_steps=self.refreshes,
-            decoder_forward_passes=self.passes, seconds=seconds,
-        )
-
-
 def _block_policy(policy: RefreshPolicy | str | None, refresh_interval: int) -> RefreshPolicy:
     check_refresh_interval(refresh_interval)
     if policy is None:
@@ -224,26 +205,28 @@ def generate_blocks(
     B, P = prompt_ids.shape
     device, encoder_layers = prompt_ids.device, model.layer_split.total
     embed_dtype = getattr(backbone, "dtype", torch.float32)
-    state = _Blocks(sequences=prompt_ids.clone(), finished=torch.zeros(B, dtype=torch.bool, device=device),
-                    passes=torch.zeros(B, dtype=torch.int32, device=device))
+    finished = torch.zeros(B, dtype=torch.bool, device=device)  # rows that reached EOS or the budget
+    passes = torch.zeros(B, dtype=torch.int32, device=device)
     eos, max_length, num_blocks = _eos_tensor(eos_token_id, device), P + max_new_tokens, math.ceil(max_new_tokens / L)
     start = time.perf_counter()
     prompt = backbone.prefill(prompt_ids, attention_mask)
-    state.encoder_calls += encoder_layers
+    out = BlockGenerationOutput(sequences=prompt_ids.clone(), prompt_length=P, layer_calls=LayerCallCounter(),
+                                encoder_layer_calls=encoder_layers, decoder_forward_passes=passes)
     for block in range(num_blocks):
         z = sampler.initial_canvas(B, L, generator, device)  # (B, L)
         canvas = _CanvasContext(prompt, z, self_conditioning=self_conditioning, stopping=stopping,
-                                finished=state.finished, passes=state.passes, embed_dtype=embed_dtype)
+                                finished=finished, passes=passes, embed_dtype=embed_dtype)
         run = denoise(model, sampler, z, range(sampler.num_steps, 0, -1), policy=policy, context=canvas,
-                      generator=generator, counter=state.counter, progress=progress,
+                      generator=generator, counter=out.layer_calls, progress=progress,
                       desc=f"canvas {block + 1}/{num_blocks}")
-        state.refreshes.append(list(run.cache.history))
-        state.sequences, state.finished = _finalize_canvas(torch.cat([state.sequences, canvas.greedy], dim=-1),
-                                                           state.finished, L, max_length, eos, pad_token_id)
+        out.refresh_steps.append(list(run.cache.history))
+        out.sequences, finished = _finalize_canvas(torch.cat([out.sequences, canvas.greedy], dim=-1), finished, L,
+                                                   max_length, eos, pad_token_id)
         if block < num_blocks - 1 and stop is not None:
-            state.finished = state.finished | stop(state.sequences[:, P:]).to(device=device, dtype=torch.bool)
-        if bool(state.finished.all()) or block == num_blocks - 1:
+            finished = finished | stop(out.sequences[:, P:]).to(device=device, dtype=torch.bool)
+        if bool(finished.all()) or block == num_blocks - 1:
             break
-        prompt = backbone.append(prompt, state.sequences[:, -L:])
-        state.encoder_calls += encoder_layers
-    return state.output(P, time.perf_counter() - start)
+        prompt = backbone.append(prompt, out.sequences[:, -L:])
+        out.encoder_layer_calls += encoder_layers
+    out.seconds = time.perf_counter() - start
+    return out
