@@ -48,7 +48,7 @@ def stale_fresh_divergence(
     """
     T = sampler.num_steps
     mode = model.fusion_mode
-    sums = {K: {"kl_fused": 0.0, "kl_naive": 0.0, "agree_fused": 0.0, "agree_naive": 0.0, "tokens": 0}
+    sums = {K: {"kl_naive": 0.0, "kl_fused": 0.0, "agreement_naive": 0.0, "agreement_fused": 0.0, "stale_tokens": 0}
             for K in intervals}
     try:
         for batch, generator in batches:
@@ -57,44 +57,32 @@ def stale_fresh_divergence(
             z = sampler.initial_canvas(B, L, generator, batch.targets.device)  # (B, L)
             sc = None
             states = {}  # step i -> (z, prepared, C, anchor)
+            model.fusion_mode = "paired"
             for i in range(T, 0, -1):
                 prepared = model.prepare(z, StackContext(prompt=prompt, self_conditioning_logits=sc))
                 c = model.encode(z, prepared=prepared)  # (B, L, d)
                 anchor = model.compute_anchor(c, prepared=prepared)
                 states[i] = (z, prepared, c, anchor)
-                model.fusion_mode = "paired"
                 logits = model.predict_logits(z, c, anchor, prepared=prepared)  # fresh: the base model
                 out = sampler.step(logits, i, z, generator)
                 z, sc = out.prev_sample, out.scaled_logits
             for i, (z_i, prepared, c, _) in states.items():
-                fresh = None
-                for K in intervals:
-                    age = (T - i) % K
+                ages = {K: (T - i) % K for K in intervals}
+                if not any(ages.values()):
+                    continue
+                fresh = model.fresh_logits(c, prepared).log_softmax(-1)  # (B, L, V)
+                p = fresh.exp()
+                for K, age in ages.items():
                     if age == 0:
                         continue
-                    if fresh is None:
-                        fresh = model.fresh_logits(c, prepared).log_softmax(-1)  # (B, L, V)
                     anchor = states[i + age][3]  # computed `age` steps earlier on the trajectory
-                    model.fusion_mode = "paired"
-                    fused = model.predict_logits(z_i, c, anchor, prepared=prepared).log_softmax(-1)
-                    model.fusion_mode = "naive"
-                    naive = model.predict_logits(z_i, c, anchor, prepared=prepared).log_softmax(-1)
-                    p = fresh.exp()
-                    s = sums[K]
-                    s["kl_fused"] += float((p * (fresh - fused)).sum())
-                    s["kl_naive"] += float((p * (fresh - naive)).sum())
-                    s["agree_fused"] += float((fused.argmax(-1) == fresh.argmax(-1)).sum())
-                    s["agree_naive"] += float((naive.argmax(-1) == fresh.argmax(-1)).sum())
-                    s["tokens"] += B * L
+                    for key, fusion_mode in (("fused", "paired"), ("naive", "naive")):
+                        model.fusion_mode = fusion_mode
+                        stale = model.predict_logits(z_i, c, anchor, prepared=prepared).log_softmax(-1)
+                        sums[K][f"kl_{key}"] += float((p * (fresh - stale)).sum())
+                        sums[K][f"agreement_{key}"] += float((stale.argmax(-1) == fresh.argmax(-1)).sum())
+                    sums[K]["stale_tokens"] += B * L
     finally:
         model.fusion_mode = mode
-    return {
-        K: {
-            "kl_naive": s["kl_naive"] / max(1, s["tokens"]),
-            "kl_fused": s["kl_fused"] / max(1, s["tokens"]),
-            "agreement_naive": s["agree_naive"] / max(1, s["tokens"]),
-            "agreement_fused": s["agree_fused"] / max(1, s["tokens"]),
-            "stale_tokens": s["tokens"],
-        }
-        for K, s in sums.items()
-    }
+    return {K: {key: value if key == "stale_tokens" else value / max(1, s["stale_tokens"]) for key, value in s.items()}
+            for K, s in sums.items()}
