@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -152,16 +152,12 @@ def _kv_cache_bytes(backbone: DiffusionGemmaBackbone, batch: int, context: int, 
     return total
 
 
-def _top_k(backbone: DiffusionGemmaBackbone) -> int:
-    return int(getattr(backbone.text_config, "top_k_experts", None) or 0)
-
-
 def _layer_activation_bytes(backbone: DiffusionGemmaBackbone, shape: _LayerShape, tokens: int, element: int) -> float:
     """What one decoder layer keeps for backward over ``tokens`` canvas tokens (module docstring)."""
     d = backbone.hidden_size
     per_token = 8 * d + 3 * shape.heads * shape.head_dim + 2 * shape.kv_heads * shape.head_dim + 4 * shape.ffn
     if shape.experts:
-        per_token += _top_k(backbone) * (d + 4 * shape.expert_width)
+        per_token += int(getattr(backbone.text_config, "top_k_experts", None) or 0) * (d + 4 * shape.expert_width)
         per_token += 2 * shape.experts * 2  # router logits and weights, float32
     return tokens * per_token * element
 
@@ -169,14 +165,14 @@ def _layer_activation_bytes(backbone: DiffusionGemmaBackbone, shape: _LayerShape
 def _weights(model: AnchoredBackbone, dtype: torch.dtype) -> dict[str, float]:
     backbone = sum(p.numel() for p in model.backbone.parameters())
     fusion = sum(p.numel() for p in model.fusion.parameters())
-    return {"backbone weights": backbone * torch.empty(0, dtype=dtype).element_size(), "fusion weights": fusion * 4.0}
+    return {"backbone weights": backbone * dtype.itemsize, "fusion weights": fusion * 4.0}
 
 
 def estimate_training_memory(model: AnchoredBackbone, *, micro_batch: int, prompt: int, canvas: int,
                              dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
     """One post-training step per process (module docstring); ``model`` may live on the meta device."""
     backbone = model.backbone
-    element = torch.empty(0, dtype=dtype).element_size()
+    element = dtype.itemsize
     fusion = sum(p.numel() for p in model.fusion.parameters())
     tokens = micro_batch * canvas
     vocab = micro_batch * canvas * backbone.vocab_size
@@ -201,7 +197,7 @@ def estimate_inference_memory(model: AnchoredBackbone, *, batch: int, prompt: in
     """Generation at ``batch`` (no gradients): weights, the KV cache of prompt + generated canvases, one layer's
     working set, the anchor cache and the sampler's vocabulary tensors."""
     backbone = model.backbone
-    element = torch.empty(0, dtype=dtype).element_size()
+    element = dtype.itemsize
     context = prompt + (new_tokens if new_tokens is not None else canvas)
     tokens = batch * canvas
     vocab = batch * canvas * backbone.vocab_size
@@ -251,14 +247,6 @@ class PosttrainPlan:
                      "slack come on top.")
         return "\n".join(lines)
 
-    def item_rows(self) -> str:
-        """Each estimate's items one per line (the full breakdown)."""
-        out = []
-        for estimate in self.estimates:
-            out.append(f"{estimate.what}: {estimate.total / _GB:.2f} GB")
-            out += [f"  {name}: {value / _GB:.3f} GB" for name, value in estimate.items.items()]
-        return "\n".join(out)
-
 
 def build_meta_model(config: Any, split: SplitSpec, fusion: FusionSpec) -> AnchoredBackbone:
     """The split base with its fusion on the meta device: shapes and counts, no weights, no memory."""
@@ -274,9 +262,7 @@ def plan_posttrain(config: Any, *, inference_batches: tuple[int, ...] = (1, 8),
                    inference_prompt: int | None = None) -> PosttrainPlan:
     """The plan of a :class:`~tadm.posttrain.trainer.PosttrainConfig` (module docstring)."""
     base_config, source = resolve_base_config(config.base.path, config.base.backbone)
-    split = SplitSpec(config.split.shared_layers, config.split.anchor_layers, config.split.denoiser_layers)
-    fusion = FusionSpec(config.fusion.rank, config.fusion.num_heads, config.fusion.eps, config.fusion.gate_bias)
-    model = build_meta_model(base_config, split, fusion)
+    model = build_meta_model(base_config, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
     dtype = resolve_dtype(config.base.dtype, "cuda")
     canvas = int(config.data.canvas_length or model.backbone.canvas_length)
     prompt = int(config.data.max_prompt_tokens)
