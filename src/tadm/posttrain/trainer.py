@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -296,45 +296,6 @@ def canvas_batches(
 
 
 # ======================================================================================= entry point
-@dataclass
-class _PosttrainRun:
-    """What one call of :func:`run_posttrain` works with."""
-
-    config: PosttrainConfig
-    info: DistInfo
-    trainer: PosttrainTrainer
-    dataset: ChatCanvasDataset
-    pad_id: int
-    log: Callable[[str], None]
-
-    @property
-    def model(self) -> AnchoredBackbone:
-        return self.trainer.model
-
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.config.train.out_dir)
-
-    @property
-    def adapter_dir(self) -> Path:
-        return self.out_dir / "adapter"
-
-
-def _state_path(config: PosttrainConfig) -> Path:
-    return Path(config.train.out_dir) / "adapter" / STATE_FILENAME
-
-
-def _previous_state(config: PosttrainConfig) -> dict[str, Any] | None:
-    """The state to continue from (``train.resume`` and a saved state), read weights-only; None to start afresh.
-
-    A file holding anything but tensors and plain values is refused (:class:`UnsafeStateError`)
-    without running any of it.
-    """
-    path = _state_path(config)
-    if not (config.train.resume and path.is_file()):
-        return None
-    return load_training_state(path)
-
 
 def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasDataset, int]:
     """The chat JSONL cut into canvases, and the pad id."""
@@ -360,74 +321,27 @@ def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasD
     return dataset, pad_id
 
 
-def _build_run(config: PosttrainConfig, info: DistInfo, log: Callable[[str], None]) -> _PosttrainRun:
-    """Frozen backbone, canvases, fusion (DDP-wrapped when distributed; the backbone is not) and trainer."""
+def _build_trainer(config: PosttrainConfig, info: DistInfo) -> tuple[PosttrainTrainer, ChatCanvasDataset, int]:
+    """Frozen backbone, canvases and pad id, fusion (DDP-wrapped when distributed; the backbone is not) and trainer."""
     torch.manual_seed(config.train.seed)
     if not config.data.train_file:
         raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
     backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
     dataset, pad_id = _canvas_dataset(config, backbone)
-    split = SplitSpec(config.split.shared_layers, config.split.anchor_layers, config.split.denoiser_layers)
-    fusion = FusionSpec(config.fusion.rank, config.fusion.num_heads, config.fusion.eps, config.fusion.gate_bias)
-    model = AnchoredBackbone(backbone, split, fusion)
+    model = AnchoredBackbone(backbone, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
     model.fusion.to(info.device)
     runner = wrap_model(model.fusion, info)  # every fusion parameter takes part in every step
     trainer = PosttrainTrainer(model, config, device=info.device, fusion_runner=runner, rank=info.rank)
-    return _PosttrainRun(config, info, trainer, dataset, pad_id, log)
+    return trainer, dataset, pad_id
 
 
-def _batches(run: _PosttrainRun) -> Iterator[CanvasBatch]:
-    """This rank's batches, fast-forwarded past those the restored steps consumed."""
-    t = run.config.train
-    batches = canvas_batches(
-        run.dataset, t.micro_batch_size, run.pad_id, seed=t.seed, rank=run.info.rank, world_size=run.info.world_size
-    )
-    for _ in range(run.trainer.step * t.grad_accum_steps):  # replay the data order up to the resume point
-        next(batches)
-    return batches
-
-
-def _announce(run: _PosttrainRun) -> None:
-    if not run.info.is_main:
-        return
-    run.out_dir.mkdir(parents=True, exist_ok=True)
-    model = run.model
-    trainable = sum(p.numel() for p in model.fusion.parameters())
-    run.log(f"post-training {trainable:,} fusion parameters on {len(run.dataset)} canvases "
-            f"(split {model.layer_split.shared}/{model.layer_split.anchor}/{model.layer_split.denoiser})")
-
-
-def _save(run: _PosttrainRun) -> None:
-    """Rank 0 writes the adapter, the training state (atomically) and the resolved config."""
-    if not run.info.is_main:
-        return
-
-    config = run.config
-    extra = {"step": run.trainer.step, "config": config.to_dict()}
-    save_adapter(run.adapter_dir, run.model, base_model=config.base.path, extra=extra)
-    save_training_state(run.trainer.state_dict(), _state_path(config))
-    (run.adapter_dir / "posttrain_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
-
-
-def _metrics_logger(run: _PosttrainRun, resumed: bool) -> MetricsLogger:
-    """``out_dir/metrics.jsonl`` (rank 0) and the other ``train.loggers``; resumed: records after its step dropped."""
-    t = run.config.train
-    return MetricsLogger(run.out_dir, enabled=run.info.is_main, loggers=t.loggers,
-                         resume_step=run.trainer.step if resumed else None, notice=run.log,
-                         wandb_project=t.wandb_project, config=run.config.to_dict())
-
-
-def _train_until_done(run: _PosttrainRun, batches: Iterator[CanvasBatch], metrics: MetricsLogger) -> None:
-    """Steps up to ``train.max_steps``: metrics logged on rank 0, a save every ``train.save_every`` and at the end."""
-    t, trainer = run.config.train, run.trainer
-    while trainer.step < t.max_steps:
-        values = trainer.train_step([next(batches) for _ in range(t.grad_accum_steps)])
-        if run.info.is_main and (trainer.step % t.log_every == 0 or trainer.step == 1):
-            run.log(json.dumps(values))
-            metrics.log(trainer.step, "train", {k: v for k, v in values.items() if k != "step"})
-        if trainer.step % t.save_every == 0:
-            _save(run)
-    _save(run)
+def _save(trainer: PosttrainTrainer, adapter_dir: Path) -> None:
+    """Write the adapter, the training state (atomically) and the resolved config; called on rank 0 only."""
+    config = trainer.config
+    extra = {"step": trainer.step, "config": config.to_dict()}
+    save_adapter(adapter_dir, trainer.model, base_model=config.base.path, extra=extra)
+    save_training_state(trainer.state_dict(), adapter_dir / STATE_FILENAME)
+    (adapter_dir / "posttrain_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
 
 
 def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print) -> Path:
@@ -439,21 +353,44 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
     ``out_dir/metrics.jsonl`` (records ``{"step", "split": "train", "loss", "ce", "kd", ...}``) and the
     other ``train.loggers`` (TensorBoard in ``out_dir/tensorboard``, W&B), as in pretraining.
     """
-    info = init_distributed(config.train.device)
+    t = config.train
+    out_dir = Path(t.out_dir)
+    adapter_dir = out_dir / "adapter"
+    state_path = adapter_dir / STATE_FILENAME
+    info = init_distributed(t.device)
     try:
-        state = _previous_state(config)
-        run = _build_run(config, info, log)
+        # Refused before anything is built when it holds anything but tensors and plain values (UnsafeStateError).
+        state = load_training_state(state_path) if t.resume and state_path.is_file() else None
+        trainer, dataset, pad_id = _build_trainer(config, info)
         if state is not None:
-            run.trainer.load_state_dict(state)
-            log(f"resumed from {_state_path(config)} at step {run.trainer.step}")
-        batches = _batches(run)
-        _announce(run)
-        metrics = _metrics_logger(run, resumed=state is not None)
+            trainer.load_state_dict(state)
+            log(f"resumed from {state_path} at step {trainer.step}")
+        batches = canvas_batches(dataset, t.micro_batch_size, pad_id, seed=t.seed, rank=info.rank,
+                                 world_size=info.world_size)
+        for _ in range(trainer.step * t.grad_accum_steps):  # replay the data order up to the resume point
+            next(batches)
+        if info.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            split = trainer.model.layer_split
+            log(f"post-training {sum(p.numel() for p in trainer.model.fusion.parameters()):,} fusion parameters on "
+                f"{len(dataset)} canvases (split {split.shared}/{split.anchor}/{split.denoiser})")
+        # Rank 0 writes metrics.jsonl and the other train.loggers; on resume, records after its step are dropped.
+        metrics = MetricsLogger(out_dir, enabled=info.is_main, loggers=t.loggers,
+                                resume_step=trainer.step if state is not None else None, notice=log,
+                                wandb_project=t.wandb_project, config=config.to_dict())
         try:
-            _train_until_done(run, batches, metrics)
+            while trainer.step < t.max_steps:
+                values = trainer.train_step([next(batches) for _ in range(t.grad_accum_steps)])
+                if info.is_main and (trainer.step % t.log_every == 0 or trainer.step == 1):
+                    log(json.dumps(values))
+                    metrics.log(trainer.step, "train", {k: v for k, v in values.items() if k != "step"})
+                if info.is_main and trainer.step % t.save_every == 0:
+                    _save(trainer, adapter_dir)
+            if info.is_main:
+                _save(trainer, adapter_dir)
         finally:
             metrics.close()
         barrier(info)
-        return run.adapter_dir
+        return adapter_dir
     finally:
         cleanup(info)
