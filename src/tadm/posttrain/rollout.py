@@ -119,20 +119,16 @@ def _where_rows(rows: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return torch.where(rows.view(-1, *([1] * (a.dim() - 1))), a, b)
 
 
+@dataclass(eq=False)
 class _RolloutContext(LoopContext):
     """Rollout loop state: the prompt, per-row ages, and per-row self-conditioning logits."""
 
-    def __init__(
-        self,
-        prompt: PromptCache | None,
-        cache_age: Tensor,
-        sc_rows: Tensor,
-        has_signal: Tensor,
-        sc_logits: Tensor | None,
-        embed_dtype: torch.dtype,
-    ) -> None:
-        self.prompt, self.cache_age, self.sc_rows = prompt, cache_age, sc_rows
-        self.has_signal, self.sc_logits, self.embed_dtype = has_signal, sc_logits, embed_dtype
+    prompt: PromptCache | None
+    cache_age: Tensor  # (B,) k
+    sc_rows: Tensor  # (B,) bool, rows that self-condition
+    has_signal: Tensor  # (B,) bool, rows whose self-conditioning signal is set
+    sc_logits: Tensor | None  # (B, L, V)
+    embed_dtype: torch.dtype
 
     def pass_context(self) -> StackContext:
         if self.sc_logits is None:
@@ -203,20 +199,6 @@ def _roll_out(
     return run.z, run.cache.hidden, prepared, model.encode(run.z, prepared)
 
 
-def _draw_times(
-    x0: Tensor, T: int, cache_ages: Sequence[int], cache_age_probs: Sequence[float], antithetic: bool,
-    cache_age: Tensor | None, t_anchor: Tensor | None, generator: torch.Generator | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per row: the cache age k, the anchor time t' (drawn unless given) and the grid indices (i_a, i_s), each (B,)."""
-    B, device = x0.shape[0], x0.device
-    k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None else cache_age.to(device)
-    if t_anchor is None:
-        t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
-    t_anchor = t_anchor.to(device)
-    i_a, i_s = rollout_indices(t_anchor, k, T)
-    return k, t_anchor, i_a, i_s
-
-
 def draw_rollout(
     model: AnchoredBackbone,
     x0: Tensor,
@@ -264,7 +246,12 @@ def draw_rollout(
         raise ValueError(f"rollout mode {mode!r} is unknown; valid: {', '.join(ROLLOUT_MODES)}")
     _check_rollout(model, self_conditioning_prob)
     T = sampler.num_steps
-    k, t_anchor, i_a, i_s = _draw_times(x0, T, cache_ages, cache_age_probs, antithetic, cache_age, t_anchor, generator)
+    B, device = x0.shape[0], x0.device
+    k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None else cache_age.to(device)
+    if t_anchor is None:
+        t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
+    t_anchor = t_anchor.to(device)
+    i_a, i_s = rollout_indices(t_anchor, k, T)
     if mode == "on-policy":
         z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
         context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
