@@ -71,10 +71,6 @@ class SplitSpec:
             )
         return LayerSplit(shared=self.shared_layers, anchor=self.anchor_layers, denoiser=denoiser)
 
-    @classmethod
-    def from_layer_split(cls, split: LayerSplit) -> SplitSpec:
-        return cls(split.shared, split.anchor, split.denoiser)
-
 
 @dataclass(frozen=True)
 class FusionSpec:
@@ -114,12 +110,11 @@ class AnchoredBackbone(nn.Module):
         super().__init__()
         if not isinstance(backbone, LayerStackBackbone):
             raise TypeError(f"{type(backbone).__name__} does not implement tadm.posttrain.backbone.LayerStackBackbone")
-        spec = SplitSpec.from_layer_split(split) if isinstance(split, LayerSplit) else split
+        spec = SplitSpec(split.shared, split.anchor, split.denoiser) if isinstance(split, LayerSplit) else split
         self.layer_split: LayerSplit = spec.resolve(backbone.num_layers)
         backbone.requires_grad_(False)
         self.backbone = backbone
-        if fusion is None:
-            fusion = FusionSpec()
+        fusion = FusionSpec() if fusion is None else fusion
         if isinstance(fusion, FusionSpec):
             self.fusion_spec = fusion
             fusion = fusion.build(backbone.hidden_size)
