@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,9 +37,11 @@ __all__ = [
     "ChatTokenizer",
     "collate_canvases",
     "encode_chat",
+    "left_pad",
     "make_chat_tokenizer",
     "read_chat_jsonl",
     "split_into_canvases",
+    "user_turn_ids",
 ]
 
 
@@ -186,6 +188,16 @@ def _ids(value: Any) -> list[int]:
     return [int(i) for i in value]
 
 
+def user_turn_ids(tokenizer: ChatTokenizer, text: str, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Ids of ``text`` as one user turn of the chat template with the generation prompt added.
+
+    ``template_kwargs`` go to ``apply_chat_template`` (default ``{"enable_thinking": False}``).
+    """
+    kwargs = {"enable_thinking": False} if template_kwargs is None else template_kwargs
+    user = [{"role": "user", "content": text}]
+    return _ids(tokenizer.apply_chat_template(user, tokenize=True, add_generation_prompt=True, **kwargs))
+
+
 def encode_chat(
     tokenizer: ChatTokenizer,
     example: ChatExample,
@@ -204,9 +216,8 @@ def encode_chat(
             f"max_prompt_tokens and max_response_tokens must be >= 1, got {max_prompt_tokens}, {max_response_tokens}"
         )
     kwargs = {"enable_thinking": False} if template_kwargs is None else dict(template_kwargs)
-    user = [{"role": "user", "content": example.prompt}]
-    both = user + [{"role": "assistant", "content": example.response}]
-    prompt = _ids(tokenizer.apply_chat_template(user, tokenize=True, add_generation_prompt=True, **kwargs))
+    both = [{"role": "user", "content": example.prompt}, {"role": "assistant", "content": example.response}]
+    prompt = user_turn_ids(tokenizer, example.prompt, kwargs)
     full = _ids(tokenizer.apply_chat_template(both, tokenize=True, add_generation_prompt=False, **kwargs))
     if full[: len(prompt)] != prompt:
         raise ValueError(
@@ -284,24 +295,26 @@ class ChatCanvasDataset(torch.utils.data.Dataset[CanvasExample]):
     def __getitem__(self, index: int) -> CanvasExample:
         return self.canvases[index]
 
-    def __iter__(self) -> Iterator[CanvasExample]:
-        return iter(self.canvases)
-
 
 def collate_canvases(items: Sequence[CanvasExample], pad_id: int) -> CanvasBatch:
     """Stack canvases; contexts are left-padded with ``pad_id`` so every canvas starts at the same position."""
     if not items:
         raise ValueError("cannot collate an empty batch")
-    P = max(len(item.context_ids) for item in items)
     lengths = {len(item.target_ids) for item in items}
     if len(lengths) != 1:
         raise ValueError(f"canvases of different lengths {sorted(lengths)} cannot be batched")
-    context = torch.full((len(items), P), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), P), dtype=torch.bool)
-    for row, item in enumerate(items):
-        n = len(item.context_ids)
-        context[row, P - n :] = torch.tensor(item.context_ids, dtype=torch.long)
-        mask[row, P - n :] = True
+    context, mask = left_pad([item.context_ids for item in items], pad_id)
     targets = torch.tensor([item.target_ids for item in items], dtype=torch.long)
     target_mask = torch.tensor([item.target_mask for item in items], dtype=torch.bool)
     return CanvasBatch(context_ids=context, context_mask=mask, targets=targets, target_mask=target_mask)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Id rows left-padded with ``pad_id`` to the longest: ids (B, P) long and mask (B, P) bool, True at real ids."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for n, row in enumerate(rows):
+        ids[n, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[n, width - len(row) :] = True
+    return ids, mask

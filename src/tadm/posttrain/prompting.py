@@ -9,17 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from tadm.posttrain.data import left_pad, user_turn_ids
+
 __all__ = ["encode_prompts", "end_of_sequence_id"]
-
-
-def _chat_ids(tokenizer: Any, text: str) -> list[int]:
-    encoded = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, enable_thinking=False
-    )
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = True) -> tuple[Tensor, Tensor]:
@@ -30,16 +24,9 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = True)
     """
     if not prompts:
         raise ValueError("no prompts to encode")
-    rows = [_chat_ids(tokenizer, text) if chat else tokenizer(text, add_special_tokens=True)["input_ids"]
+    rows = [user_turn_ids(tokenizer, text) if chat else tokenizer(text, add_special_tokens=True)["input_ids"]
             for text in prompts]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    width = max(len(row) for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for n, row in enumerate(rows):
-        ids[n, width - len(row):] = torch.tensor(row, dtype=torch.long)
-        mask[n, width - len(row):] = True
-    return ids, mask
+    return left_pad(rows, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
 
 
 def end_of_sequence_id(backbone: Any, tokenizer: Any) -> int | list[int] | None:
