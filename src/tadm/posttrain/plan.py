@@ -171,22 +171,18 @@ def _weights(model: AnchoredBackbone, dtype: torch.dtype) -> dict[str, float]:
 def estimate_training_memory(model: AnchoredBackbone, *, micro_batch: int, prompt: int, canvas: int,
                              dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
     """One post-training step per process (module docstring); ``model`` may live on the meta device."""
-    backbone = model.backbone
-    element = dtype.itemsize
-    fusion = sum(p.numel() for p in model.fusion.parameters())
+    backbone, element = model.backbone, dtype.itemsize
     tokens = micro_batch * canvas
     vocab = micro_batch * canvas * backbone.vocab_size
-    split = model.layer_split
-    shapes = _layer_shapes(backbone)[split.shared + split.anchor:split.shared + split.anchor + split.denoiser]
-    fusion_width = int(model.fusion.rank)
+    shapes = _layer_shapes(backbone)[model.anchor_end:]  # the denoiser layers
     items = _weights(model, dtype)
     items.update({
-        "fusion gradients + AdamW moments (float32)": fusion * 4.0 * 3,
+        "fusion gradients + AdamW moments (float32)": items["fusion weights"] * 3,
         "prompt KV cache": _kv_cache_bytes(backbone, micro_batch, prompt, element),
         "anchor cache [H0, C0] and shallow state": 3 * tokens * backbone.hidden_size * element,
         "denoiser activations kept for backward": sum(_layer_activation_bytes(backbone, shape, tokens, element)
                                                       for shape in shapes),
-        "fusion activations": 24 * tokens * fusion_width * 4.0,
+        "fusion activations": 24 * tokens * int(model.fusion.rank) * 4.0,
         f"vocabulary tensors ({TRAIN_VOCAB_COPIES} x float32 (B, L, V))": TRAIN_VOCAB_COPIES * vocab * 4.0,
     })
     return MemoryEstimate(f"training step, micro-batch {micro_batch}, prompt {prompt}, canvas {canvas}", items)
@@ -196,8 +192,7 @@ def estimate_inference_memory(model: AnchoredBackbone, *, batch: int, prompt: in
                               new_tokens: int | None = None, dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
     """Generation at ``batch`` (no gradients): weights, the KV cache of prompt + generated canvases, one layer's
     working set, the anchor cache and the sampler's vocabulary tensors."""
-    backbone = model.backbone
-    element = dtype.itemsize
+    backbone, element = model.backbone, dtype.itemsize
     context = prompt + (new_tokens if new_tokens is not None else canvas)
     tokens = batch * canvas
     vocab = batch * canvas * backbone.vocab_size
