@@ -21,6 +21,7 @@ synchronised).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -104,15 +105,13 @@ def posttrain_loss(
     ``fusion`` is the module to evaluate (default ``model.fusion``; a DDP wrapper when distributed);
     it is always evaluated, also for fresh rows (k = 0) where its correction is exactly zero.
     """
-    x0 = state.x0
     runner = model.fusion if fusion is None else fusion
-    student = model.predict_logits(
-        state.z_current, state.c_current, state.anchor, prepared=state.prepared, fusion=runner
-    )  # (B, L, V)
+    student = model.predict_logits(state.z_current, state.c_current, state.anchor, prepared=state.prepared,
+                                   fusion=runner)  # (B, L, V)
     with torch.no_grad():
         teacher = model.fresh_logits(state.c_current, state.prepared)  # (B, L, V)
     log_q = model.backbone.log_probs(student, state.z_current)  # (B, L, V)
-    ce = -log_q.gather(-1, x0.unsqueeze(-1)).squeeze(-1).float()  # (B, L)
+    ce = -log_q.gather(-1, state.x0.unsqueeze(-1)).squeeze(-1).float()  # (B, L)
     kd = kd_loss(teacher, student, temperature=kd_temperature).float()  # (B, L)
     per_token = ce_weight * ce + kd_weight * kd  # (B, L)
     mask = torch.ones_like(per_token) if token_mask is None else token_mask.to(per_token.dtype)
@@ -126,13 +125,7 @@ def posttrain_loss(
         for age in torch.unique(state.cache_age).tolist():
             rows = state.cache_age == age
             by_age[int(age)] = float(row_loss[rows].sum() / row_tokens[rows].sum().clamp_min(1.0))
-    return PosttrainLoss(
-        loss=loss,
-        ce=ce_mean,
-        kd=kd_mean,
-        tokens=int(mask.sum()),
-        loss_by_age=by_age,
-    )
+    return PosttrainLoss(loss=loss, ce=ce_mean, kd=kd_mean, tokens=int(mask.sum()), loss_by_age=by_age)
 
 
 # =========================================================================================== trainer
@@ -165,17 +158,11 @@ class PosttrainTrainer:
         self.sampler = EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
         self.schedule = get_schedule(r.schedule)
         o = config.optim
-        params = [p for p in model.fusion.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps, weight_decay=o.weight_decay
-        )
-        self.scheduler = build_lr_scheduler(
-            self.optimizer,
-            warmup_steps=o.warmup_steps,
-            max_steps=config.train.max_steps,
-            schedule=o.lr_schedule,
-            min_lr_ratio=o.min_lr_ratio,
-        )
+        self.params = [p for p in model.fusion.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps,
+                                           weight_decay=o.weight_decay)
+        self.scheduler = build_lr_scheduler(self.optimizer, warmup_steps=o.warmup_steps, schedule=o.lr_schedule,
+                                            max_steps=config.train.max_steps, min_lr_ratio=o.min_lr_ratio)
         self.generator = torch.Generator(device=self.device).manual_seed(config.train.seed * 1000 + rank)
         self.step = 0
 
@@ -194,28 +181,15 @@ class PosttrainTrainer:
                 with torch.no_grad():
                     prompt = backbone.prefill(batch.context_ids, batch.context_mask)
             state = draw_rollout(
-                self.model,
-                batch.targets,
-                sampler=self.sampler,
-                schedule=self.schedule,
-                mode=r.mode,
-                prompt=prompt,
-                cache_ages=r.cache_ages,
-                cache_age_probs=r.cache_age_probs,
+                self.model, batch.targets, sampler=self.sampler, schedule=self.schedule, mode=r.mode, prompt=prompt,
+                cache_ages=r.cache_ages, cache_age_probs=r.cache_age_probs, antithetic=r.antithetic,
                 self_conditioning_prob=r.self_conditioning_prob if backbone.supports_self_conditioning else 0.0,
-                antithetic=r.antithetic,
                 generator=self.generator,
             )
             with sync_context:
-                out = posttrain_loss(
-                    self.model,
-                    state,
-                    token_mask=None if lc.loss_on_padding else batch.target_mask,
-                    ce_weight=lc.ce_weight,
-                    kd_weight=lc.kd_weight,
-                    kd_temperature=lc.kd_temperature,
-                    fusion=self.fusion_runner,
-                )
+                out = posttrain_loss(self.model, state, token_mask=None if lc.loss_on_padding else batch.target_mask,
+                                     ce_weight=lc.ce_weight, kd_weight=lc.kd_weight, kd_temperature=lc.kd_temperature,
+                                     fusion=self.fusion_runner)
                 (out.loss * scale).backward()
         return out
 
@@ -226,16 +200,9 @@ class PosttrainTrainer:
         self.model.train()
         start = time.perf_counter()
         n = len(micro_batches)
-        losses, ces, kds, tokens = [], [], [], 0
-        for m, batch in enumerate(micro_batches):
-            out = self.micro_step(batch, scale=1.0 / n, sync=m == n - 1)
-            losses.append(float(out.loss.detach()))
-            ces.append(out.ce)
-            kds.append(out.kd)
-            tokens += out.tokens
-        params = [p for p in self.model.fusion.parameters() if p.requires_grad]
+        outs = [self.micro_step(batch, scale=1.0 / n, sync=m == n - 1) for m, batch in enumerate(micro_batches)]
         clip = self.config.optim.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)  # 0: no clipping
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else math.inf)  # 0: no clipping
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -243,12 +210,12 @@ class PosttrainTrainer:
         self.step += 1
         return {
             "step": self.step,
-            "loss": sum(losses) / n,
-            "ce": sum(ces) / n,
-            "kd": sum(kds) / n,
+            "loss": sum(float(out.loss.detach()) for out in outs) / n,
+            "ce": sum(out.ce for out in outs) / n,
+            "kd": sum(out.kd for out in outs) / n,
             "grad_norm": float(grad_norm),
             "lr": lr,
-            "tokens": tokens,
+            "tokens": sum(out.tokens for out in outs),
             "seconds": time.perf_counter() - start,
         }
 
@@ -283,23 +250,18 @@ def canvas_batches(
     """Endless shuffled batches of this rank's shard; epoch e uses permutation seed ``seed + e``."""
     per_epoch = len(dataset) // (batch_size * world_size)
     if per_epoch < 1:
-        raise ValueError(
-            f"{len(dataset)} canvases cannot fill one batch of {batch_size} on each of {world_size} ranks"
-        )
-    epoch = 0
-    while True:
+        raise ValueError(f"{len(dataset)} canvases cannot fill one batch of {batch_size} on each of {world_size} ranks")
+    for epoch in itertools.count():
         order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
         shard = order[rank::world_size]
         for b in range(per_epoch):
             yield collate_canvases([dataset[i] for i in shard[b * batch_size : (b + 1) * batch_size]], pad_id)
-        epoch += 1
 
 
 # ======================================================================================= entry point
 
 def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasDataset, int]:
     """The chat JSONL cut into canvases, and the pad id."""
-
     d = config.data
     tokenizer = load_hf_tokenizer(d.tokenizer or config.base.path)
     pad_id = d.pad_id if d.pad_id is not None else tokenizer.pad_token_id
@@ -309,15 +271,9 @@ def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasD
     if canvas_length is None:
         raise PosttrainConfigError("data.canvas_length is required for backbones without a canvas length")
     examples = read_chat_jsonl(d.train_file, prompt_field=d.prompt_field, response_field=d.response_field)
-    dataset = ChatCanvasDataset(
-        examples,
-        tokenizer,
-        canvas_length=canvas_length,
-        pad_id=pad_id,
-        max_prompt_tokens=d.max_prompt_tokens,
-        max_response_tokens=d.max_response_tokens,
-        canvases_per_example=d.canvases_per_example,
-    )
+    dataset = ChatCanvasDataset(examples, tokenizer, canvas_length=canvas_length, pad_id=pad_id,
+                                max_prompt_tokens=d.max_prompt_tokens, max_response_tokens=d.max_response_tokens,
+                                canvases_per_example=d.canvases_per_example)
     return dataset, pad_id
 
 
