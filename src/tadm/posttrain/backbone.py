@@ -111,23 +111,18 @@ class LayerStackBackbone(Protocol):
 
     def prepare(self, batch_size: int, length: int, device: torch.device, context: StackContext | None) -> Any:
         """Per-pass state (rotary tables, attention masks, conditioning) for a (B, L) canvas."""
-        ...
 
     def embed(self, z: Tensor, prepared: Any) -> Tensor:
         """Token ids (B, L) -> input representation (B, L, d), self-conditioning included."""
-        ...
 
     def run_layers(self, h: Tensor, start: int, stop: int, prepared: Any) -> Tensor:
         """Transformer layers ``start <= i < stop`` on h (B, L, d) -> (B, L, d)."""
-        ...
 
     def logits(self, h: Tensor, prepared: Any) -> Tensor:
         """Final norm and output head: (B, L, d) -> float32 logits (B, L, V)."""
-        ...
 
     def log_probs(self, logits: Tensor, z: Tensor) -> Tensor:
         """The model's output parameterisation: logits (B, L, V) and canvas (B, L) -> log x_theta."""
-        ...
 
 
 def _check_base(path: str | Path, *, model_type: str) -> None:
@@ -246,16 +241,10 @@ class DiffusionGemmaBackbone(nn.Module):
         # Only shape, dtype and device of the embeddings are read by the mask builder.
         dummy = torch.empty((B, n, 0), dtype=self.model.dtype, device=ids.device)
         masks = self.encoder.create_masks_for_generate(
-            config=self.model.config,
-            inputs_embeds=dummy,
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            position_ids=position_ids,
-            mm_token_type_ids=None,
+            config=self.model.config, inputs_embeds=dummy, attention_mask=attention_mask, past_key_values=cache,
+            position_ids=position_ids, mm_token_type_ids=None,
         )
-        self.encoder(
-            input_ids=ids.contiguous(), attention_mask=masks, past_key_values=cache, position_ids=position_ids
-        )
+        self.encoder(input_ids=ids.contiguous(), attention_mask=masks, past_key_values=cache, position_ids=position_ids)
 
     def prefill(self, prompt_ids: Tensor, attention_mask: Tensor | None = None) -> PromptCache:
         """Encode a (left-padded) prompt (B, P) into a fresh KV cache; ``attention_mask`` (B, P) marks real tokens.
@@ -268,17 +257,13 @@ class DiffusionGemmaBackbone(nn.Module):
         _check_tokens(prompt_ids, self.vocab_size)
         if prompt_ids.shape[1] < 1:
             raise ValueError("DiffusionGemma needs a prompt of at least one token (e.g. BOS) to condition on")
-        B, P = prompt_ids.shape
-        mask = (
-            torch.ones(B, P, dtype=torch.bool, device=prompt_ids.device)
-            if attention_mask is None
-            else attention_mask.to(device=prompt_ids.device, dtype=torch.bool)
-        )
+        mask = (torch.ones_like(prompt_ids, dtype=torch.bool) if attention_mask is None
+                else attention_mask.to(device=prompt_ids.device, dtype=torch.bool))
         if mask.shape != prompt_ids.shape:
             raise ValueError(f"attention_mask {tuple(mask.shape)} must match prompt ids {tuple(prompt_ids.shape)}")
         cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
         self._encode_into(cache, prompt_ids, mask, start=0)
-        return PromptCache(past_key_values=cache, attention_mask=mask, batch_size=B)
+        return PromptCache(past_key_values=cache, attention_mask=mask, batch_size=prompt_ids.shape[0])
 
     def append(self, prompt: PromptCache, canvas: Tensor) -> PromptCache:
         """Encode a finished canvas (B, L) after the context; returns the extended context (cache updated in place)."""
@@ -294,10 +279,8 @@ class DiffusionGemmaBackbone(nn.Module):
     ) -> _GemmaPass:
         """Rotary tables per layer type and the decoder masks for a (B, L) canvas after ``context.prompt``."""
         if context is None or context.prompt is None:
-            raise ValueError(
-                "a DiffusionGemma pass needs the encoded prompt: build it with backbone.prefill(prompt_ids) "
-                "and pass StackContext(prompt=...)"
-            )
+            raise ValueError("a DiffusionGemma pass needs the encoded prompt: build it with "
+                             "backbone.prefill(prompt_ids) and pass StackContext(prompt=...)")
         prompt = context.prompt
         if prompt.batch_size != batch_size:
             raise ValueError(f"prompt cache holds {prompt.batch_size} rows but the canvas has {batch_size}")
@@ -305,11 +288,9 @@ class DiffusionGemmaBackbone(nn.Module):
         position_ids = torch.arange(start, start + length, dtype=torch.int32, device=device).unsqueeze(0)  # (1, L)
         decoder_mask = F.pad(prompt.attention_mask, (0, length), value=True)  # (B, P + L)
         masks = self.decoder.create_diffusion_decoder_attention_mask(
-            config=self.model.config,
+            config=self.model.config, past_key_values=prompt.past_key_values, decoder_attention_mask=decoder_mask,
             # Only (B, L), dtype and device are read; this is the dummy ``generate`` passes too.
             inputs_embeds=torch.zeros(batch_size, length, 1, dtype=torch.long, device=device),
-            past_key_values=prompt.past_key_values,
-            decoder_attention_mask=decoder_mask,
         )
         ref = torch.empty(0, dtype=self.dtype, device=device)
         rotary = {lt: self.decoder.rotary_emb(ref, position_ids, lt) for lt in sorted(set(self.layer_types))}
@@ -322,10 +303,8 @@ class DiffusionGemmaBackbone(nn.Module):
         if sc is None:
             return torch.zeros_like(like)
         if sc.shape[:2] != like.shape[:2] or sc.shape[-1] != self.vocab_size:
-            raise ValueError(
-                f"self-conditioning logits {tuple(sc.shape)} must be (B, L, V) = "
-                f"({like.shape[0]}, {like.shape[1]}, {self.vocab_size})"
-            )
+            raise ValueError(f"self-conditioning logits {tuple(sc.shape)} must be (B, L, V) = "
+                             f"({like.shape[0]}, {like.shape[1]}, {self.vocab_size})")
         probs = sc.softmax(dim=-1, dtype=torch.float32).to(embed.weight.dtype)  # (B, L, V)
         soft = torch.matmul(probs, embed.weight) * embed.embed_scale.to(like.dtype)  # (B, L, d)
         if context.self_conditioning_mask is not None:
@@ -345,13 +324,9 @@ class DiffusionGemmaBackbone(nn.Module):
         cache = prepared.context.prompt.past_key_values if prepared.context.prompt is not None else None
         for i in range(start, stop):
             layer_type = self.layer_types[i]
-            h = self.decoder.layers[i](
-                h,
-                position_embeddings=prepared.position_embeddings[layer_type],
-                attention_mask=prepared.masks[layer_type],
-                position_ids=prepared.position_ids,
-                past_key_values=cache,
-            )  # (B, L, d)
+            h = self.decoder.layers[i](h, position_embeddings=prepared.position_embeddings[layer_type],
+                                       attention_mask=prepared.masks[layer_type], position_ids=prepared.position_ids,
+                                       past_key_values=cache)  # (B, L, d)
         return h
 
     def logits(self, h: Tensor, prepared: _GemmaPass | None = None) -> Tensor:
@@ -393,35 +368,15 @@ def tiny_diffusion_gemma_config(
     from transformers import DiffusionGemmaConfig
 
     text = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=1,
-        head_dim=head_dim,
-        global_head_dim=head_dim,
-        num_global_key_value_heads=1,
-        sliding_window=sliding_window,
-        num_experts=num_experts,
-        top_k_experts=top_k_experts,
-        moe_intermediate_size=hidden_size // 2,
-        max_position_embeddings=4096,
-        pad_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
-        bos_token_id=bos_token_id,
-        **text_overrides,
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=1, head_dim=head_dim, global_head_dim=head_dim,
+        num_global_key_value_heads=1, sliding_window=sliding_window, num_experts=num_experts,
+        top_k_experts=top_k_experts, moe_intermediate_size=hidden_size // 2, max_position_embeddings=4096,
+        pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id, **text_overrides,
     )
     vision = dict(
-        model_type="gemma4_vision",
-        hidden_size=8,
-        intermediate_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=8,
-        position_embedding_size=16,
-        patch_size=2,
+        model_type="gemma4_vision", hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
+        num_key_value_heads=1, head_dim=8, position_embedding_size=16, patch_size=2,
     )
     return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=canvas_length)
 
@@ -492,7 +447,6 @@ class MDLMBackbone(nn.Module):
 
     def __init__(self, model: MDLM) -> None:
         super().__init__()
-
         if not isinstance(model, MDLM):
             raise TypeError(f"expected a tadm MDLM, got {type(model).__name__}")
         model.requires_grad_(False)
@@ -570,7 +524,6 @@ def wrap_backbone(model: nn.Module) -> nn.Module:
         return model
     if type(model).__name__ == "DiffusionGemmaForBlockDiffusion":
         return DiffusionGemmaBackbone(model)
-
     if isinstance(model, MDLM):
         return MDLMBackbone(model)
     raise TypeError(
