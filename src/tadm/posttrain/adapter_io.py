@@ -163,21 +163,12 @@ def save_adapter(
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    spec = model.fusion_spec
-    split = model.layer_split
+    spec, split = model.fusion_spec, model.layer_split
     config = AdapterConfig(
-        base_model=str(base_model),
-        backbone=_backbone_kind(model),
-        num_layers=split.total,
-        hidden_size=model.hidden_size,
-        shared_layers=split.shared,
-        anchor_layers=split.anchor,
-        denoiser_layers=split.denoiser,
-        rank=spec.rank,
-        num_heads=spec.num_heads,
-        eps=float(spec.eps),
-        gate_bias=float(spec.gate_bias),
-        extra=dict(extra or {}),
+        base_model=str(base_model), backbone=_backbone_kind(model), num_layers=split.total,
+        hidden_size=model.hidden_size, shared_layers=split.shared, anchor_layers=split.anchor,
+        denoiser_layers=split.denoiser, rank=spec.rank, num_heads=spec.num_heads, eps=float(spec.eps),
+        gate_bias=float(spec.gate_bias), extra=dict(extra or {}),
     )
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.fusion.state_dict().items()}
     tmp_weights = directory / (ADAPTER_WEIGHTS_NAME + ".tmp")
@@ -196,8 +187,7 @@ def load_adapter_config(directory: str | os.PathLike[str]) -> AdapterConfig:
     payload = json.loads(path.read_text())
     if payload.get("format") != ADAPTER_FORMAT:
         raise ValueError(f"{path}: unsupported adapter format {payload.get('format')!r} (expected {ADAPTER_FORMAT})")
-    names = {f for f in AdapterConfig.__dataclass_fields__}
-    unknown = sorted(set(payload) - names)
+    unknown = sorted(set(payload) - set(AdapterConfig.__dataclass_fields__))
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}")
     try:
