@@ -192,3 +192,17 @@ def test_forward_rollout_draws_both_canvases_from_the_forward_process(gemma, k):
         assert torch.equal(state.z_current, state.z_anchor)
     else:  # the anchor's canvas is noisier: it keeps fewer of x0's tokens
         assert int((state.z_anchor == x0).sum()) < int((state.z_current == x0).sum())
+
+
+@pytest.mark.parametrize("mode", ["on-policy", "forward"])
+def test_the_rollout_is_stop_gradient(gemma, mode):
+    """The canvas pair and the anchor are inputs of the loss: no autograd graph leads back into the rollout,
+    although the fusion that makes its steps is trainable."""
+    model = _model(gemma)
+    assert all(p.requires_grad for p in model.fusion.parameters())
+    prompt = model.backbone.prefill(torch.randint(3, V, (3, 4), generator=torch.Generator().manual_seed(2)))
+    state = draw_rollout(model, _x0(3, seed=5), sampler=EntropyBoundSampler(V, num_steps=T), mode=mode,
+                         schedule=get_schedule("loglinear"), prompt=prompt, cache_age=torch.tensor([2, 1, 0]),
+                         t_anchor=torch.full((3,), 0.5), self_conditioning_prob=1.0,
+                         generator=torch.Generator().manual_seed(0))
+    assert state.anchor.grad_fn is None and state.c_current.grad_fn is None

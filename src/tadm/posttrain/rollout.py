@@ -146,7 +146,6 @@ class _RolloutContext(LoopContext):
         return _where_rows(active, output.prev_sample, z)
 
 
-@torch.no_grad()
 def _check_rollout(model: AnchoredBackbone, self_conditioning_prob: float) -> None:
     if model.backbone.prior != "uniform":
         raise ValueError(
@@ -199,6 +198,7 @@ def _roll_out(
     return run.z, run.cache.hidden, prepared, model.encode(run.z, prepared)
 
 
+@torch.no_grad()
 def draw_rollout(
     model: AnchoredBackbone,
     x0: Tensor,
