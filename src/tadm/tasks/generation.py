@@ -29,6 +29,7 @@ from torch import Tensor
 from tadm.devices import synchronize
 from tadm.posttrain.adapter_io import attach_adapter
 from tadm.posttrain.backbone import load_backbone
+from tadm.posttrain.data import left_pad
 from tadm.posttrain.generate import generate_blocks
 from tadm.posttrain.model import AnchoredBackbone, SplitSpec
 from tadm.sampling.entropy_bound import StableConfidentStopping
@@ -188,13 +189,6 @@ class BlockGenerator:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
-        width = max(len(p) for p in prompts)
-        pad = self.pad_id if self.pad_id is not None else 0
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)  # (B, width)
-        mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
-        return ids.to(self.device), mask.to(self.device)
-
     def _row_stop(self, stop: StopCheck | None, budget: int) -> Callable[[Tensor], Tensor] | None:
         """``stop`` (row, ids before EOS) -> done, as generate_blocks' check on the (B, n) tokens so far."""
         if stop is None:
@@ -213,7 +207,7 @@ class BlockGenerator:
         ``stop(row, ids)`` is asked after each canvas; a row for which it is true (e.g. a stop string
         appeared) gets no further canvas, and the batch ends when every row is done.
         """
-        ids, mask = self._left_padded(prompts)
+        ids, mask = (t.to(self.device) for t in left_pad(prompts, self.pad_id if self.pad_id is not None else 0))
         self.model.fusion_mode = self.fusion_mode
         run = lambda: generate_blocks(  # noqa: E731
             self.model, ids, sampler=self.sampler, policy=self.settings.policy, max_new_tokens=max_new_tokens,
