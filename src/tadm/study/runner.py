@@ -351,6 +351,14 @@ class _Study:
         self._account(run)
 
 
+def open_study(cfg: StudyConfig, *, log: Callable[[str], None] = print, progress: bool = False) -> _Study:
+    """A finished (or partial) study's workspace: its trained models, samplers, tokenizer and evaluators.
+
+    For follow-up measurements on the study's models (e.g. refresh policies) without re-running units.
+    """
+    return _Study(cfg, log, progress)
+
+
 def _first_difference(old: Any, new: Any, prefix: str = "") -> str:
     """A short description of the first differing key of two nested JSON values."""
     if isinstance(old, dict) and isinstance(new, dict):
