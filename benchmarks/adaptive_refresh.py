@@ -30,13 +30,20 @@ from pathlib import Path
 
 import torch
 
+from tadm.eval.entropy import mean_entropy
+from tadm.eval.evaluator import load_evaluator
+from tadm.eval.gen_ppl import decode_samples, gen_ppl
+from tadm.eval.mauve import mauve_from_features, mauve_sample_problem
+from tadm.records import git_commit, machine_info
+from tadm.sampling import AdaptiveRefresh, FixedRefresh, generate
+from tadm.study import load_study_config
+from tadm.study.runner import open_study
+
 torch.set_num_threads(1)  # batch-1 generation of a tiny model: one thread is fastest and shares the cores
 
 
 def _generate(study, model, T, policy, num, seed):
-    from tadm.sampling import generate
-
-    _, sampler = study.sampler(model, T)
+    _, sampler = study.cfg.sampling.sampler.build(model, T, study.length())
     generator = torch.Generator().manual_seed(seed)
     rows, refreshes, calls = [], [], []
     start = time.perf_counter()
@@ -51,8 +58,6 @@ def _generate(study, model, T, policy, num, seed):
 
 def _calibrate(study, model, T, K, num, seed, iterations):
     """tau whose mean refreshes on the calibration sequences is closest to ceil(T / K)."""
-    from tadm.sampling import AdaptiveRefresh
-
     target = math.ceil(T / K)
     lo, hi, best = 0.0, 1.0, None
     for _ in range(iterations):
@@ -79,9 +84,6 @@ def _write(path, record):
 
 
 def main(argv=None) -> int:
-    from tadm.study import load_study_config
-    from tadm.study.runner import open_study
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", help="study YAML or preset whose models are evaluated (trained already)")
     p.add_argument("--models", default="tadm,tadm-fresh")
@@ -95,12 +97,6 @@ def main(argv=None) -> int:
     p.add_argument("--cells-dir", default=None, help="where cell files go (default: <study out_dir>/adaptive)")
     p.add_argument("--out", default=None, help="directory for results.json and report.md (default: the cells' dir)")
     args = p.parse_args(argv)
-
-    from tadm.eval.entropy import mean_entropy
-    from tadm.eval.evaluator import load_evaluator
-    from tadm.eval.gen_ppl import decode_samples, gen_ppl
-    from tadm.eval.mauve import mauve_from_features, mauve_sample_problem
-    from tadm.sampling import AdaptiveRefresh, FixedRefresh
 
     cfg = load_study_config(args.config)
     study = open_study(cfg, log=print)
@@ -172,7 +168,8 @@ def main(argv=None) -> int:
     for f in sample_files:
         saved = _read(f)
         row = {k: saved[k] for k in ("model", "seed", "steps", "kind", "match_K", "label", "seconds")}
-        row.update(mean_refreshes=statistics.mean(saved["refreshes"]), mean_layer_calls=statistics.mean(saved["layer_calls"]),
+        row.update(num_samples=len(saved["token_ids"]), mean_refreshes=statistics.mean(saved["refreshes"]),
+                   mean_layer_calls=statistics.mean(saved["layer_calls"]),
                    min_refreshes=min(saved["refreshes"]), max_refreshes=max(saved["refreshes"]))
         if saved["kind"] == "adaptive":
             row["tau"] = saved["policy"]["tau"]
@@ -188,7 +185,6 @@ def main(argv=None) -> int:
     _write(out_dir / "results.json", {"command": " ".join(["python", "benchmarks/adaptive_refresh.py", *sys.argv[1:]]),
                                       "rows": rows, "seconds_this_invocation": time.perf_counter() - started})
     lines = _table(rows, sp.evaluators)
-    from tadm.records import git_commit, machine_info
 
     machine, commit = machine_info(), git_commit()
     header = ["# Adaptive vs fixed refresh at matched compute: table", "",
@@ -227,7 +223,8 @@ def _table(rows, evaluators):
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Mean ± standard deviation over training seeds ({len({r['seed'] for r in rows})}); "
-                 "per seed: one generator seed, 64 sequences generated one at a time.")
+                 f"per seed: one generator seed, {'/'.join(map(str, sorted({r['num_samples'] for r in rows})))} "
+                 "sequences generated one at a time.")
     return lines
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -266,3 +268,21 @@ def test_every_shipped_study_preset_loads_and_has_its_command(name):
     cfg = load_study_config(name)
     assert cfg.name and cfg.models
     assert f"tadm study {name}" in study_preset_path(name).read_text()
+
+
+@pytest.mark.slow
+def test_adaptive_refresh_benchmark_runs_on_a_finished_study(finished, tmp_path):
+    """benchmarks/adaptive_refresh.py reads the study's models through open_study and writes its table."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "adaptive_refresh.py"
+    run = subprocess.run(
+        [sys.executable, str(script), str(finished["config"]), "--models", "tadm", "--seeds", "0", "--steps", "4",
+         "--match", "2", "--num-samples", "3", "--calibration-samples", "2", "--bisection-steps", "2",
+         "--cells-dir", str(tmp_path / "cells"), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    table = (tmp_path / "out" / "table.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| tadm |")]
+    assert [row.split(" | ")[1] for row in rows] == ["fixed K=1", "fixed K=2", rows[2].split(" | ")[1]]
+    assert rows[2].split(" | ")[1].startswith("adaptive (matches K=2")
+    assert "3 sequences generated one at a time" in table
