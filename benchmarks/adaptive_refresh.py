@@ -222,9 +222,9 @@ def _table(rows, evaluators):
         cells += [mean_sd([r.get("entropy") for r in g]), mean_sd([r.get("mauve") for r in g])]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    counts = "/".join(str(n) for n in sorted({r["num_samples"] for r in rows}))
     lines.append(f"Mean ± standard deviation over training seeds ({len({r['seed'] for r in rows})}); "
-                 f"per seed: one generator seed, {'/'.join(map(str, sorted({r['num_samples'] for r in rows})))} "
-                 "sequences generated one at a time.")
+                 f"per seed: one generator seed, {counts} sequences generated one at a time.")
     return lines
 
 

@@ -77,8 +77,10 @@ class SamplerSection:
         return name, build_sampler(name, model, **self.options(name))
 
     def spec(self) -> dict[str, Any]:
-        """The settings a sample unit depends on (the keys units have always recorded)."""
-        return {"sampler": self.name, **{k: v for k, v in asdict(self).items() if k not in ("name", "schedule")}}
+        """The settings a sample unit depends on (the keys units have always recorded: listed, so that a new
+        field does not change the spec of every finished unit)."""
+        return {"sampler": self.name, "top_p": self.top_p, "eta": self.eta, "nucleus": self.nucleus,
+                "time_grid": self.time_grid}
 
     def validate(self, where: str) -> None:
         masked = sorted(n for n, e in SAMPLERS.items() if e.needs == "mask_id")

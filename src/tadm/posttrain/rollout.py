@@ -247,7 +247,10 @@ def draw_rollout(
     _check_rollout(model, self_conditioning_prob)
     T = sampler.num_steps
     B, device = x0.shape[0], x0.device
-    k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None else cache_age.to(device)
+    if cache_age is None:
+        k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device)
+    else:
+        k = cache_age.to(device)
     if t_anchor is None:
         t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
     t_anchor = t_anchor.to(device)

@@ -254,13 +254,15 @@ def make_judge_client(judge: str | None = None, *, url: str | None = None, model
     ``model`` is an OpenAI-compatible endpoint. ``options`` go to the client (timeout, max_attempts,
     api_key_env, ... or max_new_tokens, device).
     """
-    kind, colon, path = ("local" if judge is None else judge).partition(":")
-    if url is not None and not (colon and kind in ("local", "local-free")):
+    if judge is not None and judge.startswith(("local:", "local-free:")):
+        kind, path = judge.split(":", 1)
+        return LocalChatClient(path, **{"decoding": "free" if kind == "local-free" else "labels", **options})
+    if url is not None:
         if judge not in (None, "openai"):
             raise ValueError(f"give --judge local:PATH or --judge URL with --judge-model, not both ({judge!r})")
         return OpenAIChatClient(url, model or "", **options)
-    if kind in ("local", "local-free"):
-        decoding = "free" if kind == "local-free" else "labels"
-        return LocalChatClient(path if colon else default_evaluator_path(), **{"decoding": decoding, **options})
+    if judge in (None, "local", "local-free"):
+        decoding = "free" if judge == "local-free" else "labels"
+        return LocalChatClient(default_evaluator_path(), **{"decoding": decoding, **options})
     raise ValueError(f"unknown judge {judge!r}: use none, local, local:PATH, local-free:PATH, or an "
                      "http(s):// URL with --judge-model NAME")

@@ -34,6 +34,7 @@ not an adversary inside the interpreter; that is what the containment above is f
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -173,12 +174,13 @@ class Containment:
         return self.namespaces
 
     def describe(self) -> str:
-        parts = ["no network" if self.network_blocked else
-                 "NETWORK OPEN" + (" (TCP blocked by Landlock)" if self.landlock_abi >= 4 else ""),
+        network = "NETWORK OPEN" + (" (TCP blocked by Landlock)" if self.landlock_abi >= 4 else "")
+        processes = "processes killed by session and marker (best effort)"
+        if self.landlock_abi >= 6:
+            processes += "; signals to the evaluator blocked"
+        parts = ["no network" if self.network_blocked else network,
                  "writes only in its directory" if self.filesystem_contained else "FILE SYSTEM WRITABLE",
-                 "own PID namespace" if self.processes_contained else
-                 "processes killed by session and marker (best effort)"
-                 + ("; signals to the evaluator blocked" if self.landlock_abi >= 6 else "")]
+                 "own PID namespace" if self.processes_contained else processes]
         how = "+".join(x for x, on in (("namespaces", self.namespaces), (f"landlock-abi{self.landlock_abi}",
                                                                        self.landlock_abi >= 1)) if on) or "none"
         return f"{how}: " + ", ".join(parts)
@@ -220,7 +222,7 @@ def _probe(level: Containment) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     finally:
-        if os.path.exists(outside):
+        with contextlib.suppress(OSError):  # a probe file left behind does not change what the probe found
             os.remove(outside)
 
 
