@@ -59,7 +59,8 @@ def _spread(values: Sequence[float]) -> float | None:
 
 
 def _seed_means(rows: Sequence[dict[str, Any]], value: Callable[[dict[str, Any]], float | None]) -> dict[int, float]:
-    """One number per training seed: ``value(row)`` averaged over that seed's rows (its evaluation seeds)."""
+    """One number per training seed: ``value(row)`` averaged over that seed's rows (its evaluation seeds); a row
+    whose value is missing or not finite is left out, and a seed with no value left is absent."""
     per_seed: dict[int, list[float]] = {}
     for r in rows:
         v = value(r)
