@@ -20,6 +20,8 @@ from tadm.sampling import (
     get_refresh_policy,
     get_sampler,
     is_refresh_step,
+    parse_refresh,
+    policy_from_key,
 )
 
 SPLIT = LayerSplit(shared=1, anchor=3, denoiser=2)
@@ -240,3 +242,20 @@ def test_a_policy_round_trips_through_its_config_mapping(policy):
         refresh_policy_from_config({"tau": 0.1})
     with pytest.raises(ValueError, match="refresh policy 'adaptive'.*taus"):
         refresh_policy_from_config({"policy": "adaptive", "taus": 0.1})
+
+
+@pytest.mark.parametrize("spec", [4, "fixed:K=4:skip_unchanged=true", "adaptive:tau=0.3",
+                                  "adaptive:tau=0.3:max_interval=16:min_interval=2", "schedule:steps=48/40/24",
+                                  "schedule:steps=48/40/24:skip_unchanged=true"])
+def test_policy_from_key_reads_a_key_back(spec):
+    policy = parse_refresh(spec)
+    again = policy_from_key(policy.key)
+    assert type(again) is type(policy) and again.config() == policy.config() and again.key == policy.key
+    assert policy_from_key(policy.record).config() == policy.config()  # the int K that result rows record
+
+
+def test_policy_from_key_refuses_what_no_policy_writes():
+    with pytest.raises(ValueError, match="cannot read 'bogus3'"):
+        policy_from_key("adaptive-bogus3")
+    with pytest.raises(ValueError, match="unknown refresh policy"):
+        policy_from_key("sometimes-tau0.3")
