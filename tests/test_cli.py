@@ -40,6 +40,21 @@ def test_sample_json_counts_layers(capsys):
 
 
 @pytest.mark.slow
+def test_sample_prints_each_sample_and_the_layer_calls(capsys):
+    """Without --json: one block per sample (ids when the model has no tokenizer), then the compute line."""
+    args = ("sample", "--model", "tadm-tiny", "--steps", "8", "--refresh", "2", "--length", "16", "--batch-size", "2",
+            "--sampler", "remdm-cap", "--seed", "5")
+    code, out, _ = _run(capsys, *args)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "--- sample 0 ---" and lines[2] == "--- sample 1 ---"
+    _, record, _ = _run(capsys, *args, "--json")
+    assert [[int(v) for v in lines[n].split()] for n in (1, 3)] == json.loads(record)["token_ids"]
+    assert lines[4].startswith("layer calls: total=16 (shared=0, anchor=8, denoiser=8); anchor refreshes=4 (K=2); ")
+    assert lines[4].endswith(" tokens/s")
+
+
+@pytest.mark.slow
 def test_sample_with_refresh_policies(capsys):
     base = ("sample", "--model", "tadm-tiny", "--steps", "16", "--length", "8", "--json")
     _, out, _ = _run(capsys, *base, "--refresh-policy", "schedule", "--refresh-steps", "16,9,3")
