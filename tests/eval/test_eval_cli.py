@@ -47,6 +47,31 @@ def test_throughput_json_reports_counted_and_analytic_calls(capsys):
 
 
 @pytest.mark.slow
+def test_likelihood_and_throughput_print_a_line_and_a_table_without_json(tmp_path, capsys):
+    model_dir = tmp_path / "mdlm"
+    tiny_diffusion("mdlm").save_pretrained(model_dir)
+    tiny_tokenizer().save(model_dir)
+    argv = ["eval", "likelihood", "--model", f"small={model_dir}", "--data", f"slice={FIXTURE}", "--seq-len", "32",
+            "--max-blocks", "3", "--seed", "4", "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.strip()
+    assert main([*argv, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert line == (f"small on slice (all): perplexity <= {record['ppl']:.3f} ({record['nll']:.4f} nats/token over "
+                    f"{record['num_tokens']} tokens, nelbo)")
+
+    argv = ["eval", "throughput", "--model", "tadm-tiny", "--steps", "6", "--refresh", "1,4", "--length", "8",
+            "--generations", "1", "--warmup", "0"]
+    assert main(argv) == 0
+    header, *rows = capsys.readouterr().out.strip().splitlines()
+    assert header.split() == ["T", "K", "tokens/s", "speedup", "layer", "calls", "analytic"]
+    cells = [row.split() for row in rows]
+    assert [c[:2] for c in cells] == [["6", "K=1"], ["6", "K=4"]]
+    assert cells[0][3] == "1.00x"
+    assert [c[4:] for c in cells] == [["18", "18"], ["10", "10"]]  # counted = analytic (Eq. anchor-cache-compute)
+
+
+@pytest.mark.slow
 def test_mauve_json_matches_the_api(tmp_path, capsys):
     evaluator = save_ar_evaluator(tmp_path / "ar")
     argv = ["eval", "mauve", "--texts", str(FIXTURE), "--reference", str(FIXTURE), "--max-texts", "12",
