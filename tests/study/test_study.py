@@ -238,6 +238,17 @@ def test_derived_training_configs_share_size_data_and_budget(tmp_path):
     ({"sampling.sampler": {"name": "auto", "nucleus": "top"}}, "sampling.sampler.nucleus 'top' is unknown"),
     ({"sampling.nucleus": "top"}, "sampling.sampler.nucleus 'top' is unknown"),
     ({"size.num_heads": 3}, "size.hidden_size \\(16\\) must be divisible by size.num_heads \\(3\\)"),
+    ({"name": " "}, "name must not be empty"),
+    ({"seeds": []}, "seeds must be a non-empty list of integers >= 0, got \\[\\]"),
+    ({"models": []}, "models is empty: list at least one"),
+    ({"models": [{"name": "a b", "kind": "tadm"}]}, "models\\[0\\].name 'a b' must be a non-empty name of letters"),
+    ({"models": [{"name": "a", "kind": "tadm", "seeds": [-1]}]}, "models\\[0\\].seeds must be a non-empty list"),
+    ({"staleness.refresh": [1, 1]}, "staleness.refresh: the same refresh policy is listed twice: 1, 1"),
+    ({"staleness.refresh": [0]}, "staleness.refresh: anchor refresh interval K must be an integer >= 1, got 0"),
+    ({"staleness.eval_seeds": []}, "staleness.eval_seeds must be a non-empty list"),
+    ({"staleness.discrete_steps": 0}, "staleness.discrete_steps must be >= 1, got 0"),
+    ({"staleness.t_samples": 0}, "staleness.t_samples must be >= 1, got 0"),
+    ({"sampling.model_seeds": [-2]}, "sampling.model_seeds must be a non-empty list of integers >= 0"),
 ])
 @pytest.mark.slow
 def test_bad_configs_name_the_value(tmp_path, changes, message):
