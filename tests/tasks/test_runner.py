@@ -190,6 +190,19 @@ def test_bad_settings_are_errors(data_dir, tmp_path):
         run_fake(TaskRunConfig(model="m", naive=True, data_dir=str(data_dir), out_dir=str(tmp_path)))
 
 
+@pytest.mark.parametrize("settings,message", [
+    ({"base": "b", "adapter": "a", "split": "2:20"}, "give --adapter or --split, not both"),
+    ({"model": "m", "seeds": []}, "seeds must be a non-empty list of integers >= 0, got \\[\\]"),
+    ({"model": "m", "seeds": [0, -1]}, "seeds must be a non-empty list of integers >= 0"),
+    ({"model": "m", "limit": 0}, "limit must be >= 1, got 0"),
+    ({"model": "m", "judge": "gpt4"}, "unknown judge 'gpt4': use none, local, local:PATH"),
+    ({"model": "m", "refresh": ["adaptive:tau=-1"]}, "^K: "),
+])
+def test_each_bad_setting_is_named_before_anything_runs(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TaskRunConfig(tasks="gsm8k", **settings).check()
+
+
 @pytest.mark.slow
 def test_a_tiny_base_and_adapter_end_to_end(base_dir, adapter_dir, data_dir, tmp_path):
     """The real generators (tiny base, its adapter, naive reuse) through the runner: tables and stats."""
