@@ -82,6 +82,35 @@ def test_read_chat_jsonl_formats_and_errors(tmp_path):
         read_chat_jsonl(tmp_path / "none.jsonl")
 
 
+@pytest.mark.parametrize("line,message", [
+    ("{not json", r"bad.jsonl:1: not valid JSON"),
+    ('["hello", "fine"]', r"bad.jsonl:1: expected a JSON object"),
+    ('{"messages": "hello"}', r"bad.jsonl:1: 'messages' must be a list of \{'role', 'content'\} objects"),
+    ('{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}',
+     "expected exactly one user and one assistant message, got 2 and 0"),
+    ('{"prompt": "a", "response": "b", "reasoning": "on"}', r"holds no usable \(no-think\) chat examples"),
+])
+def test_read_chat_jsonl_names_each_bad_record(tmp_path, line, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        read_chat_jsonl(bad)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: split_into_canvases([1], [2], canvas_length=0, pad_id=0), "canvas_length must be >= 1, got 0"),
+    (lambda: split_into_canvases([1], [2], canvas_length=2, pad_id=0, max_canvases=0), "max_canvases must be >= 1"),
+    (lambda: split_into_canvases([], [2], canvas_length=2, pad_id=0), "a canvas needs a non-empty prompt"),
+    (lambda: collate_canvases([], pad_id=0), "cannot collate an empty batch"),
+    (lambda: collate_canvases(split_into_canvases([1], [2], canvas_length=2, pad_id=0)
+                              + split_into_canvases([1], [2], canvas_length=3, pad_id=0), pad_id=0),
+     r"canvases of different lengths \[2, 3\] cannot be batched"),
+])
+def test_bad_canvas_arguments_are_refused(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 def test_dataset_builds_every_canvas(tok):
     examples = [ChatExample("hello", "the cat sat on a mat"), ChatExample("how are you", "fine")]
     data = ChatCanvasDataset(examples, tok, canvas_length=4, pad_id=tok.pad_token_id, canvases_per_example=8)
