@@ -259,3 +259,30 @@ def test_policy_from_key_refuses_what_no_policy_writes():
         policy_from_key("adaptive-bogus3")
     with pytest.raises(ValueError, match="unknown refresh policy"):
         policy_from_key("sometimes-tau0.3")
+
+
+@pytest.mark.parametrize("spec,message", [
+    (2.5, "refresh spec 2.5 is not a refresh policy; valid forms: 4, fixed:K=4"),
+    (True, "refresh spec True is not a refresh policy"),
+    ("adaptive:tau", "refresh spec 'adaptive:tau': 'tau' is not KEY=VALUE"),
+    ("sometimes:tau=0.1", "unknown policy 'sometimes'"),
+    ("fixed:K=0", "anchor refresh interval K must be an integer >= 1, got 0"),
+])
+def test_parse_refresh_names_what_is_wrong(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_refresh(spec)
+
+
+def test_spec_values_and_ready_policies():
+    policy = parse_refresh("adaptive:tau=0.25:max_interval=none:skip_unchanged=false")
+    assert (policy.tau, policy.max_interval, policy.skip_unchanged) == (0.25, None, False)
+    assert parse_refresh(policy) is policy and get_refresh_policy(policy) is policy
+    with pytest.raises(ValueError, match=r"parameters \['interval'\] given with a ready policy"):
+        get_refresh_policy(policy, interval=2)
+    assert repr(parse_refresh("fixed:K=4")) == "FixedRefresh(skip_unchanged=False, interval=4)"
+
+
+def test_a_schedule_needs_one_step_index_per_step():
+    """Rows on different step indices (the rollout's per-row steps) cannot follow a schedule of step indices."""
+    with pytest.raises(TypeError, match="one step index per step, not one per row"):
+        ScheduleRefresh([4, 2]).due(0, torch.tensor([4, 3]), torch.zeros(2, 3), None)
