@@ -96,6 +96,10 @@ def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
         (["sample", "--refresh-policy", "adaptive", "--tau", "0.1", "-K", "4"], "-K/--refresh 4 and --refresh-policy adaptive name two policies; give one"),
         (["sample", "--refresh-policy", "schedule", "--refresh-steps", "8,x"], "--refresh-steps: expected comma-separated integers (e.g. 128,120,96,64), got '8,x'"),
         (["sample", "--refresh-policy", "schedule"], "needs --refresh-steps"),
+        (["sample", "-K", "1,2"], "-K/--refresh: this command takes one refresh policy, got 1, 2"),
+        (["sample", "--min-interval", "2"], "--min-interval do(es) not apply to --refresh-policy fixed"),
+        (["eval", "throughput", "--model", "tadm-tiny", "-T", "4", "-K", "2,2"],
+         "-K/--refresh: the same refresh policy is listed twice: 2, 2"),
     ],
 )
 def test_bad_input_gives_one_line_error(capsys, argv, needle):
