@@ -44,6 +44,7 @@ from pathlib import Path
 
 from tadm.cli import OneLineErrorParser
 from tadm.cli.common import nonnegative_int, positive_float, positive_int
+from tadm.eval.evaluator import default_evaluator_path
 from tadm.posttrain import load_posttrain_config
 
 STAGES = ("data", "tokenizer", "pretrain", "posttrain", "diagnose", "eval")
@@ -135,6 +136,12 @@ def check_args(args: argparse.Namespace) -> str | None:
         return f"argument --variant: a plain folder name, got {args.variant!r}"
     if args.judge not in ("none", "local", "local-free") and not args.judge.startswith(("local:", "local-free:")):
         return f"argument --judge: none, local, local:PATH or local-free:PATH, got {args.judge!r}"
+    if args.judge != "none":  # checked now, not after hours of training
+        path = args.judge.partition(":")[2]
+        judge_dir = Path(path).expanduser() if path else default_evaluator_path()
+        if not (judge_dir / "config.json").is_file():
+            return (f"argument --judge: {judge_dir} holds no model (no config.json); "
+                    + ("run `tadm eval prepare-evaluator` first" if not path else "give a Hugging Face model folder"))
     try:
         posttrain_config(args)
     except ValueError as err:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tadm.cli import main
+from tadm.cli import build_parser, main
 from tadm.nn import tadm_tiny
 
 
@@ -25,6 +25,21 @@ def test_compute_table_normalised_to_mdlm(capsys):
     code, out, _ = _run(capsys, "compute", "--anchor-layers", "12", "--denoiser-layers", "6", "--steps", "2048",
                         "--refresh", "4", "--baseline-layers", "12", "--json")
     assert json.loads(out)["relative_to_baseline"] == pytest.approx(0.75)
+
+
+def test_lists_of_T_and_seeds_take_commas_or_spaces_like_K(capsys):
+    rows = []
+    for steps in (["128,256"], ["128", "256"]):
+        _, out, _ = _run(capsys, "compute", "--anchor-layers", "12", "--denoiser-layers", "6", "-T", *steps,
+                         "-K", "1,8", "--json")
+        rows.append([(r["steps"], r["refresh"]) for r in json.loads(out)])
+    assert rows[0] == rows[1] == [(128, 1), (128, 8), (256, 1), (256, 8)]
+    parser = build_parser()
+    args = parser.parse_args(["eval", "staleness", "--model", "m", "-T", "32,128", "64"])
+    assert args.steps == [32, 128, 64]
+    args = parser.parse_args(["eval", "tasks", "--model", "m", "--seeds", "0,1", "3", "-T", "16"])
+    assert (args.seeds, args.steps) == ([0, 1, 3], 16)
+    assert parser.parse_args(["eval", "tasks", "--model", "m"]).seeds == [0, 1, 2]
 
 
 @pytest.mark.slow

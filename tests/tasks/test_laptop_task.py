@@ -94,3 +94,15 @@ def test_split_held_out_prompts_are_distinct(laptop_task, digits):
     assert len({row["problem"] for row in few}) == 7
     with pytest.raises(ValueError, match=f"only {totals} distinct totals"):
         laptop_task.make_split_data(digits, 10, totals + 1, seed=0)
+
+
+def test_a_judge_without_a_model_is_refused_before_any_training(laptop_task, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TADM_CACHE_DIR", str(tmp_path / "cache"))  # no prepared default judge there
+    for judge, advice in ((f"local:{tmp_path / 'nothing'}", "give a Hugging Face model folder"),
+                          ("local", "run `tadm eval prepare-evaluator` first")):
+        with pytest.raises(SystemExit) as exit_info:
+            laptop_task.parse_args(["--judge", judge, "--out", str(tmp_path / "run")])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --judge:" in err and "holds no model (no config.json)" in err and advice in err
+    assert not (tmp_path / "run").exists()

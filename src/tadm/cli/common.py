@@ -35,6 +35,27 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
+def int_list(minimum: int) -> Callable[[str], list[int]]:
+    """An argparse type: one integer >= ``minimum`` or a comma list of them ("128", "32,128")."""
+    check = int_at_least(minimum)
+
+    def parse(value: str) -> list[int]:
+        parts = [part for part in value.split(",") if part.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}")
+        return [check(part.strip()) for part in parts]
+
+    return parse
+
+
+class FlatList(argparse.Action):
+    """``nargs="+"`` of a list type, flattened: ``-T 32 128``, ``-T 32,128`` and ``-T 32,64 128`` all work."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, [v for value in values for v in value])
+
+
 def positive_float(value: str) -> float:
     """An argparse type accepting finite numbers > 0 (NaN and inf are refused by name)."""
     try:
@@ -164,9 +185,13 @@ def dtype_arg(p: argparse.ArgumentParser, default: str = "auto", what: str = "dt
 
 
 def steps_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> None:
-    """-T/--steps: reverse steps T (one, or a list with ``many``)."""
-    kwargs.setdefault("help", "reverse steps T" + (" (one or more)" if many else ""))
-    p.add_argument("-T", "--steps", type=positive_int, nargs="+" if many else None, metavar="T", **kwargs)
+    """-T/--steps: reverse steps T (one, or with ``many`` a list: comma-separated or space-separated, like -K)."""
+    if many:
+        kwargs.setdefault("help", "reverse steps T, comma-separated (e.g. 128,256)")
+        p.add_argument("-T", "--steps", type=int_list(1), nargs="+", action=FlatList, metavar="T[,T]", **kwargs)
+    else:
+        kwargs.setdefault("help", "reverse steps T")
+        p.add_argument("-T", "--steps", type=positive_int, metavar="T", **kwargs)
 
 
 def refresh_specs(value: str) -> list:

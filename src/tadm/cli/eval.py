@@ -23,9 +23,11 @@ from typing import Any
 
 from tadm.cli.common import (
     CLIError,
+    FlatList,
     device_arg,
     dtype_arg,
     fidelity_args,
+    int_list,
     nonnegative_int,
     positive_float,
     positive_int,
@@ -347,8 +349,8 @@ def _add_staleness(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", nargs="+", required=True, metavar="[NAME=]PATH",
                    help="anchored models (TADM, ADLM): checkpoint dirs, hub ids, or builder names (with --tokenizer)")
     p.add_argument("--data", default="brown", metavar="SOURCE", help="text source (default: the bundled corpus)")
-    p.add_argument("-T", "--steps", dest="steps", type=positive_int, nargs="+", default=[128], metavar="T",
-                   help="step budgets T: cache age k means t' = min(1, t + k / T)")
+    steps_arg(p, many=True, default=[128], help="step budgets T, comma-separated: cache age k means t' = "
+              "min(1, t + k / T) (default: 128)")
     p.add_argument("--max-age", type=nonnegative_int, default=7, metavar="K_MAX", help="ages k = 0 .. K_MAX")
     refresh_arg(p, many=True, default="1,2,4,8", help="fixed refresh intervals K of the discrete cached-process "
                 "bound (default: 1,2,4,8)")
@@ -535,19 +537,6 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------- tasks
-def _int_list(minimum: int):
-    """An argparse type: comma-separated integers >= ``minimum`` ("1,2,3")."""
-    def parse(value: str) -> list[int]:
-        try:
-            numbers = [int(v) for v in value.split(",") if v.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
-        if not numbers or min(numbers) < minimum:
-            raise argparse.ArgumentTypeError(f"expected integers >= {minimum}, got {value!r}")
-        return numbers
-    return parse
-
-
 def _add_tasks(esub: argparse._SubParsersAction) -> None:
     p = esub.add_parser("tasks", help="the post-training benchmarks: accuracy, corruption, tok/s per method and K",
                         description="Run (or resume) the paper's six benchmarks (GSM8K, HumanEval, GPQA-Diamond, "
@@ -562,11 +551,11 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
                    "only with --allow-code-execution)")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="local DIR/<task>.jsonl files (default: the Hub)")
     refresh_arg(p, many=True, default="1,2,3")
-    p.add_argument("--seeds", type=_int_list(0), nargs="+", default=[[0, 1, 2]], metavar="S,S",
+    p.add_argument("--seeds", type=int_list(0), nargs="+", action=FlatList, default=[0, 1, 2], metavar="S[,S]",
                    help="seeds (default: 0,1,2)")
     p.add_argument("--naive", action="store_true", help="also run naive reuse (fusion off) at every K")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="first N examples per task")
-    p.add_argument("--steps", type=positive_int, default=48, metavar="T", help="reverse steps per canvas (paper: 48)")
+    steps_arg(p, default=48, help="reverse steps T per canvas (paper: 48)")
     p.add_argument("--canvas-length", type=positive_int, default=256, metavar="L", help="canvas length (paper: 256)")
     p.add_argument("--max-gen-toks", type=positive_int, default=None, metavar="N",
                    help="cap every task's generation length (default: the paper's per task)")
@@ -590,7 +579,7 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
 def _run_tasks(args: argparse.Namespace) -> int:
     config = TaskRunConfig(
         tasks=args.tasks, refresh=[p.config() for p in refresh_policies(args)],
-        seeds=sorted({s for ss in args.seeds for s in ss}), naive=args.naive, base=args.base, adapter=args.adapter,
+        seeds=sorted(set(args.seeds)), naive=args.naive, base=args.base, adapter=args.adapter,
         model=args.model, split=args.split, data_dir=args.data_dir, limit=args.limit, steps=args.steps,
         canvas_length=args.canvas_length,
         max_gen_toks=args.max_gen_toks, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
