@@ -67,6 +67,14 @@ def positive_float(value: str) -> float:
     return number
 
 
+def print_files(summary: str, files: dict[str, Any]) -> int:
+    """Print what a run did, then one indented ``label: path`` line per file it wrote; exit status 0."""
+    print(summary)
+    for label, path in files.items():
+        print(f"  {label}: {path}")
+    return 0
+
+
 def config_parser(sub: argparse._SubParsersAction, name: str, *, preset: str, overrides: str,
                   **parser_kwargs: Any) -> argparse.ArgumentParser:
     """Subcommand ``name`` that reads CONFIG (a YAML file or a shipped preset name) and dotted KEY=VALUE overrides."""

@@ -31,6 +31,7 @@ from tadm.cli.common import (
     nonnegative_int,
     positive_float,
     positive_int,
+    print_files,
     refresh_arg,
     refresh_policies,
     sampler_args,
@@ -530,10 +531,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
                          baseline_layers=args.baseline_layers, throughput_baseline=args.throughput_baseline,
                          cache_dir=args.cache_dir, out_dir=os.fspath(args.out))
     out = run_sweep(config, overwrite=args.overwrite, progress=not args.no_progress, allow_dirty=args.allow_dirty)
-    print(f"{len(out.rows)} result rows ({len(out.evaluated)} units run now) in {config.out_dir}:")
-    for label, path in out.files.items():
-        print(f"  {label}: {path}")
-    return 0
+    return print_files(f"{len(out.rows)} result rows ({len(out.evaluated)} units run now) in {config.out_dir}:",
+                       out.files)
 
 
 # -------------------------------------------------------------------------------------------- tasks
@@ -591,10 +590,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
                            command=" ".join(["tadm", *sys.argv[1:]]))
     except JudgeError as err:
         raise CLIError(str(err)) from None
-    print(f"{len(result.units)} units ({result.ran} run now); tables in {config.out_dir}:")
-    for label, path in result.files.items():
-        print(f"  {label}: {path}")
-    return 0
+    return print_files(f"{len(result.units)} units ({result.ran} run now); tables in {config.out_dir}:", result.files)
 
 
 def _add_convert_livecodebench(esub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 
-from tadm.cli.common import config_parser
+from tadm.cli.common import config_parser, print_files
 from tadm.study import load_study_config, run_study
 from tadm.training.trainer import NonFiniteLossError
 
@@ -39,8 +39,5 @@ def run(args: argparse.Namespace) -> int:
     except NonFiniteLossError as err:
         print(f"tadm study: {err}", file=sys.stderr)
         return 3
-    print(f"study {cfg.name}: {len(out.ran)} units run, {len(out.skipped)} already done, "
-          f"{out.seconds / 60:.1f} min; results in {out.out_dir}")
-    for label, path in out.files.items():
-        print(f"  {label}: {path}")
-    return 0
+    return print_files(f"study {cfg.name}: {len(out.ran)} units run, {len(out.skipped)} already done, "
+                       f"{out.seconds / 60:.1f} min; results in {out.out_dir}", out.files)
