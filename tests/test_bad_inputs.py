@@ -56,6 +56,10 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "data.csv").write_text("a,b\n1,2\n")
     (d / "afile").write_text("user data")
     (d / "binary.json").write_bytes(b"\xff\xfe\x00binary")
+    (d / "empty.json").write_text("  \n")
+    (d / "numbers.json").write_text("[1, 2]")
+    (d / "ids.json").write_text('{"token_ids": [[5, 6, 7]]}')
+    (d / "nothing.json").write_text('{"steps": 8}\n{"steps": 16}\n')
     (d / "tasks").mkdir()
     (d / "tasks" / "aime.jsonl").write_bytes(b'{"problem": "p", "answer": 1}\n{"problem": "caf\xe9", "answer": 2}\n')
     (d / "tasks" / "gsm8k.jsonl").write_text('{"question": "q", "answer": "1"}\n' * 6)
@@ -170,6 +174,14 @@ CLI_CASES = [
     pytest.param(["eval", "frobnicate"], "invalid choice: 'frobnicate'", id="eval-unknown-action"),
     pytest.param(["eval", "gen-ppl", "--samples", "{d}/binary.json"], "--samples {d}/binary.json is not UTF-8 text",
                  id="eval-samples-binary"),
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/empty.json"], "--samples {d}/empty.json is empty",
+                 id="eval-samples-empty"),
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/numbers.json"],
+                 "--samples {d}/numbers.json must hold JSON objects with 'token_ids' or 'texts'", id="eval-samples-list"),
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/ids.json"],
+                 "--samples holds token ids only: pass --tokenizer DIR", id="eval-samples-ids-without-tokenizer"),
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/nothing.json"],
+                 "--samples {d}/nothing.json holds no token_ids or texts", id="eval-samples-without-samples"),
     # ------------------------------------------------------------------------- tadm eval tasks
     pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "humaneval", "--data-dir", "{d}/tasks"],
                  "humaneval (its check) runs model-written code; allow it with --allow-code-execution or "
