@@ -195,14 +195,23 @@ def test_forward_rollout_draws_both_canvases_from_the_forward_process(gemma, k):
 
 
 @pytest.mark.parametrize("mode", ["on-policy", "forward"])
-def test_the_rollout_is_stop_gradient(gemma, mode):
-    """The canvas pair and the anchor are inputs of the loss: no autograd graph leads back into the rollout,
-    although the fusion that makes its steps is trainable."""
+def test_the_rollout_is_stop_gradient(gemma, mode, monkeypatch):
+    """Every network pass of the rollout runs without autograd (the module's stop-gradient), also the passes outside
+    the sampling loop; the canvas pair and the anchor carry no graph into the loss."""
     model = _model(gemma)
-    assert all(p.requires_grad for p in model.fusion.parameters())
+    grad_modes = []
+    prepare = model.prepare
+
+    def recording_prepare(*args, **kwargs):
+        grad_modes.append(torch.is_grad_enabled())
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(model, "prepare", recording_prepare)
     prompt = model.backbone.prefill(torch.randint(3, V, (3, 4), generator=torch.Generator().manual_seed(2)))
     state = draw_rollout(model, _x0(3, seed=5), sampler=EntropyBoundSampler(V, num_steps=T), mode=mode,
                          schedule=get_schedule("loglinear"), prompt=prompt, cache_age=torch.tensor([2, 1, 0]),
                          t_anchor=torch.full((3,), 0.5), self_conditioning_prob=1.0,
                          generator=torch.Generator().manual_seed(0))
+    assert grad_modes and not any(grad_modes)
+    assert torch.is_grad_enabled()  # restored for the loss
     assert state.anchor.grad_fn is None and state.c_current.grad_fn is None
