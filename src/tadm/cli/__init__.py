@@ -24,13 +24,9 @@ SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, eval_cmd, study, p
 DEBUG_ENV = "TADM_DEBUG"
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Foreseeable failures, printed in one line: OSError covers missing, unreadable and unwritable paths,
-    SafetensorError a truncated or corrupt weights file."""
-    return CLIError, ValueError, OSError, SafetensorError
-
-
-USER_ERRORS = _user_errors()
+# Foreseeable failures, printed in one line: OSError covers missing, unreadable and unwritable paths,
+# SafetensorError a truncated or corrupt weights file.
+USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, ValueError, OSError, SafetensorError)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

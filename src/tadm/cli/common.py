@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any, Callable
 
 from tadm.devices import resolve_device, resolve_dtype
@@ -10,6 +11,7 @@ from tadm.sampling import SAMPLERS, build_sampler
 from tadm.sampling.base import TIME_GRIDS
 from tadm.sampling.categorical import NUCLEUS_RULES
 from tadm.sampling.refresh import parse_refresh, parse_refresh_list
+from tadm.specs import find_tokenizer, find_tokenizer_dir
 
 
 class CLIError(Exception):
@@ -73,6 +75,19 @@ def print_files(summary: str, files: dict[str, Any]) -> int:
     for label, path in files.items():
         print(f"  {label}: {path}")
     return 0
+
+
+def print_json(records: list[dict[str, Any]]) -> int:
+    """Print one JSON object for one record, else a JSON list; exit status 0."""
+    print(json.dumps(records[0] if len(records) == 1 else records))
+    return 0
+
+
+def optional_tokenizer(model: str | None, tokenizer: str | None) -> Any:
+    """The tokenizer given by --tokenizer, else the saved one of checkpoint ``model``, else None (neither is there)."""
+    if tokenizer is None and (model is None or find_tokenizer_dir(model) is None):
+        return None
+    return find_tokenizer(model, tokenizer)
 
 
 def config_parser(sub: argparse._SubParsersAction, name: str, *, preset: str, overrides: str,
@@ -163,21 +178,29 @@ def policy_from_args(args: argparse.Namespace):
 
 
 # ------------------------------------------------------------------------- flags shared by commands
-def device_type(value: str) -> str:
-    """An argparse type for --device: auto, cpu, cuda or cuda:N (see tadm.specs), checked against this machine."""
-    try:
-        return str(resolve_device(value))
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+def arg_type(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type that reports the ValueError of ``convert`` as a usage error (its message unchanged)."""
+
+    def parse(value: str) -> Any:
+        try:
+            return convert(value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return parse
 
 
-def dtype_type(value: str) -> str:
-    """An argparse type for --dtype: auto, fp32, bf16, fp16 (or float32, bfloat16, float16)."""
-    try:
-        resolve_dtype(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+def _checked_dtype(value: str) -> str:
+    resolve_dtype(value)
     return value
+
+
+# --device: auto, cpu, cuda or cuda:N (see tadm.specs), checked against this machine;
+# --dtype: auto, fp32, bf16, fp16 (or float32, bfloat16, float16), kept as given
+device_type = arg_type(lambda value: str(resolve_device(value)))
+dtype_type = arg_type(_checked_dtype)
+# one refresh spec or a comma list of them (``4``, ``1,2,4``, ``adaptive:tau=0.3``)
+refresh_specs = arg_type(parse_refresh_list)
 
 
 def device_arg(p: argparse.ArgumentParser) -> None:
@@ -200,14 +223,6 @@ def steps_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> No
     else:
         kwargs.setdefault("help", "reverse steps T")
         p.add_argument("-T", "--steps", type=positive_int, metavar="T", **kwargs)
-
-
-def refresh_specs(value: str) -> list:
-    """An argparse type: one refresh spec or a comma list of them (``4``, ``1,2,4``, ``adaptive:tau=0.3``)."""
-    try:
-        return parse_refresh_list(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str = "1", **kwargs) -> None:

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from tadm.cli.common import CLIError, nonnegative_int, positive_int, refresh_arg, refresh_policies, steps_arg
+from tadm.cli.common import (
+    CLIError,
+    nonnegative_int,
+    positive_int,
+    print_json,
+    refresh_arg,
+    refresh_policies,
+    steps_arg,
+)
 from tadm.eval.compute import compute_row
 from tadm.protocol import LayerSplit
 
@@ -44,14 +51,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CLIError(str(err)) from None
     if args.json:
-        dicts = []
-        for row in rows:
-            d = row.as_dict()
-            d.pop("name")
-            d.update(shared_layers=split.shared, anchor_layers=split.anchor, denoiser_layers=split.denoiser)
-            dicts.append(d)
-        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts))
-        return 0
+        layers = {"shared_layers": split.shared, "anchor_layers": split.anchor, "denoiser_layers": split.denoiser}
+        return print_json([{k: v for k, v in row.as_dict().items() if k != "name"} | layers for row in rows])
     print(f"layer split: shared={split.shared} anchor={split.anchor} denoiser={split.denoiser}")
     print(f"{'T':>6} {'K':>4} {'layer calls':>12} {'baseline':>10} {'relative':>9}")
     for row in rows:

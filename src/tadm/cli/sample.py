@@ -11,6 +11,7 @@ import torch
 from tadm.cli.common import (
     CLIError,
     device_arg,
+    optional_tokenizer,
     policy_from_args,
     positive_int,
     refresh_arg,
@@ -20,7 +21,7 @@ from tadm.cli.common import (
     steps_arg,
 )
 from tadm.sampling import generate
-from tadm.specs import find_tokenizer, find_tokenizer_dir, resolve_model
+from tadm.specs import resolve_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,13 +47,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _load_tokenizer(args: argparse.Namespace):
-    """The tokenizer given by --tokenizer, else the checkpoint's own, else None (token ids are printed)."""
-    if args.tokenizer is None and find_tokenizer_dir(args.model) is None:
-        return None
-    return find_tokenizer(args.model, args.tokenizer)
-
-
 def _canvas_length(args: argparse.Namespace, model: Any) -> int:
     """``--length``, or the model's own; checked against the model, which must be a masked diffusion LM."""
     if model.mask_token_id is None:
@@ -72,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     length = _canvas_length(args, model)
     sampler = sampler_from_args(args, args.sampler, model)
     policy = policy_from_args(args)
-    tokenizer = _load_tokenizer(args)
+    tokenizer = optional_tokenizer(args.model, args.tokenizer)  # None: token ids are printed
     if tokenizer is not None and tokenizer.vocab_size != model.vocab_size:
         raise CLIError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
