@@ -28,6 +28,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,6 @@ class _Study:
         self._models: dict[tuple[str, int, bool], Any] = {}
         self._tokenizer: Any = None
         self._tokenizer_source: str | None = None
-        self._val_blocks: dict[int, Any] = {}
 
     # ---------------------------------------------------------------- bookkeeping
     def units(self) -> list[tuple[StudyModel, int]]:
@@ -146,9 +146,6 @@ class _Study:
 
     def label(self, m: StudyModel, naive: bool) -> str:
         return f"{m.name}-naive" if naive else m.name
-
-    def _skip(self, unit: str) -> None:
-        self.out.skipped.append(unit)
 
     def _ran(self, unit: str, seconds: float) -> None:
         self.out.ran.append(unit)
@@ -171,7 +168,7 @@ class _Study:
         else:  # studies from before tokenizer records have none: accepted
             check_provenance(tok_dir, data.source, data.tokenizer_vocab_size, text_field=data.text_field,
                              missing_ok=True, advice="a study keeps one tokenizer: give the new data a new out_dir")
-            self._skip("tokenizer")
+            self.out.skipped.append("tokenizer")
         self._tokenizer_source = str(tok_dir)
         return self._tokenizer_source
 
@@ -182,7 +179,6 @@ class _Study:
 
     # ---------------------------------------------------------------- 2. training
     def train_all(self) -> None:
-
         tok = self.tokenizer_source()
         for m, seed in self.units():
             unit = f"train {m.name} seed {seed}"
@@ -198,7 +194,7 @@ class _Study:
                     raise ConfigError(
                         f"{run_dir} holds model {m.name!r} (seed {seed}) trained with other settings; "
                         f"{_first_difference(saved, wanted)}; use another out_dir, or delete {run_dir} to retrain it")
-                self._skip(unit)
+                self.out.skipped.append(unit)
                 continue
             resume = (run_dir / STATE_FILENAME).is_file()
             if (run_dir / "final").exists() and not resume:
@@ -216,41 +212,39 @@ class _Study:
     def model(self, m: StudyModel, seed: int, naive: bool = False) -> Any:
         key = (m.name, seed, naive)
         if key not in self._models:
-            base_key = (m.name, seed, False)
-            if base_key not in self._models:
-                self._models[base_key] = load_model(self.layout.final_dir(m.name, seed), device=str(self.device))
-                self._models[base_key].to(self.device).eval()
             if naive:
-                self._models[key] = NaiveReuse(self._models[base_key]).eval()
+                model = NaiveReuse(self.model(m, seed))
+            else:
+                model = load_model(self.layout.final_dir(m.name, seed), device=str(self.device)).to(self.device)
+            self._models[key] = model.eval()
         return self._models[key]
 
     def length(self) -> int:
         return int(self.cfg.data.seq_len)
 
+    @cached_property
     def val_blocks(self) -> Any:
-        L = self.length()
-        if L not in self._val_blocks:
-            self._val_blocks[L] = packed_eval_blocks(self.cfg.data.source, self.tokenizer(), L,
-                                                     cache_dir=self.cfg.data.cache_dir, split="val",
-                                                     val_fraction=self.cfg.data.val_fraction, seed=0)
-        return self._val_blocks[L]
+        data = self.cfg.data
+        return packed_eval_blocks(data.source, self.tokenizer(), self.length(), cache_dir=data.cache_dir, split="val",
+                                  val_fraction=data.val_fraction, seed=0)
 
     # ---------------------------------------------------------------- 3. + 4. likelihood
     def evaluate_likelihoods(self) -> None:
-        st = self.cfg.staleness
+        st, schedule = self.cfg.staleness, self.cfg.objective.schedule
+        common = dict(batch_size=st.batch_size, max_blocks=st.max_blocks, device=self.device, schedule=schedule)
+        discrete = st.discrete_steps or min(st.steps)
         for m, seed in self.units():
             final = str(self.layout.final_dir(m.name, seed))
-            common = dict(batch_size=st.batch_size, max_blocks=st.max_blocks, device=self.device)
             spec = {"model": final, "t_samples": st.t_samples, "seed": st.eval_seeds[0], "batch_size": st.batch_size,
-                    "max_blocks": st.max_blocks, "schedule": self.cfg.objective.schedule}
+                    "max_blocks": st.max_blocks, "schedule": schedule}
             path = self.layout.eval_file(m.name, seed, "likelihood")
             unit = f"likelihood {m.name} seed {seed}"
             if _done(path, spec):
-                self._skip(unit)
+                self.out.skipped.append(unit)
             else:
                 start = time.perf_counter()
-                result = evaluate_likelihood(self.model(m, seed), self.val_blocks(), num_t_samples=st.t_samples,
-                                             seed=st.eval_seeds[0], schedule=self.cfg.objective.schedule, **common)
+                result = evaluate_likelihood(self.model(m, seed), self.val_blocks, num_t_samples=st.t_samples,
+                                             seed=st.eval_seeds[0], **common)
                 write_json(path, {"spec": spec, "result": result.as_dict(), "seconds": time.perf_counter() - start})
                 self._ran(unit, time.perf_counter() - start)
             if not self.anchored(m):
@@ -258,26 +252,23 @@ class _Study:
             for naive in self.variants(m, st.naive):
                 for eval_seed in st.eval_seeds:
                     what = f"staleness{'-naive' if naive else ''}-e{eval_seed}"
-                    discrete = st.discrete_steps or min(st.steps)
                     spec = {"model": final, "naive": naive, "steps": st.steps, "max_age": st.max_age,
                             "refresh": st.refresh, "discrete_steps": discrete, "uninformative": st.uninformative,
                             "t_samples": st.t_samples, "batch_size": st.batch_size, "max_blocks": st.max_blocks,
-                            "seed": eval_seed, "schedule": self.cfg.objective.schedule}
+                            "seed": eval_seed, "schedule": schedule}
                     path = self.layout.eval_file(m.name, seed, what)
                     unit = f"staleness {self.label(m, naive)} seed {seed} eval-seed {eval_seed}"
                     if _done(path, spec):
-                        self._skip(unit)
+                        self.out.skipped.append(unit)
                         continue
                     model = self.model(m, seed, naive)
                     start = time.perf_counter()
-                    stale = stale_anchor_nelbo(model, self.val_blocks(), steps=st.steps, max_age=st.max_age,
+                    stale = stale_anchor_nelbo(model, self.val_blocks, steps=st.steps, max_age=st.max_age,
                                                uninformative=st.uninformative, num_t_samples=st.t_samples,
-                                               seed=eval_seed, schedule=self.cfg.objective.schedule,
-                                               progress=self.progress, **common)
+                                               seed=eval_seed, progress=self.progress, **common)
                     mid = time.perf_counter()
-                    cached = cached_process_nelbo(model, self.val_blocks(), num_steps=discrete,
-                                                  refresh_intervals=st.refresh, seed=eval_seed,
-                                                  schedule=self.cfg.objective.schedule, progress=self.progress,
+                    cached = cached_process_nelbo(model, self.val_blocks, num_steps=discrete,
+                                                  refresh_intervals=st.refresh, seed=eval_seed, progress=self.progress,
                                                   **common)
                     end = time.perf_counter()
                     write_json(path, {"spec": spec, "staleness": stale.as_dict(), "cached": cached.as_dict(),
@@ -311,14 +302,15 @@ class _Study:
         return Run(PipelineStore(self.layout.root), self.cfg.sampling, self.length(), model_of,
                    log=lambda line: self.log(f"[study] {line}"), progress=self.progress)
 
-    def _account(self, run: Run) -> None:
+    def _pipeline_stage(self, stage: Callable[..., None], **kwargs: Any) -> None:
+        """One stage of the shared pipeline over every sampling cell, its units counted as this study's."""
+        run = self.pipeline()
+        stage(run, self.sampling_cells(), **kwargs)
         self.out.ran += run.ran
         self.out.skipped += run.skipped
 
     def sample_all(self) -> None:
-        run = self.pipeline()
-        sample_cells(run, self.sampling_cells())
-        self._account(run)
+        self._pipeline_stage(sample_cells)
 
     def evaluator_spec(self, name: str) -> str:
         """The loadable spec of an evaluator name (the in-domain AR is the first seed of the AR model)."""
@@ -340,15 +332,11 @@ class _Study:
         return decode_samples(ids, self.tokenizer()), ids
 
     def score_all(self) -> None:
-        run = self.pipeline()
-        score_cells(run, self.sampling_cells(), tokenizer=self.tokenizer(), evaluator_spec=self.evaluator_spec,
-                    reference=self.reference if self.cfg.sampling.reference is not None else None)
-        self._account(run)
+        self._pipeline_stage(score_cells, tokenizer=self.tokenizer(), evaluator_spec=self.evaluator_spec,
+                             reference=self.reference if self.cfg.sampling.reference is not None else None)
 
     def time_all(self) -> None:
-        run = self.pipeline()
-        time_cells(run, self.sampling_cells())
-        self._account(run)
+        self._pipeline_stage(time_cells)
 
 
 def open_study(cfg: StudyConfig, *, log: Callable[[str], None] = print, progress: bool = False) -> _Study:
@@ -386,32 +374,26 @@ def run_study(
     layout = study.layout
     prepare_run_dir(layout.root, what="study out_dir")
     with RunDirLock(layout.root, what="study out_dir"):
-        return _run_locked(study, cfg, log, stages, command, start)
+        history = list((read_json(layout.manifest) or {}).get("invocations", []))
+        invocation = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "stages": list(stages),
+                      "machine": machine_info(), **git_commit()}
+        timings: dict[str, float] = {}
 
-
-def _run_locked(study: _Study, cfg: StudyConfig, log: Callable[[str], None], stages: tuple[str, ...],
-                command: str | None, start: float) -> StudyOutput:
-    """The stages of :func:`run_study`, with the study directory locked."""
-    layout = study.layout
-    manifest = read_json(layout.manifest) or {}
-    history = list(manifest.get("invocations", []))
-    invocation = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "stages": list(stages),
-                  "machine": machine_info(), **git_commit()}
-    write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
-    timings: dict[str, float] = {}
-    for stage, fn in (("train", study.train_all), ("likelihood", study.evaluate_likelihoods),
-                      ("sample", study.sample_all), ("score", study.score_all), ("throughput", study.time_all)):
-        if stage in stages:
-            t0 = time.perf_counter()
-            fn()
-            timings[stage] = time.perf_counter() - t0
-            # recorded after every stage, so an invocation cut off later still counts what it finished
+        def record(**final: int) -> None:
             invocation["seconds"] = {**timings, "total": time.perf_counter() - start}
+            invocation.update(final)
             write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
-    invocation["seconds"] = {**timings, "total": time.perf_counter() - start}
-    invocation["ran"], invocation["skipped"] = len(study.out.ran), len(study.out.skipped)
-    write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
-    if "report" in stages:
-        study.out.files = write_report(cfg, layout, study.pipeline(), study.sampling_cells(), log=log)
-    study.out.seconds = time.perf_counter() - start
+
+        write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
+        for stage, fn in (("train", study.train_all), ("likelihood", study.evaluate_likelihoods),
+                          ("sample", study.sample_all), ("score", study.score_all), ("throughput", study.time_all)):
+            if stage in stages:
+                t0 = time.perf_counter()
+                fn()
+                timings[stage] = time.perf_counter() - t0
+                record()  # after every stage, so an invocation cut off later still counts what it finished
+        record(ran=len(study.out.ran), skipped=len(study.out.skipped))
+        if "report" in stages:
+            study.out.files = write_report(cfg, layout, study.pipeline(), study.sampling_cells(), log=log)
+        study.out.seconds = time.perf_counter() - start
     return study.out
