@@ -23,7 +23,8 @@ Unknown keys, wrong types and unknown model kinds fail with a one-line message n
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -178,6 +179,14 @@ def _positive_ints(name: str, values: Sequence[int], minimum: int = 1) -> None:
         raise ConfigError(f"{name} must be a non-empty list of integers >= {minimum}, got {list(values)}")
 
 
+def _at_least(section: object, prefix: str, names: Sequence[str], minimum: int = 1) -> None:
+    """Each named field of ``section`` is >= ``minimum`` (or None where the schema allows it)."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value < minimum:
+            raise ConfigError(f"{prefix}.{name} must be >= {minimum}, got {value}")
+
+
 def _validate_study(cfg: StudyConfig) -> None:
     if not cfg.name.strip():
         raise ConfigError("name must not be empty")
@@ -208,13 +217,8 @@ def _validate_study(cfg: StudyConfig) -> None:
     except ValueError as err:
         raise ConfigError(f"staleness.refresh: {err}") from None
     _positive_ints("staleness.eval_seeds", st.eval_seeds, minimum=0)
-    if st.max_age < 0:
-        raise ConfigError(f"staleness.max_age must be >= 0, got {st.max_age}")
-    if st.discrete_steps is not None and st.discrete_steps < 1:
-        raise ConfigError(f"staleness.discrete_steps must be >= 1, got {st.discrete_steps}")
-    for name in ("t_samples", "batch_size", "max_blocks"):
-        if getattr(st, name) < 1:
-            raise ConfigError(f"staleness.{name} must be >= 1, got {getattr(st, name)}")
+    _at_least(st, "staleness", ["max_age"], minimum=0)
+    _at_least(st, "staleness", ["discrete_steps", "t_samples", "batch_size", "max_blocks"])
     sp = cfg.sampling
     try:
         sp.validate("sampling")
@@ -237,9 +241,7 @@ def _width(size: StudySize) -> dict[str, Any]:
 
 def _check_size(size: StudySize) -> None:
     """The width validated by :class:`~tadm.nn.DiTSizes` itself; the layer counts >= 1."""
-    for name in ("anchor_layers", "denoiser_layers"):
-        if getattr(size, name) < 1:
-            raise ConfigError(f"size.{name} must be >= 1, got {getattr(size, name)}")
+    _at_least(size, "size", ["anchor_layers", "denoiser_layers"])
     try:
         DiTSizes(**_width(size))
     except ValueError as err:
@@ -261,22 +263,12 @@ def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> E
     else:
         sizes = {"num_layers": s.anchor_layers + s.denoiser_layers}
     sizes.update(_width(s))
-    objective = ObjectiveSection(**asdict(cfg.objective))
-    if model.kind == "tadm-fresh":
-        objective.refresh_intervals = [1]
-    if model.kind == "tadm":
-        objective.gamma = 0.0
-    if model.kind == "adlm":
-        objective.gamma = ADLM_GAMMA
-    train = TrainSection(**asdict(cfg.train))
-    train.seed = int(seed)
-    train.out_dir = str(Path(cfg.out_dir) / "models" / f"{model.name}-s{seed}")
+    by_kind = {"tadm-fresh": {"refresh_intervals": [1]}, "tadm": {"gamma": 0.0}, "adlm": {"gamma": ADLM_GAMMA}}
+    # the shared sections go in as they are: OmegaConf copies them, and only copies are changed
     base = ExperimentConfig(
-        model=ModelSection(arch=arch, preset="tiny", overrides=sizes),
-        data=DataSection(**asdict(cfg.data)),
-        objective=objective,
-        optim=OptimSection(**asdict(cfg.optim)),
-        train=train,
+        model=ModelSection(arch=arch, preset="tiny", overrides=sizes), data=cfg.data, optim=cfg.optim,
+        objective=replace(cfg.objective, **by_kind.get(model.kind, {})),
+        train=replace(cfg.train, seed=int(seed), out_dir=str(Path(cfg.out_dir) / "models" / f"{model.name}-s{seed}")),
     )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(list(model.overrides)))
@@ -291,14 +283,10 @@ def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> E
     return out
 
 
-def _resolve_study_path(path: str | Path) -> Path:
-    return resolve_config_path(path, preset=study_preset_path, presets=list_study_presets, kind="study")
-
-
 def load_study_config(path: str | Path, overrides: Sequence[str] = ()) -> StudyConfig:
     """Defaults <- YAML file or shipped preset (``study-brown-cpu``) <- ``key=value`` overrides, validated."""
-    return load_structured(StudyConfig, path, overrides, validate=_validate_study, resolve=_resolve_study_path,
-                           legacy=LEGACY_KEYS)
+    resolve = partial(resolve_config_path, preset=study_preset_path, presets=list_study_presets, kind="study")
+    return load_structured(StudyConfig, path, overrides, validate=_validate_study, resolve=resolve, legacy=LEGACY_KEYS)
 
 
 # Keys of studies written before the sampler became a nested section, and where they live now.
