@@ -101,7 +101,6 @@ def config_parser(sub: argparse._SubParsersAction, name: str, *, preset: str, ov
 
 def fidelity_args(p: argparse.ArgumentParser) -> None:
     """--nucleus and --time-grid: fidelity to the released ReMDM sampler (see tadm.sampling.remdm)."""
-
     p.add_argument("--nucleus", choices=NUCLEUS_RULES, default="released",
                    help="nucleus rule: 'released' (ReMDM code: cumulative mass <= p, plus the top-1; default) or "
                         "'standard' (also keeps the token crossing p)")
@@ -204,13 +203,11 @@ refresh_specs = arg_type(parse_refresh_list)
 
 
 def device_arg(p: argparse.ArgumentParser) -> None:
-    """--device, default auto (CUDA when available, else CPU)."""
     p.add_argument("--device", type=device_type, default="auto", metavar="DEVICE",
                    help="auto (default: CUDA when available, else CPU), cpu, cuda or cuda:N")
 
 
 def dtype_arg(p: argparse.ArgumentParser, default: str = "auto", what: str = "dtype") -> None:
-    """--dtype in tadm's one vocabulary."""
     p.add_argument("--dtype", type=dtype_type, default=default, metavar="DTYPE",
                    help=f"{what}: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16 (default: {default})")
 
@@ -235,9 +232,9 @@ def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str 
                    metavar="K[,K]", **kwargs)
 
 
-def sampler_args(p: argparse.ArgumentParser, default: str, *, names: tuple[str, ...] = ()) -> None:
+def sampler_args(p: argparse.ArgumentParser, default: str) -> None:
     """--sampler and the masked samplers' options; unset options keep the sampler's defaults."""
-    valid = names or tuple(sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id"))
+    valid = sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id")
     p.add_argument("--sampler", default=default, help=f"one of: {', '.join(valid)} (default: {default})")
     p.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: the sampler's)")
     p.add_argument("--eta", type=float, default=None, help="ReMDM remasking strength in [0, 1] (default: the sampler's)")

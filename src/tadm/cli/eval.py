@@ -263,8 +263,7 @@ def _add_likelihood(esub: argparse._SubParsersAction) -> None:
 
 
 def _bound_args(p: argparse.ArgumentParser, *, split: str, val_fraction: float) -> None:
-    """Settings shared by the likelihood bounds: tokenizer, blocks, Monte-Carlo draws, schedule, batching, seed,
-    cache, device, progress bars."""
+    """Settings shared by the likelihood bounds of ``likelihood`` and ``staleness``."""
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="the models' tokenizer (default: each checkpoint's)")
     p.add_argument("--seq-len", type=positive_int, default=None, metavar="L", help="block length (default: model max)")

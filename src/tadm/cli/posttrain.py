@@ -113,7 +113,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-
     config = load_posttrain_config(args.config, args.overrides)
     plan = plan_posttrain(config, inference_prompt=args.inference_prompt)
     if args.json:
@@ -150,7 +149,6 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-
     prompts = _prompts(args)
     model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
                                 split=_parse_split(args.split), naive=args.naive, dtype=args.dtype, device=args.device)

@@ -105,7 +105,6 @@ def _sample_table(model, tokenizer, args, vocabulary, label: str, evaluator=None
 
 
 def run(args: argparse.Namespace) -> int:
-
     out_dir = Path(args.out)
     overrides = [f"train.out_dir={out_dir}"]
     if args.train_steps is not None:

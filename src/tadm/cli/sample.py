@@ -25,7 +25,6 @@ from tadm.specs import resolve_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-
     p = sub.add_parser(
         "sample",
         help="generate text with anchor-cache inference (paper Algorithm 1)",
@@ -61,7 +60,6 @@ def _canvas_length(args: argparse.Namespace, model: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-
     model = resolve_model(args.model, device=args.device)
     length = _canvas_length(args, model)
     sampler = sampler_from_args(args, args.sampler, model)

@@ -31,7 +31,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     cfg = load_study_config(args.config, args.overrides)
     command = "tadm study " + " ".join(shlex.quote(a) for a in [args.config, *args.overrides])
     try:

@@ -33,7 +33,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _check_out(out: Path, overwrite: bool) -> None:
     """Refuse a file as --out, and a directory holding a tokenizer unless --overwrite."""
-
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {str(out)!r} is an existing file, not a directory")
     if overwrite or not any((out / name).exists() for name in (TOKENIZER_FILENAME, META_FILENAME)):

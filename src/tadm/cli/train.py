@@ -46,7 +46,6 @@ def _interrupted(args: argparse.Namespace, out_dir: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-
     cfg = load_config(args.config, args.overrides)
     try:
         train(cfg, resume=args.resume)
