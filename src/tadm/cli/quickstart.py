@@ -76,10 +76,10 @@ def _load_local_evaluator():
         return None
 
 
-def _sample_table(model, tokenizer, args, vocabulary, label: str, evaluator=None) -> list[dict]:
+def _sample_table(model, tokenizer, args, policies, vocabulary, label: str, evaluator=None) -> list[dict]:
     rows = []
     length = model.config.max_seq_len
-    for n, policy in enumerate(refresh_policies(args)):
+    for n, policy in enumerate(policies):
         sampler = build_sampler(args.sampler, model)
         kwargs = dict(batch_size=args.samples, seq_len=length, num_steps=args.steps, policy=policy)
         generate(model, sampler, generator=torch.Generator().manual_seed(10_000 + n), **{**kwargs, "num_steps": 4})
@@ -125,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     untrained = build_training_model(cfg, tokenizer).eval()
     evaluator = _load_local_evaluator()
-    rows = _sample_table(untrained, tokenizer, argparse.Namespace(**{**vars(args), "refresh": [[parse_refresh(1)]]}), vocabulary,
-                         "untrained", evaluator)
-    rows += _sample_table(model, tokenizer, args, vocabulary, "trained", evaluator)
+    policies = refresh_policies(args)
+    rows = _sample_table(untrained, tokenizer, args, [parse_refresh(1)], vocabulary, "untrained", evaluator)
+    rows += _sample_table(model, tokenizer, args, policies, vocabulary, "trained", evaluator)
 
     print("[3/3] results")
     val = result.best_val_nelbo
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
               f"{r['anchor_refreshes']:>16} | {100 * r['word_validity']:>14.1f}% | {r['entropy']:>7.2f} | {ppl} |")
     if evaluator is None:
         print("(Gen PPL: `pip install -e '.[eval]' && tadm eval prepare-evaluator` once scores samples with SmolLM2-135M)")
-    keys = [p.fixed_interval or p.key for p in refresh_policies(args)]
+    keys = [p.fixed_interval or p.key for p in policies]
     for r in rows:
         if r["model"] == "untrained" or r["K"] in (keys[0], keys[-1]):
             print(f"\n--- {r['model']}, K = {r['K']} ---\n{r['texts'][0][:600]}")

@@ -188,10 +188,9 @@ def _at_least(section: object, prefix: str, names: Sequence[str], minimum: int =
 
 
 def _validate_study(cfg: StudyConfig) -> None:
-    if not cfg.name.strip():
-        raise ConfigError("name must not be empty")
-    if not cfg.out_dir.strip():
-        raise ConfigError("out_dir must not be empty")
+    for key in ("name", "out_dir"):
+        if not getattr(cfg, key).strip():
+            raise ConfigError(f"{key} must not be empty")
     _positive_ints("seeds", cfg.seeds, minimum=0)
     if not cfg.models:
         raise ConfigError("models is empty: list at least one {name, kind}")

@@ -128,7 +128,6 @@ class _Study:
         self.device = resolve_device(cfg.sampling.device)
         self._models: dict[tuple[str, int, bool], Any] = {}
         self._tokenizer: Any = None
-        self._tokenizer_source: str | None = None
 
     # ---------------------------------------------------------------- bookkeeping
     def units(self) -> list[tuple[StudyModel, int]]:
@@ -152,13 +151,11 @@ class _Study:
         self.log(f"[study] {unit}: done in {_fmt_seconds(seconds)}")
 
     # ---------------------------------------------------------------- 1. tokenizer
+    @cached_property
     def tokenizer_source(self) -> str:
         """The ``data.tokenizer`` every model trains with: the shared BPE directory, or the configured one."""
         if self.cfg.data.tokenizer != "bpe":
             return self.cfg.data.tokenizer
-        if self._tokenizer_source is not None:
-            return self._tokenizer_source
-
         data, tok_dir = self.cfg.data, self.layout.tokenizer_dir
         if not (tok_dir / META_FILENAME).is_file():
             start = time.perf_counter()
@@ -169,17 +166,16 @@ class _Study:
             check_provenance(tok_dir, data.source, data.tokenizer_vocab_size, text_field=data.text_field,
                              missing_ok=True, advice="a study keeps one tokenizer: give the new data a new out_dir")
             self.out.skipped.append("tokenizer")
-        self._tokenizer_source = str(tok_dir)
-        return self._tokenizer_source
+        return str(tok_dir)
 
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.tokenizer_source())
+            self._tokenizer = load_tokenizer(self.tokenizer_source)
         return self._tokenizer
 
     # ---------------------------------------------------------------- 2. training
     def train_all(self) -> None:
-        tok = self.tokenizer_source()
+        tok = self.tokenizer_source
         for m, seed in self.units():
             unit = f"train {m.name} seed {seed}"
             exp = model_experiment_config(self.cfg, m, seed)
