@@ -8,7 +8,8 @@
   ``tokenizer/``).
 
 Devices and dtypes are named in :mod:`tadm.devices`, Hugging Face directories are loaded
-without custom code by :mod:`tadm.hf`; both are re-exported here.
+without custom code by :mod:`tadm.hf`; :func:`resolve_device`, :func:`resolve_dtype` and
+:func:`load_hf_tokenizer` are re-exported here.
 """
 
 from __future__ import annotations
@@ -19,28 +20,42 @@ from typing import Any
 
 import torch
 
-from tadm.devices import DEVICE_NAMES, DTYPE_NAMES, DTYPE_SPELLINGS, resolve_device, resolve_dtype
-from tadm.hf import check_hf_source, first_line, is_repo_id, load_hf, load_hf_tokenizer, refuse_custom_code
+from tadm.devices import resolve_device, resolve_dtype
+from tadm.hf import is_repo_id, load_hf_tokenizer
 from tadm.nn import MODEL_BUILDERS, build_model, load_model
 from tadm.training.tokenization import META_FILENAME, check_vocab_compatible, load_tokenizer
 
 __all__ = [
-    "DEVICE_NAMES",
-    "DTYPE_NAMES",
-    "DTYPE_SPELLINGS",
-    "check_hf_source",
     "check_model_source",
-    "first_line",
     "find_tokenizer",
     "find_tokenizer_dir",
-    "load_hf",
     "load_hf_tokenizer",
     "load_model_and_tokenizer",
-    "refuse_custom_code",
     "resolve_device",
     "resolve_dtype",
     "resolve_model",
 ]
+
+
+def check_model_source(spec: str | os.PathLike[str]) -> Path | str | None:
+    """Raise the FileNotFoundError :func:`resolve_model` would, without loading anything.
+
+    Returns what ``spec`` names: None for a builder name, the checkpoint directory, or the Hub id.
+    """
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if text in MODEL_BUILDERS and not path.exists():
+        return None
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise FileNotFoundError(f"model {text!r} is a file; pass the checkpoint directory that holds it")
+    if is_repo_id(text) and "/" in text:
+        return text
+    raise FileNotFoundError(
+        f"model {text!r} is neither a checkpoint directory, a Hub id (owner/name) nor a builder name "
+        f"(builders: {', '.join(sorted(MODEL_BUILDERS))})"
+    )
 
 
 def resolve_model(spec: str | os.PathLike[str], *, device: torch.device | str = "cpu") -> torch.nn.Module:
@@ -48,36 +63,10 @@ def resolve_model(spec: str | os.PathLike[str], *, device: torch.device | str = 
 
     Raises FileNotFoundError naming the spec when it is none of these.
     """
-    text = os.fspath(spec)
-    path = Path(text).expanduser()
-    if text in MODEL_BUILDERS and not path.exists():
-        model = build_model(text)
-    elif path.is_dir():
-        model = load_model(path, device=str(device))
-    elif path.exists():
-        raise FileNotFoundError(f"model {text!r} is a file; pass the checkpoint directory that holds it")
-    elif is_repo_id(text) and "/" in text:
-        model = load_model(text, device=str(device))  # a Hub id; raises a clear FileNotFoundError offline
-    else:
-        raise FileNotFoundError(
-            f"model {text!r} is neither a checkpoint directory, a Hub id (owner/name) nor a builder name "
-            f"(builders: {', '.join(sorted(MODEL_BUILDERS))})"
-        )
+    source = check_model_source(spec)
+    # a Hub id raises a clear FileNotFoundError offline
+    model = build_model(os.fspath(spec)) if source is None else load_model(source, device=str(device))
     return model.to(device).eval()
-
-
-def check_model_source(spec: str | os.PathLike[str]) -> None:
-    """Raise the FileNotFoundError :func:`resolve_model` would, without loading anything."""
-    text = os.fspath(spec)
-    path = Path(text).expanduser()
-    if text in MODEL_BUILDERS or path.is_dir() or (is_repo_id(text) and "/" in text and not path.exists()):
-        return
-    if path.exists():
-        raise FileNotFoundError(f"model {text!r} is a file; pass the checkpoint directory that holds it")
-    raise FileNotFoundError(
-        f"model {text!r} is neither a checkpoint directory, a Hub id (owner/name) nor a builder name "
-        f"(builders: {', '.join(sorted(MODEL_BUILDERS))})"
-    )
 
 
 def find_tokenizer_dir(model_dir: str | os.PathLike[str]) -> Path | None:
@@ -97,17 +86,15 @@ def find_tokenizer(model: str | os.PathLike[str] | None, tokenizer: str | os.Pat
     Raises FileNotFoundError when neither is there.
     """
     if tokenizer is not None:
-        path = Path(os.fspath(tokenizer)).expanduser()
-        if not path.exists() and os.fspath(tokenizer) != "gpt2":
-            raise FileNotFoundError(f"tokenizer {os.fspath(tokenizer)!r}: no such directory")
+        name = os.fspath(tokenizer)
+        if not Path(name).expanduser().exists() and name != "gpt2":
+            raise FileNotFoundError(f"tokenizer {name!r}: no such directory")
         return load_tokenizer(tokenizer)
     found = find_tokenizer_dir(model) if model is not None else None
     if found is None:
         raise FileNotFoundError(f"no tokenizer found for model {os.fspath(model) if model else None!r}: pass its "
                                 "tokenizer directory (--tokenizer DIR)")
     return load_tokenizer(found)
-
-
 
 
 def load_model_and_tokenizer(
