@@ -3,6 +3,9 @@
 * :func:`json_ready`, :func:`write_json`, :func:`read_json`, :func:`read_json_lines`, :func:`write_csv`:
   values and files as every result writer needs them (NaN and inf become ``null``; files are written
   to a temporary name and renamed, so a reader never sees half a file);
+* :func:`replace_atomically`, :func:`replace_directory`: the one way a file or a directory is put in
+  place, through a temporary sibling named after the writing process (:func:`temporary_path`), which
+  ``tadm.training.rundir.remove_stale_temporaries`` cleans up after a kill;
 * :func:`git_commit`, :func:`machine_info`: where a result came from;
 * :class:`UnitStore`: the resumable units of a sweep, a study or a task run. A unit is one JSON
   file holding the *spec* that produced it, its payload and its provenance (commit, and whether the
@@ -13,19 +16,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch  # heavy: only when a result is written
 
@@ -37,6 +42,7 @@ __all__ = [
     "UnitStore",
     "check_publishable",
     "dataclass_record",
+    "fsync_dir",
     "git_commit",
     "json_ready",
     "markdown_table",
@@ -44,7 +50,10 @@ __all__ = [
     "provenance_note",
     "read_json",
     "read_json_lines",
+    "replace_atomically",
+    "replace_directory",
     "same_spec",
+    "temporary_path",
     "write_csv",
     "write_json",
     "write_text",
@@ -83,14 +92,72 @@ def markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
 
 
-def write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (a temporary file renamed into place); parents are created."""
+def temporary_path(path: str | os.PathLike[str], kind: str = "tmp") -> Path:
+    """``.<name>.<kind>-<pid>`` beside ``path``: where this process assembles ``path`` before renaming it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    return path.with_name(f".{path.name}.{kind}-{os.getpid()}")
+
+
+def replace_atomically(
+    path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any], *, fsync: bool = True
+) -> Path:
+    """``write(file)`` into :func:`temporary_path`, flushed to disk if ``fsync``, then ``os.replace`` onto ``path``:
+    a reader or a kill finds the old file or the new one, and an error leaves no temporary."""
+    path = Path(path)
+    tmp = temporary_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush the directory ``path`` (the renames into it) to disk."""
+    with contextlib.suppress(OSError):  # some platforms cannot open or fsync directories
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def replace_directory(staging: Path, target: Path, *, fsync: bool = False) -> None:
+    """Rename the directory ``staging`` onto ``target``; a ``target`` already there is moved aside to
+    ``temporary_path(target, "old")`` first, put back if the rename fails and removed after it.
+
+    With ``fsync``, the files of ``staging`` are flushed to disk before the rename and the parent
+    directory after it. A kill between the two renames leaves the moved-aside copy, which
+    ``remove_stale_temporaries`` puts back.
+    """
+    if fsync:
+        for file in staging.iterdir():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    old = temporary_path(target, "old") if target.exists() else None
+    if old is not None:
+        os.replace(target, old)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if fsync:
+        fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (:func:`replace_atomically`, no fsync); parents are created."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return replace_atomically(path, lambda f: f.write(text.encode("utf-8")), fsync=False)
 
 
 def write_json(path: str | os.PathLike[str], payload: Any, indent: int = 1) -> Path:

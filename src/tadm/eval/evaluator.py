@@ -39,7 +39,7 @@ from tadm.hf import first_line, is_repo_id, load_hf
 from tadm.nn import load_model
 from tadm.nn.dit import time_condition
 from tadm.nn.hub import MODEL_CLASSES
-from tadm.records import read_json
+from tadm.records import read_json, replace_directory
 from tadm.specs import find_tokenizer
 from tadm.training.rundir import remove_stale_temporaries, temporary_path
 
@@ -487,20 +487,9 @@ def _check_dest(target: Path) -> dict[str, Any] | None:
 
 def _swap_into_place(staging: Path, target: Path) -> None:
     """Rename ``staging`` to ``target``; a previous prepared evaluator there is moved aside first, then removed."""
-    holder = None
-    if _check_dest(target) is not None:
-        holder = temporary_path(target, "old")  # put back at the next start if a kill lands before the swap
-        os.replace(target, holder)
-    elif target.is_dir():
+    if _check_dest(target) is None and target.is_dir():
         target.rmdir()  # empty: fails, deleting nothing, if files appeared meanwhile
-    try:
-        os.replace(staging, target)
-    except OSError:
-        if holder is not None:
-            os.replace(holder, target)
-        raise
-    if holder is not None:
-        shutil.rmtree(holder, ignore_errors=True)
+    replace_directory(staging, target)  # a moved-aside evaluator is put back at the next start after a kill
 
 
 def _save(model: nn.Module, tok: Any, marker: dict[str, Any], target: Path, log: Callable[[str], None]) -> None:

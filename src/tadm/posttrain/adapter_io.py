@@ -30,12 +30,13 @@ from typing import Any
 
 import torch
 from huggingface_hub import HfApi, snapshot_download
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 
 from tadm.hf import first_line, is_repo_id
 from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
+from tadm.records import replace_atomically, write_text
 
 __all__ = [
     "ADAPTER_CONFIG_NAME",
@@ -144,12 +145,6 @@ def adapter_weights_file(directory: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"{directory} has no {ADAPTER_WEIGHTS_NAME} (nor the older {LEGACY_ADAPTER_WEIGHTS_NAME})")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def save_adapter(
     directory: str | os.PathLike[str],
     model: AnchoredBackbone,
@@ -171,11 +166,10 @@ def save_adapter(
         gate_bias=float(spec.gate_bias), extra=dict(extra or {}),
     )
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.fusion.state_dict().items()}
-    tmp_weights = directory / (ADAPTER_WEIGHTS_NAME + ".tmp")
-    save_file(tensors, str(tmp_weights), metadata={"format": "pt", "adapter_type": config.adapter_type})
-    os.replace(tmp_weights, directory / ADAPTER_WEIGHTS_NAME)
+    weights = save(tensors, metadata={"format": "pt", "adapter_type": config.adapter_type})
+    replace_atomically(directory / ADAPTER_WEIGHTS_NAME, lambda f: f.write(weights), fsync=False)
     (directory / LEGACY_ADAPTER_WEIGHTS_NAME).unlink(missing_ok=True)
-    _write_atomic(directory / ADAPTER_CONFIG_NAME, json.dumps(asdict(config), indent=2, sort_keys=True) + "\n")
+    write_text(directory / ADAPTER_CONFIG_NAME, json.dumps(asdict(config), indent=2, sort_keys=True) + "\n")
     return directory
 
 
@@ -328,9 +322,7 @@ def write_model_card(
     state = load_file(str(adapter_weights_file(directory)))
     text = model_card(config, num_parameters=sum(t.numel() for t in state.values()), card_results=card_results,
                       license=license, repo_id=repo_id)
-    path = directory / MODEL_CARD_NAME
-    _write_atomic(path, text)
-    return path
+    return write_text(directory / MODEL_CARD_NAME, text)
 
 
 def save_adapter_pretrained(

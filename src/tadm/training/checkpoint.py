@@ -19,7 +19,6 @@ Temporaries are named after the writing process (``.training_state.pt.tmp-<pid>`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import random
@@ -34,7 +33,8 @@ import torch
 from torch import nn
 
 from tadm.config import ExperimentConfig, save_config
-from tadm.training.rundir import remove_stale_temporaries, replace_atomically, temporary_path
+from tadm.records import fsync_dir, replace_atomically, replace_directory, temporary_path
+from tadm.training.rundir import remove_stale_temporaries
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -62,21 +62,12 @@ class CorruptStateError(ValueError):
     """A training state file that is truncated or otherwise unreadable."""
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # some platforms cannot open or fsync directories
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def save_training_state(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """``torch.save(state)`` to ``path`` atomically: a temporary file beside it, fsync, ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_atomically(path, lambda f: torch.save(state, f))
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     remove_stale_temporaries(path.parent)
     return path
 
@@ -164,7 +155,7 @@ def save_model_dir(
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = temporary_path(directory), temporary_path(directory, "old")
+    tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
@@ -173,15 +164,8 @@ def save_model_dir(
             tokenizer.save(tmp)
         if config is not None:
             save_config(config, tmp / CONFIG_FILENAME)
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        if directory.exists():
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        _fsync_dir(directory.parent)
+        replace_directory(tmp, directory, fsync=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
     remove_stale_temporaries(directory.parent)
     return directory

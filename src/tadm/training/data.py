@@ -34,6 +34,7 @@ from torch.utils.data import Dataset, Sampler
 from tqdm.auto import tqdm
 
 from tadm.corpora import BUNDLED_CORPORA, bundled_corpus_path
+from tadm.records import write_json
 from tadm.training.rundir import remove_stale_temporaries
 from tadm.training.tokenization import PackingTokenizer
 
@@ -574,9 +575,7 @@ def build_packed_dataset(
                 meta["val_tail_tokens"] = int(offsets[-1] - offsets[1])
             elif s == "val":
                 meta["val_document_ids"] = ids.tolist()
-            side_tmp = out_dir / f"{s}.json{tmp}"
-            side_tmp.write_text(json.dumps(meta, indent=1) + "\n")
-            os.replace(side_tmp, sidecars[s])
+            write_json(sidecars[s], meta)
         del stream
     finally:
         for leftover in out_dir.glob(f"*{tmp}"):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tadm.config import ConfigError
+from tadm.records import read_json, write_json
 from tadm.training.data import load_texts, source_identity
 from tadm.training.tokenization import META_FILENAME, TextTokenizer, train_bpe_tokenizer
 
@@ -58,16 +58,9 @@ def _corpus(source: str | os.PathLike[str], text_field: str) -> dict[str, Any]:
     return {"source": name, "source_files": files, "text_field": text_field}
 
 
-def _write(directory: Path, record: dict[str, Any]) -> None:
-    (directory / PROVENANCE_FILENAME).write_text(json.dumps(record, indent=1) + "\n")
-
-
 def read_provenance(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The record saved beside a tokenizer, or None when there is none (or it is unreadable)."""
-    try:
-        record = json.loads((Path(directory) / PROVENANCE_FILENAME).read_text())
-    except (OSError, ValueError):
-        return None
+    record = read_json(Path(directory) / PROVENANCE_FILENAME)
     return record if isinstance(record, dict) and record.get("format") == _FORMAT else None
 
 
@@ -92,7 +85,8 @@ def train_recorded_tokenizer(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / META_FILENAME).unlink(missing_ok=True)
-    _write(directory, record | {"text_sha256": digest.hexdigest(), "num_documents": digest.documents})
+    record |= {"text_sha256": digest.hexdigest(), "num_documents": digest.documents}
+    write_json(directory / PROVENANCE_FILENAME, record)
     tok.save(directory)
     return tok
 
@@ -134,4 +128,4 @@ def check_provenance(
         what = f"on {saved.get('source')!r}" if differ else f"on an earlier version of {now['source']!r}"
         raise TokenizerMismatchError(f"the tokenizer in {directory} was trained {what}, not on the text of "
                                      f"{str(source)!r} now{tail}")
-    _write(directory, saved | {"source": now["source"], "source_files": now["source_files"]})
+    write_json(directory / PROVENANCE_FILENAME, saved | {"source": now["source"], "source_files": now["source_files"]})

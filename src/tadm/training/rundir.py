@@ -5,7 +5,7 @@
   ``--resume``) is refused with a message naming the holder (PID and host, written into the
   lock file). The OS releases the lock when the holder exits, also when it crashes or is killed.
 * Files and directories are saved atomically through a temporary sibling named after the writing
-  process, ``.<name>.tmp-<pid>`` (see :func:`temporary_path`). A process killed during a save
+  process, ``.<name>.tmp-<pid>`` (see :func:`tadm.records.temporary_path`). A process killed during a save
   leaves it behind; :func:`remove_stale_temporaries` deletes those whose writer is dead and
   never touches one of a live process.
 """
@@ -19,9 +19,9 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import IO, Any, Callable
 
 from tadm.config import ConfigError
+from tadm.records import replace_atomically, temporary_path  # re-exported: the run directory's savers use them
 
 try:
     import fcntl
@@ -47,26 +47,6 @@ _TEMPORARY = re.compile(r"^\.?(?P<target>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 
 class RunDirLockedError(ConfigError):
     """Another process holds the run directory's lock."""
-
-
-def temporary_path(path: str | os.PathLike[str], kind: str = "tmp") -> Path:
-    """``.<name>.<kind>-<pid>`` beside ``path``: where this process assembles ``path`` before renaming it."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.{kind}-{os.getpid()}")
-
-
-def replace_atomically(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """``write(file)`` into :func:`temporary_path`, fsync, ``os.replace`` onto ``path``: a kill leaves the old file
-    or the new one, and no temporary."""
-    tmp = temporary_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:
