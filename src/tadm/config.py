@@ -323,7 +323,7 @@ def _read_yaml(path: Path, error: type[ConfigError]) -> Any:
 
 def _migrate(loaded: Any, legacy: dict[str, str]) -> Any:
     """``loaded`` (a YAML mapping) with the keys of an earlier schema moved to their place now."""
-    data = OmegaConf.to_container(loaded) if not isinstance(loaded, dict) else loaded
+    data = OmegaConf.to_container(loaded)
     if not isinstance(data, dict):
         return loaded
     for old, new in legacy.items():
@@ -331,12 +331,9 @@ def _migrate(loaded: Any, legacy: dict[str, str]) -> Any:
         holder = data
         for part in parents:
             holder = holder.get(part) if isinstance(holder, dict) else None
-        if not isinstance(holder, dict) or leaf not in holder:
-            continue
-        value = holder[leaf]
-        if isinstance(value, dict):  # already the new form
-            continue
-        del holder[leaf]
+        if not isinstance(holder, dict) or leaf not in holder or isinstance(holder[leaf], dict):
+            continue  # absent, or already the new form
+        value = holder.pop(leaf)
         target = data
         *new_parents, new_leaf = new.split(".")
         for part in new_parents:
@@ -379,16 +376,14 @@ def load_structured(
         loaded = _read_yaml(path, error)
         if legacy:
             loaded = _migrate(loaded, legacy)
-        try:
-            merged = OmegaConf.merge(merged, loaded)
-        except OmegaConfBaseException as err:
-            raise config_error(err, origin, error) from None
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise error(f"overrides must look like section.key=value, got {bad[0]!r}")
     if legacy:
         overrides = [_migrate_override(o, legacy) for o in overrides]
     try:
+        if path is not None:
+            merged = OmegaConf.merge(merged, loaded)
         if overrides:
             origin = "overrides"
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
