@@ -79,21 +79,18 @@ class RowPredictor(CacheableDenoiser, Protocol):
         ...
 
 
-_STAGES = ("prepare", "encode", "compute_anchor")
-_ATTRIBUTES = ("vocab_size", "mask_token_id", "time_conditioned", "predicts_rows")
-
-
 def check_network(model: object, prediction: str = "predict") -> None:
     """Raise one TypeError naming every member ``model`` lacks of the loop's contract (module docstring).
 
     ``prediction`` is the member the sampler needs: ``"predict"`` (log-probabilities) or
     ``"predict_logits"`` (raw logits). Row prediction is checked when ``predicts_rows`` is true.
     """
-    needed = [*_STAGES, prediction]
+    needed = ["prepare", "encode", "compute_anchor", prediction]
     if getattr(model, "predicts_rows", False):
         needed += ["predict_hidden", "output_log_probs"]
     missing = [name for name in needed if not callable(getattr(model, name, None))]
-    missing += [name for name in _ATTRIBUTES if not hasattr(model, name)]
+    missing += [name for name in ("vocab_size", "mask_token_id", "time_conditioned", "predicts_rows")
+                if not hasattr(model, name)]
     if not isinstance(getattr(model, "layer_split", None), LayerSplit):
         missing.append("layer_split")
     if missing:
