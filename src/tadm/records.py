@@ -98,9 +98,7 @@ def temporary_path(path: str | os.PathLike[str], kind: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{kind}-{os.getpid()}")
 
 
-def replace_atomically(
-    path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any], *, fsync: bool = True
-) -> Path:
+def replace_atomically(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any], *, fsync: bool = True) -> Path:
     """``write(file)`` into :func:`temporary_path`, flushed to disk if ``fsync``, then ``os.replace`` onto ``path``:
     a reader or a kill finds the old file or the new one, and an error leaves no temporary."""
     path = Path(path)
