@@ -7,13 +7,12 @@ from dataclasses import asdict, dataclass, field
 from torch import Tensor
 
 from tadm.protocol import LayerSplit
+from tadm.sampling.base import check_integer
 
 
 def check_refresh_interval(refresh_interval: int) -> int:
     """Validate an anchor refresh interval K (an integer >= 1; K = 1 refreshes every step)."""
-    if isinstance(refresh_interval, bool) or not isinstance(refresh_interval, int) or refresh_interval < 1:
-        raise ValueError(f"anchor refresh interval K must be an integer >= 1, got {refresh_interval!r}")
-    return refresh_interval
+    return check_integer("anchor refresh interval K", refresh_interval)
 
 
 def is_refresh_step(step_index: int, num_steps: int, refresh_interval: int) -> bool:

@@ -89,6 +89,10 @@ class ConfiguredSampler:
         """The sampler of ``config`` for a model's mask id (masked samplers) or vocabulary size (uniform)."""
         return cls(model_value, **dataclasses.asdict(config))
 
+    def set_timesteps(self, num_steps: int) -> None:
+        """Use ``num_steps`` reverse steps (a subclass also resets its per-run state here)."""
+        self.num_steps = check_num_steps(num_steps)
+
     def unfinished(self, z: Tensor) -> bool:
         return False
 
@@ -114,11 +118,20 @@ class MaskedSampler(ConfiguredSampler):
         """t(i) on the sampler's time grid (see :func:`grid_time`)."""
         return grid_time(self.time_grid, step_index, self.num_steps)
 
+    def _alpha(self, t: float) -> float:
+        if self.time_grid == "released":
+            return 1.0 - t  # the released code's move chance is t itself
+        return float(self.schedule.alpha(torch.tensor([t], dtype=torch.float64)))
+
+    def alphas(self, step_index: int) -> tuple[float, float]:
+        """(alpha_t, alpha_s) at reverse step i on the sampler's time grid."""
+        return self._alpha(self.time(step_index)), self._alpha(self.time(step_index - 1))
+
     def initial_canvas(
         self, batch_size: int, seq_len: int, generator: torch.Generator | None, device: torch.device
     ) -> Tensor:
         """The absorbing prior: all mask tokens (B, L)."""
-        return mask_canvas(batch_size, seq_len, self.mask_id, device)
+        return torch.full((batch_size, seq_len), self.mask_id, dtype=torch.long, device=device)
 
     # A step in two halves, so that the network computes x_theta only on the rows decoded this step:
     # ``plan_moves`` before the network pass, ``step_moves`` with the (n, V) rows after it.
@@ -161,11 +174,16 @@ class MaskedSampler(ConfiguredSampler):
         return self.step_moves(log_probs[rows[:, 0], rows[:, 1]], moves, step_index, z_t, generator)
 
 
+def check_integer(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` if it is an integer >= ``minimum`` (a bool is not), else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
 def check_num_steps(num_steps: int) -> int:
     """Validate a number of reverse steps T (an integer >= 1)."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"number of steps T must be an integer >= 1, got {num_steps!r}")
-    return num_steps
+    return check_integer("number of steps T", num_steps)
 
 
 def check_number(
@@ -205,11 +223,6 @@ def check_mask_id(mask_id: object) -> int:
     if isinstance(mask_id, bool) or not isinstance(mask_id, int) or mask_id < 0:
         raise ValueError(f"mask_id must be an integer >= 0 (the model's mask token id), got {mask_id!r}")
     return mask_id
-
-
-def mask_canvas(batch_size: int, seq_len: int, mask_id: int, device: torch.device) -> Tensor:
-    """The absorbing prior: a canvas of mask tokens (B, L)."""
-    return torch.full((batch_size, seq_len), mask_id, dtype=torch.long, device=device)
 
 
 TIME_GRIDS = ("paper", "released")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import ConfiguredSampler, check_num_steps, check_number, check_step_index
+from tadm.sampling.base import ConfiguredSampler, check_integer, check_num_steps, check_number, check_step_index
 from tadm.sampling.categorical import sample_categorical
 
 __all__ = [
@@ -150,8 +150,7 @@ class EntropyBoundSampler(ConfiguredSampler):
         num_steps: int = 48,
         categorical: str = "multinomial",
     ) -> None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-            raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
+        check_integer("vocab_size", vocab_size, minimum=2)
         self.config = EntropyBoundSamplerConfig(entropy_bound, temperature_max, temperature_min, num_steps, categorical)
         self.vocab_size = vocab_size
         self.entropy_bound = float(entropy_bound)
@@ -159,10 +158,6 @@ class EntropyBoundSampler(ConfiguredSampler):
         self.temperature_min = float(temperature_min)
         self.categorical = categorical
         self.num_steps = num_steps
-
-    def set_timesteps(self, num_steps: int) -> None:
-        """Use ``num_steps`` reverse steps; the sampler keeps no other per-run state."""
-        self.num_steps = check_num_steps(num_steps)
 
     def time(self, step_index: int) -> float:
         """t(n) = n / T (the sampler itself is time-free; for time-conditioned networks only)."""
@@ -260,8 +255,7 @@ class StableConfidentStopping:
     """
 
     def __init__(self, stability_threshold: int = 1, confidence_threshold: float = 0.005) -> None:
-        if isinstance(stability_threshold, bool) or not isinstance(stability_threshold, int) or stability_threshold < 0:
-            raise ValueError(f"stability_threshold must be an integer >= 0, got {stability_threshold!r}")
+        check_integer("stability_threshold", stability_threshold, minimum=0)
         if not confidence_threshold > 0:
             raise ValueError(f"confidence_threshold must be > 0, got {confidence_threshold!r}")
         self.stability_threshold = stability_threshold

@@ -12,7 +12,7 @@ from typing import Any
 
 from tadm.protocol import CacheableDenoiser, check_network
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
-from tadm.sampling.base import Sampler
+from tadm.sampling.base import Sampler, check_integer
 from tadm.sampling.loop import denoise
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, parse_refresh
 
@@ -49,12 +49,10 @@ def _resolve_policy(policy: Any, refresh_interval: int, skip_unchanged: bool) ->
 
 def _check_generation(model: Any, batch_size: int, seq_len: int, max_seq_len: int | None, policy: RefreshPolicy,
                       time_conditioned: bool | None) -> None:
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"sequence length must be an integer >= 1, got {seq_len!r}")
+    check_integer("sequence length", seq_len)
     if max_seq_len is not None and seq_len > max_seq_len:
         raise ValueError(f"sequence length {seq_len} exceeds the model's maximum of {max_seq_len}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    check_integer("batch size", batch_size)
     if time_conditioned is not None and bool(time_conditioned) != bool(model.time_conditioned):
         raise ValueError(f"time_conditioned={time_conditioned} contradicts the model (time_conditioned="
                          f"{model.time_conditioned}); leave it out: the loop reads it from the model")

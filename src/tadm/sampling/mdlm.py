@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from tadm.diffusion import get_schedule, remdm_move_probs_scalar
-from tadm.sampling.base import MaskedSampler, check_num_steps, check_number, check_time_grid
+from tadm.sampling.base import MaskedSampler, check_number, check_time_grid
 from tadm.sampling.categorical import check_nucleus
 
 
@@ -54,17 +53,6 @@ class MDLMSampler(MaskedSampler):
         time_grid: str = "paper",
     ) -> None:
         self._set_masked(mask_id, MDLMSamplerConfig(schedule, top_p, nucleus, time_grid))
-
-    def set_timesteps(self, num_steps: int) -> None:
-        self.num_steps = check_num_steps(num_steps)
-
-    def alphas(self, step_index: int) -> tuple[float, float]:
-        """(alpha_t, alpha_s) at reverse step i on the sampler's time grid."""
-        t, s = self.time(step_index), self.time(step_index - 1)
-        if self.time_grid == "released":
-            return 1.0 - t, 1.0 - s
-        t_, s_ = torch.tensor([t], dtype=torch.float64), torch.tensor([s], dtype=torch.float64)
-        return float(self.schedule.alpha(t_)), float(self.schedule.alpha(s_))
 
     def move_probs(self, step_index: int, z_t: Tensor) -> tuple[float, None]:
         """Unmask probability (alpha_s - alpha_t) / (1 - alpha_t) of every masked position; no remasking."""

@@ -15,7 +15,7 @@ from tadm.diffusion import (
     remdm_sigma,
     remdm_sigma_max,
 )
-from tadm.sampling.base import MaskedSampler, check_num_steps, check_number, check_time_grid
+from tadm.sampling.base import MaskedSampler, check_number, check_time_grid
 from tadm.sampling.categorical import check_nucleus
 
 
@@ -117,23 +117,17 @@ class ReMDMSampler(MaskedSampler):
         self._confidence: Tensor | None = None  # (B, L) prob of each decoded token when decoded
 
     def set_timesteps(self, num_steps: int) -> None:
-        self.num_steps = check_num_steps(num_steps)
+        super().set_timesteps(num_steps)
         self._confidence = None
 
     def _alpha(self, t: float) -> float:
         if self.strategy != "loop":
-            if self.time_grid == "released":
-                return 1.0 - t  # the released code's move chance is t itself
-            return float(self.schedule.alpha(torch.tensor([t], dtype=torch.float64)))
+            return super()._alpha(t)
         if t > self.t_on:  # phase 1: 0 -> alpha_on
             return self.alpha_on * (1.0 - t) / (1.0 - self.t_on)
         if t >= self.t_off:  # phase 2: hold
             return self.alpha_on
         return self.alpha_on + (1.0 - self.alpha_on) * (self.t_off - t) / self.t_off  # phase 3
-
-    def alphas(self, step_index: int) -> tuple[float, float]:
-        """(alpha_t, alpha_s) at reverse step i."""
-        return self._alpha(self.time(step_index)), self._alpha(self.time(step_index - 1))
 
     def _sigma(self, step_index: int, alpha_t: float, alpha_s: float, z_t: Tensor) -> Tensor | float:
         t = self.time(step_index)
