@@ -269,9 +269,7 @@ class AdaptiveRefresh(RefreshPolicy):
 
 
 REFRESH_POLICIES: dict[str, type[RefreshPolicy]] = {
-    FixedRefresh.name: FixedRefresh,
-    ScheduleRefresh.name: ScheduleRefresh,
-    AdaptiveRefresh.name: AdaptiveRefresh,
+    cls.name: cls for cls in (FixedRefresh, ScheduleRefresh, AdaptiveRefresh)
 }
 
 
