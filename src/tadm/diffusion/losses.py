@@ -8,7 +8,7 @@ float64 when the inputs are float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -149,10 +149,8 @@ def t_anelbo_loss(
         raise ValueError(f"T-ANELBO with gamma={gamma} > 0 needs {', '.join(missing)}")
     assert anchor_log_probs is not None and z_tp is not None and t_anchor is not None
     targets = x if anchor_targets is None else anchor_targets
-    dtype = diffusion.dtype
-    weight = _weight_per_token(schedule, t_anchor, z_tp, dtype)  # (B, L)
-    nll = _nll_at(anchor_log_probs, targets, dtype)  # (B, L)
-    anchor = _masked_weighted(weight, nll, z_tp == mask_id)
+    # the anchor term is the same masked integrand at (z_t', t'), in the diffusion term's dtype
+    anchor = masked_diffusion_loss(anchor_log_probs.to(diffusion.dtype), targets, z_tp, t_anchor, schedule, mask_id)
     return TANELBOTerms(total=diffusion + gamma * anchor, diffusion=diffusion, anchor=anchor)
 
 
@@ -262,22 +260,33 @@ def discrete_masked_nelbo(
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for i, _, z_t, weight in _discrete_steps(x, num_steps, schedule, mask_id, generator):
+        lp = log_probs_fn(z_t, torch.full((x.shape[0],), i / num_steps, device=x.device))  # (B, L, V)
+        total = total + _masked_weighted(weight, _nll_at(lp, x, total.dtype), z_t == mask_id)
+    return total
+
+
+def _discrete_steps(
+    x: Tensor, num_steps: int, schedule: NoiseSchedule, mask_id: int, generator: torch.Generator | None
+) -> Iterator[tuple[int, Tensor, Tensor, Tensor]]:
+    """The terms both discrete bounds sum, drawn lazily so a caller's own draws interleave in a fixed order.
+
+    Yields (i, alpha_t, z_t (B, L), weight (B, L) float32): first the reconstruction at i = 0 with
+    z_0 ~ q(z_0 | x) and weight 1 (only when z_0 holds a mask), then i = 1..T with
+    t(i) = i / T, z_t(i) ~ q(z_t | x) and weight -lambda_t >= 0 from ``discrete_weight``.
+    """
     B, L = x.shape
-    total = torch.zeros(B, L, dtype=torch.float32, device=x.device)
     alpha0 = schedule.alpha(torch.zeros((), dtype=torch.float64))
     z0 = mask_corrupt(x, alpha0, mask_id, generator)  # (B, L)
     if bool((z0 == mask_id).any()):
-        lp = log_probs_fn(z0, torch.zeros(B, device=x.device))  # (B, L, V)
-        total = total + _masked_weighted(torch.ones_like(total), _nll_at(lp, x, total.dtype), z0 == mask_id)
+        yield 0, alpha0, z0, torch.ones(B, L, dtype=torch.float32, device=x.device)
     for i in range(1, num_steps + 1):
         t = torch.tensor(i / num_steps, dtype=torch.float64)
         s = torch.tensor((i - 1) / num_steps, dtype=torch.float64)
         a_t, a_s = schedule.alpha(t), schedule.alpha(s)
         z_t = mask_corrupt(x, a_t, mask_id, generator)  # (B, L)
-        lp = log_probs_fn(z_t, torch.full((B,), i / num_steps, device=x.device))  # (B, L, V)
-        weight = (-discrete_weight(a_t, a_s)).to(device=x.device, dtype=total.dtype).expand(B, L)  # >= 0
-        total = total + _masked_weighted(weight, _nll_at(lp, x, total.dtype), z_t == mask_id)
-    return total
+        yield i, a_t, z_t, (-discrete_weight(a_t, a_s)).to(device=x.device, dtype=torch.float32).expand(B, L)
 
 
 def discrete_cached_nelbo(
@@ -328,35 +337,16 @@ def discrete_cached_nelbo(
     B, L = x.shape
     totals = {K: torch.zeros(B, L, dtype=torch.float32, device=x.device) for K in intervals}
 
-    def anchor_state(z_t: Tensor, a_t: Tensor, j: int, i: int, u: Tensor) -> tuple[Tensor, Tensor]:
-        if j == i:
-            return z_t, torch.full((B,), i / num_steps, device=x.device)
-        a_tp = schedule.alpha(torch.tensor(j / num_steps, dtype=torch.float64))
-        return further_mask(z_t, a_t, a_tp, mask_id, uniform=u), torch.full((B,), j / num_steps, device=x.device)
-
-    alpha0 = schedule.alpha(torch.zeros((), dtype=torch.float64))
-    z0 = mask_corrupt(x, alpha0, mask_id, generator)  # (B, L)
-    if bool((z0 == mask_id).any()):
+    for i, a_t, z_t, weight in _discrete_steps(x, num_steps, schedule, mask_id, generator):
         u = _rand((B, L), anchor_generator, x.device)
-        for K in intervals:
-            j = last_refresh_step(1, num_steps, K)
-            z_a, t_a = anchor_state(z0, alpha0, j, 0, u)
-            lp = log_probs_fn(z0, torch.zeros(B, device=x.device), z_a, t_a)  # (B, L, V)
-            nll = _nll_at(lp, x, torch.float32)
-            totals[K] = totals[K] + _masked_weighted(torch.ones_like(totals[K]), nll, z0 == mask_id)
-    for i in range(1, num_steps + 1):
-        t = torch.tensor(i / num_steps, dtype=torch.float64)
-        s = torch.tensor((i - 1) / num_steps, dtype=torch.float64)
-        a_t, a_s = schedule.alpha(t), schedule.alpha(s)
-        z_t = mask_corrupt(x, a_t, mask_id, generator)  # (B, L)
-        u = _rand((B, L), anchor_generator, x.device)
-        weight = (-discrete_weight(a_t, a_s)).to(device=x.device, dtype=torch.float32).expand(B, L)  # >= 0
         by_anchor: dict[int, Tensor] = {}  # anchor step j -> (B, L) nll; K values sharing j share a call
         for K in intervals:
-            j = last_refresh_step(i, num_steps, K)
+            j = last_refresh_step(max(i, 1), num_steps, K)  # the reconstruction (i = 0) uses step 1's anchor
             if j not in by_anchor:
-                z_a, t_a = anchor_state(z_t, a_t, j, i, u)
-                lp = log_probs_fn(z_t, torch.full((B,), i / num_steps, device=x.device), z_a, t_a)  # (B, L, V)
+                a_tp = schedule.alpha(torch.tensor(j / num_steps, dtype=torch.float64))
+                z_a = z_t if j == i else further_mask(z_t, a_t, a_tp, mask_id, uniform=u)  # (B, L)
+                t = torch.full((B,), i / num_steps, device=x.device)
+                lp = log_probs_fn(z_t, t, z_a, torch.full((B,), j / num_steps, device=x.device))  # (B, L, V)
                 by_anchor[j] = _nll_at(lp, x, torch.float32)
             totals[K] = totals[K] + _masked_weighted(weight, by_anchor[j], z_t == mask_id)
     return totals
