@@ -51,11 +51,18 @@ def _per_token(value: Tensor | float, like: Tensor, *, dtype: torch.dtype | None
     return col.expand(B, L)
 
 
-def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
+def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | str | None) -> Tensor:
     """U[0, 1) draws made on the generator's device, then moved: a CPU generator seeds CUDA work too."""
-    if generator is None:
-        return torch.rand(shape, device=device)
-    return torch.rand(shape, generator=generator, device=generator.device).to(device)
+    where = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=where).to(device)
+
+
+def _randint(
+    high: int, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | str | None
+) -> Tensor:
+    """Uniform ids in [0, high), drawn like :func:`_rand` on the generator's device."""
+    where = generator.device if generator is not None else device
+    return torch.randint(0, high, shape, generator=generator, device=where).to(device)
 
 
 def _check_tokens(x: Tensor, name: str = "x") -> None:
@@ -110,11 +117,7 @@ def uniform_corrupt(
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     keep_prob = _per_token(alpha_t, x)  # (B, L)
     u = _rand(tuple(x.shape), generator, x.device)  # (B, L)
-    if generator is None:
-        noise = torch.randint(0, vocab_size, tuple(x.shape), device=x.device)
-    else:
-        noise = torch.randint(0, vocab_size, tuple(x.shape), generator=generator, device=generator.device).to(x.device)
-    return torch.where(u < keep_prob, x, noise)
+    return torch.where(u < keep_prob, x, _randint(vocab_size, tuple(x.shape), generator, x.device))
 
 
 def further_mask(

@@ -14,16 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
-def _draw_rand(n: int, generator: torch.Generator | None, device: torch.device | str | None) -> Tensor:
-    """U[0, 1) draws made where the generator lives, then moved to ``device``."""
-    where = generator.device if generator is not None else device
-    return torch.rand(n, generator=generator, device=where).to(device)
-
-
-def _draw_index(high: int, n: int, generator: torch.Generator | None, device: torch.device | str | None) -> Tensor:
-    where = generator.device if generator is not None else device
-    return torch.randint(0, high, (n,), generator=generator, device=where).to(device)
+from tadm.diffusion.forward import _rand, _randint
 
 
 def sample_t(
@@ -53,11 +44,11 @@ def sample_t(
     if not 0.0 <= eps < 1.0:
         raise ValueError(f"eps must be in [0, 1), got {eps}")
     if antithetic:
-        u0 = _draw_rand(1, generator, device)  # (1,)
+        u0 = _rand((1,), generator, device)  # (1,)
         offsets = torch.arange(batch_size, dtype=torch.float64, device=u0.device) / batch_size  # (B,)
         u = torch.remainder(u0.double() + offsets, 1.0)  # (B,)
     else:
-        u = _draw_rand(batch_size, generator, device).double()  # (B,)
+        u = _rand((batch_size,), generator, device).double()  # (B,)
     return (eps + (1.0 - eps) * u).float()
 
 
@@ -107,9 +98,9 @@ def sample_stale_anchor_times(
     B, device = t.shape[0], t.device
     intervals = torch.tensor([int(v) for v in refresh_intervals], dtype=torch.long, device=device)
     budgets = torch.tensor([int(v) for v in step_budgets], dtype=torch.long, device=device)
-    K = intervals[_draw_index(len(intervals), B, generator, device)]  # (B,)
-    T = budgets[_draw_index(len(budgets), B, generator, device)]  # (B,)
-    u = _draw_rand(B, generator, device).double()  # (B,)
+    K = intervals[_randint(len(intervals), (B,), generator, device)]  # (B,)
+    T = budgets[_randint(len(budgets), (B,), generator, device)]  # (B,)
+    u = _rand((B,), generator, device).double()  # (B,)
     k = torch.minimum(torch.floor(u * K).long(), K - 1)  # (B,)
     t_anchor = torch.clamp(t + (k.double() / T.double()).to(t.dtype), max=1.0)  # (B,)
     return StaleAnchorTimes(t=t, t_anchor=t_anchor, cache_age=k, refresh_interval=K, num_steps=T)
