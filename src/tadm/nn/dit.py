@@ -68,15 +68,20 @@ def check_mask_token(owner: str, mask_token_id: object, vocab_size: int) -> None
 
 
 # ------------------------------------------------------------------------------- output parameter
-def masked_log_probs(logits: Tensor, mask_token_id: int) -> Tensor:
-    """x_theta at masked positions: log-softmax in float32 with the mask token at :data:`NEG_INF`.
+def remove_mask_log_probs(logits: Tensor, mask_token_id: int | None) -> Tensor:
+    """Float32 ``log_softmax`` over the vocabulary (..., V) with the mask token (if any) at :data:`NEG_INF`.
 
-    ``logits`` (..., V), e.g. (n, V) for the n masked positions a sampler decodes this step; the
-    rows are what :func:`subs_log_probs` gives at masked positions, computed without the others.
+    On the (n, V) logits of the n masked positions a sampler decodes this step, these are the rows
+    :func:`subs_log_probs` gives there (x_theta at masked positions), computed without the others.
     """
     logits = logits.float()
-    mask_column = torch.tensor([mask_token_id], device=logits.device)
-    return logits.index_fill(-1, mask_column, NEG_INF).log_softmax(dim=-1)
+    if mask_token_id is not None:
+        mask_column = torch.tensor([mask_token_id], device=logits.device)
+        logits = logits.index_fill(-1, mask_column, NEG_INF)
+    return logits.log_softmax(dim=-1)
+
+
+masked_log_probs = remove_mask_log_probs  # the name the output layer (tadm.nn.base) calls on decoded rows
 
 
 def subs_log_probs(logits: Tensor, z_t: Tensor, mask_token_id: int) -> Tensor:
@@ -94,22 +99,13 @@ def subs_log_probs(logits: Tensor, z_t: Tensor, mask_token_id: int) -> Tensor:
     Returns:
         (B, L, V) float32 log-probabilities; rows sum to one in probability space.
     """
-    log_probs = masked_log_probs(logits, mask_token_id)  # (B, L, V)
+    log_probs = remove_mask_log_probs(logits, mask_token_id)  # (B, L, V)
     unmasked = (z_t != mask_token_id).unsqueeze(-1)  # (B, L, 1)
     log_probs = log_probs.masked_fill(unmasked, NEG_INF)  # (B, L, V)
     index = z_t.unsqueeze(-1)  # (B, L, 1)
     # Unmasked rows get log 1 = 0 at their token; masked rows (index = mask id) keep their value.
     at_index = torch.where(unmasked, torch.zeros((), device=logits.device), log_probs.gather(-1, index))
     return log_probs.scatter(-1, index, at_index)  # (B, L, V)
-
-
-def remove_mask_log_probs(logits: Tensor, mask_token_id: int | None) -> Tensor:
-    """Float32 ``log_softmax`` over the vocabulary with the mask token (if any) given zero probability."""
-    logits = logits.float()  # (B, L, V)
-    if mask_token_id is not None:
-        mask_column = torch.tensor([mask_token_id], device=logits.device)
-        logits = logits.index_fill(-1, mask_column, NEG_INF)
-    return logits.log_softmax(dim=-1)
 
 
 # -------------------------------------------------------------------------------------- embeddings
