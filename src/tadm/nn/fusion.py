@@ -116,9 +116,7 @@ class PairedAttentionFusion(nn.Module):
         B, L, r = z.shape
         H, hd = self.num_heads, r // self.num_heads
         j = torch.cat([z, u], dim=-1)  # (B, L, 2r)
-        q = self.q(j).view(B, L, H, hd).transpose(1, 2)  # (B, H, L, hd)
-        k = self.k(j).view(B, L, H, hd).transpose(1, 2)  # (B, H, L, hd)
-        v = self.v(j).view(B, L, H, hd).transpose(1, 2)  # (B, H, L, hd)
+        q, k, v = (proj(j).view(B, L, H, hd).transpose(1, 2) for proj in (self.q, self.k, self.v))  # (B, H, L, hd)
         mask = None
         if attention_mask is not None:
             mask = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, L) keys to attend

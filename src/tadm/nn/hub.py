@@ -34,6 +34,7 @@ from tadm.hf import is_repo_id
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 MODEL_TYPE_KEY = "model_type"
+HUB_OPTIONS = ("revision", "cache_dir", "token", "local_files_only", "force_download")  # go to hf_hub_download
 
 MODEL_CLASSES: dict[str, type[HubMixin]] = {}
 """``model_type`` -> model class; filled by each class statement that names a ``model_type``."""
@@ -95,13 +96,7 @@ class HubMixin(PyTorchModelHubMixin):
         ``config.json`` and ``model.safetensors``; ValueError when ``config.json`` describes another
         model type or carries unknown keys. The model is returned in eval mode on ``device``.
         """
-        hub = dict(
-            revision=revision,
-            cache_dir=cache_dir,
-            token=token,
-            local_files_only=local_files_only,
-            force_download=force_download,
-        )
+        hub = dict(zip(HUB_OPTIONS, (revision, cache_dir, token, local_files_only, force_download)))
         config_file = resolve_file(pretrained_model_name_or_path, CONFIG_NAME, **hub)
         raw = read_config(config_file)
         found = raw.get(MODEL_TYPE_KEY)
@@ -223,8 +218,7 @@ def load_model(name_or_path: str | Path, **kwargs: Any) -> nn.Module:
     if not isinstance(name_or_path, (str, os.PathLike)) or not os.fspath(name_or_path):
         raise TypeError(f"load_model needs a checkpoint directory or a Hub id (owner/name), got {name_or_path!r}")
     _import_models()
-    hub_keys = ("revision", "cache_dir", "token", "local_files_only", "force_download")
-    config_file = resolve_file(name_or_path, CONFIG_NAME, **{k: kwargs[k] for k in hub_keys if k in kwargs})
+    config_file = resolve_file(name_or_path, CONFIG_NAME, **{k: kwargs[k] for k in HUB_OPTIONS if k in kwargs})
     model_type = read_config(config_file).get(MODEL_TYPE_KEY)
     if model_type not in MODEL_CLASSES:
         raise ValueError(
