@@ -23,12 +23,6 @@ def _loss_dtype(t: Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
-def _weight_per_token(schedule: NoiseSchedule, t: Tensor | float, like: Tensor, dtype: torch.dtype) -> Tensor:
-    """schedule.loss_weight(t) broadcast to (B, L)."""
-    t_col = _column(t, dtype=dtype, device=like.device)
-    return _per_token(schedule.loss_weight(t_col), like, dtype=dtype)
-
-
 def _nll_at(log_probs: Tensor, targets: Tensor, dtype: torch.dtype) -> Tensor:
     """-log p(target) per token (B, L)."""
     return -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).to(dtype)
@@ -83,7 +77,7 @@ def masked_diffusion_loss(
         (B, L) per-token loss.
     """
     dtype = _loss_dtype(log_probs)
-    weight = _weight_per_token(schedule, t, z_t, dtype)  # (B, L)
+    weight = _per_token(schedule.loss_weight(_column(t, dtype=dtype, device=z_t.device)), z_t, dtype=dtype)  # (B, L)
     nll = _nll_at(log_probs, x, dtype)  # (B, L)
     return _masked_weighted(weight, nll, z_t == mask_id)
 

@@ -108,7 +108,9 @@ class MaskedSampler(ConfiguredSampler):
 
     def _set_masked(self, mask_id: int, config: Any) -> None:
         self.config = config
-        self.mask_id = check_mask_id(mask_id)
+        if isinstance(mask_id, bool) or not isinstance(mask_id, int) or mask_id < 0:
+            raise ValueError(f"mask_id must be an integer >= 0 (the model's mask token id), got {mask_id!r}")
+        self.mask_id = mask_id
         self.schedule = get_schedule(config.schedule)
         self.top_p, self.nucleus, self.time_grid = config.top_p, config.nucleus, config.time_grid
         self.final_denoise = config.time_grid == "released"
@@ -216,13 +218,6 @@ def check_number(
 def check_step_index(step_index: int, num_steps: int) -> None:
     if not 1 <= step_index <= num_steps:
         raise ValueError(f"step index must be in 1..{num_steps} (reverse steps run T..1), got {step_index}")
-
-
-def check_mask_id(mask_id: object) -> int:
-    """A mask token id: an integer >= 0."""
-    if isinstance(mask_id, bool) or not isinstance(mask_id, int) or mask_id < 0:
-        raise ValueError(f"mask_id must be an integer >= 0 (the model's mask token id), got {mask_id!r}")
-    return mask_id
 
 
 TIME_GRIDS = ("paper", "released")

@@ -203,10 +203,9 @@ class EntropyBoundSampler(ConfiguredSampler):
         B, L, V = probs.shape
         if self.categorical == "gumbel":
             return sample_categorical(probs, generator)  # (B, L)
-        flat = probs.view(-1, V)  # (B*L, V)
-        if generator is not None and generator.device != probs.device:
-            return torch.multinomial(flat.to(generator.device), 1, generator=generator).to(probs.device).view(B, L)
-        return torch.multinomial(flat, num_samples=1, generator=generator).view(B, L)
+        where = generator.device if generator is not None else probs.device  # a CPU generator can seed CUDA work
+        flat = probs.view(-1, V).to(where)  # (B*L, V)
+        return torch.multinomial(flat, num_samples=1, generator=generator).to(probs.device).view(B, L)
 
     def step(
         self, logits: Tensor, step_index: int | Tensor, z_t: Tensor, generator: torch.Generator | None = None

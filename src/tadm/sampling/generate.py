@@ -113,13 +113,12 @@ def generate(
     start = time.perf_counter()
     run = denoise(model, sampler, z, range(num_steps, 0, -1), policy=policy, generator=generator, progress=progress,
                   full_output=full_output)
-    counter, cache = run.layer_calls, run.cache
     return GenerationOutput(
         tokens=run.z,
-        layer_calls=counter,
+        layer_calls=run.layer_calls,
         num_steps=num_steps,
         refresh_interval=policy.fixed_interval,
-        refresh_steps=list(cache.history),
+        refresh_steps=list(run.cache.history),
         seconds=time.perf_counter() - start,
         policy=policy.label(),
     )
