@@ -77,6 +77,7 @@ class RefreshPolicy:
     """
 
     name: ClassVar[str] = ""
+    parameters: ClassVar[tuple[str, ...]] = ()  # the constructor's parameters besides skip_unchanged, in order
 
     def __init__(self, skip_unchanged: bool = False) -> None:
         self.skip_unchanged = bool(skip_unchanged)
@@ -110,7 +111,11 @@ class RefreshPolicy:
 
     def config(self) -> dict[str, Any]:
         """Name and parameters, as written to results files."""
-        return {"policy": self.name, "skip_unchanged": self.skip_unchanged}
+        config: dict[str, Any] = {"policy": self.name, "skip_unchanged": self.skip_unchanged}
+        for name in self.parameters:
+            value = getattr(self, name)
+            config[name] = list(value) if isinstance(value, tuple) else value  # a schedule's steps as a list
+        return config
 
     def label(self) -> str:
         """A short label for tables and plots, e.g. ``K=4`` or ``adaptive tau=0.1``."""
@@ -153,6 +158,7 @@ class FixedRefresh(RefreshPolicy):
     """Algorithm 1: refresh every K steps, at positions n = 0, K, 2K, ... (``(T - i) mod K == 0``)."""
 
     name = "fixed"
+    parameters = ("interval",)
 
     def __init__(self, interval: int = 1, skip_unchanged: bool = False) -> None:
         self.interval = check_refresh_interval(interval)
@@ -160,9 +166,6 @@ class FixedRefresh(RefreshPolicy):
 
     def due(self, position: int, step_index: int | Tensor, z: Tensor, cache: AnchorCache) -> bool:
         return position % self.interval == 0
-
-    def config(self) -> dict[str, Any]:
-        return {**super().config(), "interval": self.interval}
 
     def label(self) -> str:
         return f"K={self.interval}" + (" (skip unchanged)" if self.skip_unchanged else "")
@@ -183,6 +186,7 @@ class ScheduleRefresh(RefreshPolicy):
     """Refresh exactly at the listed reverse step indices i (e.g. ``[128, 120, 100, 60]``)."""
 
     name = "schedule"
+    parameters = ("steps",)
 
     def __init__(self, steps: Iterable[int], skip_unchanged: bool = False) -> None:
         steps = tuple(steps) if not isinstance(steps, (str, bytes)) else ()
@@ -195,9 +199,6 @@ class ScheduleRefresh(RefreshPolicy):
         if isinstance(step_index, Tensor):
             raise TypeError("a refresh schedule needs one step index per step, not one per row")
         return step_index in self.steps
-
-    def config(self) -> dict[str, Any]:
-        return {**super().config(), "steps": list(self.steps)}
 
     def label(self) -> str:
         return f"schedule({len(self.steps)})"
@@ -221,6 +222,7 @@ class AdaptiveRefresh(RefreshPolicy):
     """
 
     name = "adaptive"
+    parameters = ("tau", "min_interval", "max_interval")
 
     def __init__(
         self, tau: float, min_interval: int = 1, max_interval: int | None = None, skip_unchanged: bool = False
@@ -251,14 +253,6 @@ class AdaptiveRefresh(RefreshPolicy):
             return True
         drift = (z != cache.canvas).float().mean()
         return bool(drift >= self.tau)
-
-    def config(self) -> dict[str, Any]:
-        return {
-            **super().config(),
-            "tau": self.tau,
-            "min_interval": self.min_interval,
-            "max_interval": self.max_interval,
-        }
 
     def label(self) -> str:
         bound = "" if self.max_interval is None else f",<={self.max_interval}"
@@ -372,7 +366,7 @@ def policy_from_key(key: Any) -> RefreshPolicy:
     name, *parts = str(key).split("-")
     params: dict[str, Any] = {}
     for part in parts:
-        split = next((n for n in range(len(part), 0, -1) if part[:n] in _PARAMETER_NAMES), None)
+        split = next((n for n in range(len(part), 0, -1) if part[:n] in _KEY_PARAMETERS), None)
         if split is None:
             raise ValueError(f"refresh key {key!r}: cannot read {part!r}")
         value = part[split:]
@@ -381,7 +375,7 @@ def policy_from_key(key: Any) -> RefreshPolicy:
     return get_refresh_policy(name, **params)
 
 
-_PARAMETER_NAMES = ("interval", "steps", "tau", "min_interval", "max_interval", "skip_unchanged")
+_KEY_PARAMETERS = {"skip_unchanged", *(name for cls in REFRESH_POLICIES.values() for name in cls.parameters)}
 
 
 refresh_policy_from_config = parse_refresh  # the name results files and the README have used for the mapping form
