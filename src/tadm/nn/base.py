@@ -20,11 +20,6 @@ from tadm.nn.dit import (
     DiTStack,
     FinalLayer,
     TimestepEmbedder,
-    check_bool,
-    check_dropout,
-    check_heads,
-    check_int,
-    check_mask_token,
     masked_log_probs,
     stack_kwargs,
     subs_log_probs,
@@ -34,6 +29,18 @@ from tadm.nn.dit import (
 from tadm.protocol import LayerSplit
 
 __all__ = ["DiTSizes", "MaskedDiffusionNetwork", "MaskedDiffusionSizes", "check_token_ids"]
+
+
+def check_int(owner: str, name: str, value: object, minimum: int = 1) -> None:
+    """Raise ValueError naming ``owner.name`` unless ``value`` is an int >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{owner}.{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_bool(owner: str, name: str, value: object) -> None:
+    """Raise ValueError naming ``owner.name`` unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name} must be a bool, got {value!r}")
 
 
 @dataclass
@@ -55,8 +62,15 @@ class DiTSizes:
         check_int(owner, "vocab_size", self.vocab_size, minimum=2)
         for name in ("hidden_size", "num_heads", "cond_dim", "mlp_ratio", "max_seq_len", *self.layer_fields):
             check_int(owner, name, getattr(self, name))
-        check_heads(owner, self.hidden_size, self.num_heads)
-        check_dropout(owner, "dropout", self.dropout)
+        if self.hidden_size % self.num_heads != 0:
+            raise ValueError(f"{owner}.hidden_size ({self.hidden_size}) must be divisible by {owner}.num_heads "
+                             f"({self.num_heads})")
+        if (self.hidden_size // self.num_heads) % 2 != 0:  # rotary embeddings rotate pairs
+            raise ValueError(f"{owner}.hidden_size / {owner}.num_heads = {self.hidden_size // self.num_heads} must be "
+                             "even for rotary embeddings")
+        dropout = self.dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"{owner}.dropout must be a float in [0, 1), got {dropout!r}")
 
 
 @dataclass
@@ -68,8 +82,11 @@ class MaskedDiffusionSizes(DiTSizes):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        owner = type(self).__name__
-        check_mask_token(owner, self.mask_token_id, self.vocab_size)
+        owner, mask_id = type(self).__name__, self.mask_token_id
+        if mask_id is not None and (isinstance(mask_id, bool) or not isinstance(mask_id, int)
+                                    or not 0 <= mask_id < self.vocab_size):
+            raise ValueError(f"{owner}.mask_token_id must be None or an int in [0, vocab_size={self.vocab_size}), "
+                             f"got {mask_id!r}")
         check_bool(owner, "time_conditioning", self.time_conditioning)
 
     @property

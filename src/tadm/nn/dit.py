@@ -25,48 +25,6 @@ float32, so probabilities are unaffected.
 """
 
 
-# ----------------------------------------------------------------------------------- config checks
-def check_int(owner: str, name: str, value: object, minimum: int = 1) -> None:
-    """Raise ValueError naming ``owner.name`` unless ``value`` is an int >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}.{name} must be an int >= {minimum}, got {value!r}")
-
-
-def check_bool(owner: str, name: str, value: object) -> None:
-    """Raise ValueError naming ``owner.name`` unless ``value`` is a bool."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{owner}.{name} must be a bool, got {value!r}")
-
-
-def check_dropout(owner: str, name: str, value: object) -> None:
-    """Raise ValueError naming ``owner.name`` unless ``value`` is a probability in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{owner}.{name} must be a float in [0, 1), got {value!r}")
-
-
-def check_heads(owner: str, hidden_size: int, num_heads: int) -> None:
-    """Heads must split ``hidden_size`` evenly, into an even head size (rotary rotates pairs)."""
-    if hidden_size % num_heads != 0:
-        raise ValueError(
-            f"{owner}.hidden_size ({hidden_size}) must be divisible by {owner}.num_heads ({num_heads})"
-        )
-    if (hidden_size // num_heads) % 2 != 0:
-        raise ValueError(
-            f"{owner}.hidden_size / {owner}.num_heads = {hidden_size // num_heads} must be even "
-            "for rotary embeddings"
-        )
-
-
-def check_mask_token(owner: str, mask_token_id: object, vocab_size: int) -> None:
-    """``mask_token_id`` must be None (meaning ``vocab_size - 1``) or an id in [0, vocab_size)."""
-    if mask_token_id is None:
-        return
-    if isinstance(mask_token_id, bool) or not isinstance(mask_token_id, int) or not 0 <= mask_token_id < vocab_size:
-        raise ValueError(
-            f"{owner}.mask_token_id must be None or an int in [0, vocab_size={vocab_size}), got {mask_token_id!r}"
-        )
-
-
 # ------------------------------------------------------------------------------- output parameter
 def remove_mask_log_probs(logits: Tensor, mask_token_id: int | None) -> Tensor:
     """Float32 ``log_softmax`` over the vocabulary (..., V) with the mask token (if any) at :data:`NEG_INF`.

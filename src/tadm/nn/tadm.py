@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from tadm.nn.base import MaskedDiffusionNetwork, MaskedDiffusionSizes
-from tadm.nn.dit import check_bool, remove_mask_log_probs
+from tadm.nn.base import MaskedDiffusionNetwork, MaskedDiffusionSizes, check_bool
+from tadm.nn.dit import remove_mask_log_probs
 from tadm.nn.fusion import GatedResidualFusion
 from tadm.nn.hub import TINY_SIZES, HubMixin, size_preset
 from tadm.protocol import LayerSplit
