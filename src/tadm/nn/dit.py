@@ -8,13 +8,15 @@ model turns logits into log-probabilities identically.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+M = TypeVar("M", bound=nn.Module)
 
 NEG_INF: float = -1e6
 """Stand-in for log 0 in SUBS log-probabilities.
@@ -159,6 +161,13 @@ def time_condition(
 
 
 # ------------------------------------------------------------------------------------------ blocks
+def zero_init(module: M) -> M:
+    """``module`` with every parameter zeroed: adaLN-zero, and layers whose output starts at exactly 0."""
+    for parameter in module.parameters():
+        nn.init.zeros_(parameter)
+    return module
+
+
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     """adaLN modulation x * (1 + scale) + shift; shift/scale (B, 1, D) broadcast over positions."""
     return x * (1 + scale) + shift
@@ -198,9 +207,7 @@ class DiTBlock(nn.Module):
             nn.Linear(mlp_ratio * hidden_size, hidden_size),
         )
         self.dropout = nn.Dropout(dropout)
-        self.adaLN_modulation = nn.Linear(cond_dim, 6 * hidden_size)
-        nn.init.zeros_(self.adaLN_modulation.weight)
-        nn.init.zeros_(self.adaLN_modulation.bias)
+        self.adaLN_modulation = zero_init(nn.Linear(cond_dim, 6 * hidden_size))
 
     def forward(self, x: Tensor, cond: Tensor, rotary: tuple[Tensor, Tensor]) -> Tensor:
         """x (B, L, D), cond (B, cond_dim), rotary = (cos, sin) each (L, head_dim) -> (B, L, D)."""
@@ -227,12 +234,8 @@ class FinalLayer(nn.Module):
     def __init__(self, hidden_size: int, out_dim: int, cond_dim: int) -> None:
         super().__init__()
         self.norm_final = nn.LayerNorm(hidden_size, bias=False)
-        self.linear = nn.Linear(hidden_size, out_dim)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-        self.adaLN_modulation = nn.Linear(cond_dim, 2 * hidden_size)
-        nn.init.zeros_(self.adaLN_modulation.weight)
-        nn.init.zeros_(self.adaLN_modulation.bias)
+        self.linear = zero_init(nn.Linear(hidden_size, out_dim))
+        self.adaLN_modulation = zero_init(nn.Linear(cond_dim, 2 * hidden_size))
 
     def forward(self, x: Tensor, cond: Tensor, rows: Tensor | None = None) -> Tensor:
         """x (B, L, D), cond (B, cond_dim) -> (B, L, out_dim); with ``rows`` (n, 2) of (batch, position)

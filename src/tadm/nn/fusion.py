@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tadm.nn.dit import zero_init
+
 
 def _upcast(x: Tensor) -> Tensor:
     """``x`` in float32, or in its own dtype when that is wider (float64)."""
@@ -35,9 +37,7 @@ class GatedResidualFusion(nn.Module):
         self.norm_h = nn.LayerNorm(d)
         self.gate = nn.Linear(2 * d, d)
         self.delta_in = nn.Linear(2 * d, 4 * d)
-        self.delta_out = nn.Linear(4 * d, d)
-        nn.init.zeros_(self.delta_out.weight)
-        nn.init.zeros_(self.delta_out.bias)
+        self.delta_out = zero_init(nn.Linear(4 * d, d))
         self.norm_out = nn.LayerNorm(d)
 
     def gate_and_delta(self, c: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
@@ -100,8 +100,7 @@ class PairedAttentionFusion(nn.Module):
         self.gate_out = nn.Linear(r, 1)  # W_g2, b_g
         nn.init.zeros_(self.gate_out.weight)
         nn.init.constant_(self.gate_out.bias, gate_bias)
-        self.up = nn.Linear(r, hidden_size, bias=False)  # W_up
-        nn.init.zeros_(self.up.weight)
+        self.up = zero_init(nn.Linear(r, hidden_size, bias=False))  # W_up
 
     def adapter_params(self) -> dict[str, nn.Parameter]:
         """All trainable parameters of the adapter, by name (they are saved apart from the backbone)."""
