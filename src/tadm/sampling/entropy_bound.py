@@ -113,9 +113,8 @@ class EntropyBoundSamplerConfig:
 
     def __post_init__(self) -> None:
         owner = "entropy-bound sampler"
-        check_number(owner, "entropy_bound", self.entropy_bound, low=0.0, low_open=True)
-        check_number(owner, "temperature_min", self.temperature_min, low=0.0, low_open=True)
-        check_number(owner, "temperature_max", self.temperature_max, low=0.0, low_open=True)
+        for name in ("entropy_bound", "temperature_min", "temperature_max"):
+            check_number(owner, name, getattr(self, name), low=0.0, low_open=True)
         if not self.temperature_min <= self.temperature_max:
             raise ValueError(
                 f"{owner}: temperatures must satisfy 0 < temperature_min <= temperature_max, got "

@@ -90,18 +90,14 @@ def generate(
         sampler: a sampler from ``tadm.sampling`` (``set_timesteps`` is called here).
         num_steps: T, reverse steps (>= 1).
         refresh_interval: K, reverse steps between anchor refreshes (>= 1).
-        skip_unchanged: MDLM's caching: when the canvas did not change since the previous step and
-            the anchor is unchanged, reuse the previous log-probabilities instead of calling the
-            network (exact for networks without time conditioning; refused otherwise). A refresh due
-            on a canvas identical to the cached one is skipped too, since it would recompute the
-            same anchor.
+        skip_unchanged: MDLM's caching, reuse the previous output while the canvas is unchanged
+            (:class:`~tadm.sampling.refresh.RefreshPolicy`); refused for time-conditioned networks (not exact there).
         time_conditioned: read from the model (``model.time_conditioned``); if given, it must agree.
         max_seq_len: if given, ``seq_len`` larger than this raises a clear error.
         policy: a refresh policy (:mod:`tadm.sampling.refresh`) instead of ``refresh_interval`` and
             ``skip_unchanged`` (which make ``FixedRefresh(K, skip_unchanged)``).
-        full_output: compute x_theta at every position of every step (the reference path); by
-            default only the rows a masked sampler decodes get the output head (same tokens,
-            see :func:`tadm.sampling.loop.denoise`).
+        full_output: x_theta at every position of every step (the reference path; see
+            :func:`~tadm.sampling.loop.denoise`).
     """
     check_network(model)
     policy = _resolve_policy(policy, refresh_interval, skip_unchanged)
