@@ -40,16 +40,14 @@ class LayerCallCounter:
     def total(self) -> int:
         return self.shared + self.anchor + self.denoiser
 
-    def add_encode(self, split: LayerSplit) -> None:
+    def add_pass(self, split: LayerSplit, refreshed: bool) -> None:
+        """One network pass: the shared and denoiser layers, and the anchor layers when it refreshed the anchor."""
         self.shared += split.shared
-
-    def add_anchor(self, split: LayerSplit) -> None:
-        self.anchor += split.anchor
-        self.anchor_refreshes += 1
-
-    def add_predict(self, split: LayerSplit) -> None:
         self.denoiser += split.denoiser
         self.denoiser_calls += 1
+        if refreshed:
+            self.anchor += split.anchor
+            self.anchor_refreshes += 1
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}

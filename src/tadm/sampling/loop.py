@@ -88,13 +88,10 @@ def network_pass(
     output is ``model.predict_hidden``'s (last hidden states, conditioning) pair, for
     ``model.output_log_probs`` on chosen rows.
     """
-    split = model.layer_split
     state = model.prepare(z, context, t)
     c = model.encode(z, state)  # (B, L, d)
-    counter.add_encode(split)
     if refresh:
         cache.store(model.compute_anchor(c, state), z, step_index if isinstance(step_index, int) else -1)
-        counter.add_anchor(split)
     if cache.hidden is None:
         first = step_index if isinstance(step_index, int) else "T"
         raise ValueError(f"the refresh policy did not compute an anchor at the first step of the run (i = {first}); "
@@ -105,7 +102,7 @@ def network_pass(
         output = model.predict_hidden(z, c, cache.hidden, state)
     else:
         output = model.predict(z, c, cache.hidden, state)
-    counter.add_predict(split)
+    counter.add_pass(model.layer_split, refreshed=refresh)
     return output, state
 
 
