@@ -10,7 +10,7 @@ Every network in :mod:`tadm.nn` inherits :class:`HubMixin` (a thin layer over
 ``huggingface_hub.PyTorchModelHubMixin``, which also provides ``push_to_hub`` and a model card)
 and declares its ``model_type`` in the class statement, which files it in :data:`MODEL_CLASSES`.
 Size presets ("tadm-small", "mdlm-tiny", ...) are plain builder functions filed in
-:data:`MODEL_BUILDERS` by :func:`size_preset`; :func:`build_model` picks one by name.
+:data:`MODEL_BUILDERS` with :func:`register_builder`; :func:`build_model` picks one by name.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ TINY_SIZES: dict[str, Any] = dict(vocab_size=65, hidden_size=32, num_heads=2, co
 """Sizes shared by the "*-tiny" presets: 64 tokens + mask, d = 32, 2 heads, cond_dim 16, no dropout."""
 
 M = TypeVar("M", bound="HubMixin")
+F = TypeVar("F", bound=Callable[..., nn.Module])
 
 
 class HubMixin(PyTorchModelHubMixin):
@@ -190,6 +191,16 @@ def _import_models() -> None:
         importlib.import_module(module)
 
 
+def register_builder(name: str) -> Callable[[F], F]:
+    """Decorator filing a size preset ``f(**overrides) -> model`` under ``name`` in MODEL_BUILDERS."""
+
+    def decorate(builder: F) -> F:
+        MODEL_BUILDERS[name] = builder
+        return builder
+
+    return decorate
+
+
 def size_preset(name: str, model_class: type, doc: str, **preset: Any) -> Callable[..., nn.Module]:
     """File a builder ``f(**overrides) -> model_class(config_class(**preset, **overrides))`` under ``name``."""
 
@@ -198,8 +209,7 @@ def size_preset(name: str, model_class: type, doc: str, **preset: Any) -> Callab
 
     builder.__name__ = builder.__qualname__ = name.replace("-", "_")
     builder.__doc__ = doc
-    MODEL_BUILDERS[name] = builder
-    return builder
+    return register_builder(name)(builder)
 
 
 def build_model(name: str, **overrides: Any) -> nn.Module:
