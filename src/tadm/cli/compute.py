@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from tadm.cli.common import (
-    CLIError,
-    nonnegative_int,
-    positive_int,
-    print_json,
-    refresh_arg,
-    refresh_policies,
-    steps_arg,
-)
+from tadm.cli.common import (CLIError, nonnegative_int, positive_int, print_json, refresh_arg, refresh_policies,
+                             steps_arg)
 from tadm.eval.compute import compute_row
 from tadm.protocol import LayerSplit
 
