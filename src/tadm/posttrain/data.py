@@ -15,6 +15,7 @@ canvas is filled up with the padding id, which ``generate`` writes after the end
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -25,8 +26,6 @@ from typing import Any, Protocol
 import torch
 from tokenizers import Tokenizer
 from torch import Tensor
-
-from tadm.records import read_json_lines
 
 __all__ = [
     "CHAT_SPECIAL_TOKENS",
@@ -151,19 +150,26 @@ def read_chat_jsonl(
     if not path.is_file():
         raise FileNotFoundError(f"chat data file {str(path)!r} does not exist")
     examples: list[ChatExample] = []
-    for n, record in read_json_lines(path):
-        where = f"{path}:{n}"
-        if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected a JSON object")
-        if skip_reasoning and _is_reasoning(record):
-            continue
-        if "messages" in record:
-            examples.append(_from_messages(record["messages"], where))
-            continue
-        missing = [f for f in (prompt_field, response_field) if f not in record]
-        if missing:
-            raise ValueError(f"{where}: record lacks {', '.join(map(repr, missing))} (has {sorted(record)})")
-        examples.append(ChatExample(str(record[prompt_field]), str(record[response_field])))
+    with path.open(encoding="utf-8") as handle:
+        for n, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object")
+            if skip_reasoning and _is_reasoning(record):
+                continue
+            if "messages" in record:
+                examples.append(_from_messages(record["messages"], where))
+                continue
+            missing = [f for f in (prompt_field, response_field) if f not in record]
+            if missing:
+                raise ValueError(f"{where}: record lacks {', '.join(map(repr, missing))} (has {sorted(record)})")
+            examples.append(ChatExample(str(record[prompt_field]), str(record[response_field])))
     if not examples:
         raise ValueError(f"{path} holds no usable (no-think) chat examples")
     return examples
