@@ -376,14 +376,16 @@ def load_structured(
         loaded = _read_yaml(path, error)
         if legacy:
             loaded = _migrate(loaded, legacy)
+        try:  # the file's own errors come before those of the overrides
+            merged = OmegaConf.merge(merged, loaded)
+        except OmegaConfBaseException as err:
+            raise config_error(err, origin, error) from None
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise error(f"overrides must look like section.key=value, got {bad[0]!r}")
     if legacy:
         overrides = [_migrate_override(o, legacy) for o in overrides]
     try:
-        if path is not None:
-            merged = OmegaConf.merge(merged, loaded)
         if overrides:
             origin = "overrides"
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))

@@ -108,6 +108,15 @@ def test_bad_values_fail_loudly_naming_the_key(override: str, needle: str) -> No
         load_config(None, ["train.micro_batch_size=8", override])
 
 
+def test_a_bad_key_in_the_file_is_reported_before_a_malformed_override(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  nosuchkey: 1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: .*nosuchkey"):
+        load_config(str(path), ["oops"])
+    with pytest.raises(ConfigError, match="overrides must look like section.key=value, got 'oops'"):
+        load_config(None, ["oops"])
+
+
 def test_unknown_schedule_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="objective.schedule.*valid names"):
         objective_config(load_config(None, ["objective.schedule=quadratic"]))
