@@ -63,6 +63,15 @@ def test_masked_diffusion_loss_per_example_time_and_schedule():
     assert (loss[:, 1] == 0).all()
 
 
+def test_masked_diffusion_loss_in_a_given_dtype():
+    _, log_probs, x, z_t = _tiny_example()
+    t = torch.tensor([0.3])
+    loss = masked_diffusion_loss(log_probs.to(torch.bfloat16), x, z_t, t, CosineSchedule(), MASK, dtype=torch.float64)
+    expected = masked_diffusion_loss(log_probs.to(torch.bfloat16).double(), x, z_t, t.double(), CosineSchedule(), MASK)
+    assert loss.dtype == torch.float64
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+
+
 def test_masked_diffusion_loss_zero_time_gives_finite_gradients():
     logits = torch.randn(1, 3, 4, requires_grad=True)
     x = torch.tensor([[0, 1, 2]])

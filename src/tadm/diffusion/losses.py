@@ -56,7 +56,13 @@ def discrete_weight(alpha_t: Tensor | float, alpha_s: Tensor | float, sigma: Ten
 
 
 def masked_diffusion_loss(
-    log_probs: Tensor, x: Tensor, z_t: Tensor, t: Tensor | float, schedule: NoiseSchedule, mask_id: int
+    log_probs: Tensor,
+    x: Tensor,
+    z_t: Tensor,
+    t: Tensor | float,
+    schedule: NoiseSchedule,
+    mask_id: int,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """Continuous-time masked NELBO integrand (MDLM), the T -> infinity limit of Eq. (masked-nelbo).
 
@@ -72,12 +78,15 @@ def masked_diffusion_loss(
         t: diffusion time; scalar, (B,), (B, 1) or (B, L).
         schedule: the noise schedule that produced z_t.
         mask_id: id of the mask token.
+        dtype: the loss's dtype (default: that of ``log_probs``, at least float32); only the
+            gathered (B, L) log-probabilities are converted to it.
 
     Returns:
         (B, L) per-token loss.
     """
-    dtype = _loss_dtype(log_probs)
-    weight = _per_token(schedule.loss_weight(_column(t, dtype=dtype, device=z_t.device)), z_t, dtype=dtype)  # (B, L)
+    dtype = _loss_dtype(log_probs) if dtype is None else dtype
+    loss_weight = schedule.loss_weight(_column(t, dtype=dtype, device=z_t.device))
+    weight = _per_token(loss_weight, z_t, dtype=dtype)  # (B, L)
     nll = _nll_at(log_probs, x, dtype)  # (B, L)
     return _masked_weighted(weight, nll, z_t == mask_id)
 
@@ -144,7 +153,7 @@ def t_anelbo_loss(
     assert anchor_log_probs is not None and z_tp is not None and t_anchor is not None
     targets = x if anchor_targets is None else anchor_targets
     # the anchor term is the same masked integrand at (z_t', t'), in the diffusion term's dtype
-    anchor = masked_diffusion_loss(anchor_log_probs.to(diffusion.dtype), targets, z_tp, t_anchor, schedule, mask_id)
+    anchor = masked_diffusion_loss(anchor_log_probs, targets, z_tp, t_anchor, schedule, mask_id, dtype=diffusion.dtype)
     return TANELBOTerms(total=diffusion + gamma * anchor, diffusion=diffusion, anchor=anchor)
 
 
