@@ -61,7 +61,7 @@ __all__ = [
 
 ALLOW_DIRTY_ENV = "TADM_ALLOW_DIRTY"
 _SOURCE = Path(__file__).resolve().parent
-_COMMIT_CACHE: list[Any] = []  # [monotonic time, result] of the last read
+_COMMIT_CACHE: dict[str, Any] = {}
 
 
 def json_ready(value: Any) -> Any:
@@ -200,22 +200,24 @@ def write_csv(path: str | os.PathLike[str], fields: Sequence[str], rows: Sequenc
 
 
 # -------------------------------------------------------------------------------------- provenance
-def git_commit() -> dict[str, Any]:
+def git_commit(where: Path | None = None) -> dict[str, Any]:
     """The git commit of the tadm source tree (None outside a checkout) and whether it has local changes.
 
-    Read at most once every 30 seconds (a unit store writes many records).
+    Read at most once every 30 seconds per folder (a unit store writes many records).
     """
-    if _COMMIT_CACHE and time.monotonic() - _COMMIT_CACHE[0] < 30.0:
-        return dict(_COMMIT_CACHE[1])
+    where = where or _SOURCE
+    cached = _COMMIT_CACHE.get(str(where))
+    if cached is not None and time.monotonic() - cached[0] < 30.0:
+        return dict(cached[1])
     try:
-        head = subprocess.run(["git", "-C", str(_SOURCE), "rev-parse", "HEAD"], capture_output=True, text=True,
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(_SOURCE), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
         result = {"commit": head, "dirty": bool(dirty)}
     except (OSError, subprocess.SubprocessError):
         result = {"commit": None, "dirty": None}
-    _COMMIT_CACHE[:] = [time.monotonic(), result]
+    _COMMIT_CACHE[str(where)] = (time.monotonic(), result)
     return dict(result)
 
 
