@@ -97,7 +97,8 @@ class HubMixin(PyTorchModelHubMixin):
         ``config.json`` and ``model.safetensors``; ValueError when ``config.json`` describes another
         model type or carries unknown keys. The model is returned in eval mode on ``device``.
         """
-        hub = dict(zip(HUB_OPTIONS, (revision, cache_dir, token, local_files_only, force_download)))
+        hub = dict(revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only,
+                   force_download=force_download)
         config_file = resolve_file(pretrained_model_name_or_path, CONFIG_NAME, **hub)
         raw = read_config(config_file)
         found = raw.get(MODEL_TYPE_KEY)
