@@ -3,8 +3,8 @@
 * :func:`json_ready`, :func:`write_json`, :func:`read_json`, :func:`read_json_lines`, :func:`write_csv`:
   values and files as every result writer needs them (NaN and inf become ``null``; files are written
   to a temporary name and renamed, so a reader never sees half a file);
-* :func:`replace_atomically`, :func:`replace_directory`: the one way a file or a directory is put in
-  place, through a temporary sibling named after the writing process (:func:`temporary_path`), which
+* :func:`replace_atomically`, :func:`replace_directory`: how a file or a directory is put in place,
+  through a temporary sibling named after the writing process (:func:`temporary_path`), which
   ``tadm.training.rundir.remove_stale_temporaries`` cleans up after a kill;
 * :func:`git_commit`, :func:`machine_info`: where a result came from;
 * :class:`UnitStore`: the resumable units of a sweep, a study or a task run. A unit is one JSON

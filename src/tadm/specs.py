@@ -64,7 +64,7 @@ def resolve_model(spec: str | os.PathLike[str], *, device: torch.device | str = 
     Raises FileNotFoundError naming the spec when it is none of these.
     """
     source = check_model_source(spec)
-    # a Hub id raises a clear FileNotFoundError offline
+    # a builder name builds; a directory or Hub id loads (a Hub id raises a clear FileNotFoundError offline)
     model = build_model(os.fspath(spec)) if source is None else load_model(source, device=str(device))
     return model.to(device).eval()
 

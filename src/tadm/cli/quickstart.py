@@ -64,7 +64,10 @@ def word_validity(texts: list[str], vocabulary: set[str]) -> float:
 
 def unigram_entropy(rows: list[list[int]]) -> float:
     """Mean per-sample unigram entropy of token ids, in nats (the paper's entropy metric)."""
-    values = [-sum(c / len(row) * math.log(c / len(row)) for c in Counter(row).values()) for row in rows]
+    values = []
+    for row in rows:
+        n = len(row)
+        values.append(-sum(c / n * math.log(c / n) for c in Counter(row).values()))
     return sum(values) / max(len(values), 1)
 
 

@@ -39,9 +39,9 @@ from tadm.hf import first_line, is_repo_id, load_hf
 from tadm.nn import load_model
 from tadm.nn.dit import time_condition
 from tadm.nn.hub import MODEL_CLASSES
-from tadm.records import read_json, replace_directory
+from tadm.records import read_json, replace_directory, temporary_path
 from tadm.specs import find_tokenizer
-from tadm.training.rundir import remove_stale_temporaries, temporary_path
+from tadm.training.rundir import remove_stale_temporaries
 
 __all__ = [
     "DEFAULT_EVALUATOR",

@@ -38,7 +38,7 @@ __all__ = ["DTYPES", "ThroughputResult", "TimingCell", "interleaved_throughput",
 
 MIN_TIMED_GENERATIONS = 5  # fewer timed generations give no meaningful median
 
-DTYPES = DTYPE_SPELLINGS  # autocast dtypes, in tadm.specs' vocabulary
+DTYPES = DTYPE_SPELLINGS  # autocast dtypes, in tadm.devices' vocabulary
 
 
 @dataclass

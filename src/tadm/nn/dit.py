@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-M = TypeVar("M", bound=nn.Module)
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 NEG_INF: float = -1e6
 """Stand-in for log 0 in SUBS log-probabilities.
@@ -161,7 +161,7 @@ def time_condition(
 
 
 # ------------------------------------------------------------------------------------------ blocks
-def zero_init(module: M) -> M:
+def zero_init(module: ModuleT) -> ModuleT:
     """``module`` with every parameter zeroed: adaLN-zero, and layers whose output starts at exactly 0."""
     for parameter in module.parameters():
         nn.init.zeros_(parameter)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tadm.config import check_loggers
-from tadm.training.rundir import replace_atomically
+from tadm.records import replace_atomically
 
 __all__ = ["METRICS_FILENAME", "TENSORBOARD_DIRNAME", "MetricsLogger", "read_metrics"]
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from tadm.config import ConfigError
-from tadm.records import replace_atomically, temporary_path  # re-exported: the run directory's savers use them
+from tadm.records import replace_atomically, temporary_path  # also importable from here, where they lived first
 
 try:
     import fcntl

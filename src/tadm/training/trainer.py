@@ -58,6 +58,7 @@ from tqdm.auto import tqdm
 from tadm.config import ConfigError, ExperimentConfig
 from tadm.diffusion import get_schedule
 from tadm.nn import TADM, build_model
+from tadm.records import replace_atomically
 from tadm.training.checkpoint import (
     STATE_FILENAME,
     STATE_FORMAT,
@@ -92,7 +93,7 @@ from tadm.training.objectives import (
 )
 from tadm.training.precision import autocast_context, uses_bf16
 from tadm.training.provenance import check_provenance, train_recorded_tokenizer
-from tadm.training.rundir import RunDirLock, prepare_run_dir, remove_stale_temporaries, replace_atomically
+from tadm.training.rundir import RunDirLock, prepare_run_dir, remove_stale_temporaries
 from tadm.training.tokenization import META_FILENAME, TextTokenizer, check_vocab_compatible, load_tokenizer
 
 __all__ = [
