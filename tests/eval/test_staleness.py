@@ -176,6 +176,28 @@ def test_discrete_cached_bound_gives_each_step_its_last_refresh_time():
     torch.testing.assert_close(totals[1], totals[4])
 
 
+class _LeakySchedule:
+    """alpha(0) = 0.5 < 1: z_0 holds masks, so the bounds have a reconstruction term (i = 0)."""
+
+    def alpha(self, t):
+        return 0.5 * (1.0 - t)
+
+
+def test_discrete_cached_bound_reconstruction_shares_one_call_per_anchor_step():
+    calls: list[tuple[int, int]] = []
+    x = blocks(n=2, length=6)
+
+    def fake(z_t, t, z_a, t_a):
+        calls.append((round(float(t[0]) * 6), round(float(t_a[0]) * 6)))  # step indices i and j
+        return torch.full((*z_t.shape, 320), -math.log(320.0))
+
+    totals = discrete_cached_nelbo(fake, x, 6, [1, 2, 4], _LeakySchedule(), 319, torch.Generator().manual_seed(0))
+    # i = 0 uses the anchor of step 1's last refresh: j = 1 for K = 1, j = 2 for K = 2 and K = 4 (one call)
+    assert sorted(c for c in calls if c[0] == 0) == [(0, 1), (0, 2)]
+    torch.testing.assert_close(totals[1], totals[2])
+    torch.testing.assert_close(totals[1], totals[4])
+
+
 def test_bad_input_names_the_value():
     model, x = tiny_diffusion("tadm"), blocks(n=2)
     with pytest.raises(ValueError, match="cache age k must be an integer >= 0, got -1"):
