@@ -56,12 +56,7 @@ def discrete_weight(alpha_t: Tensor | float, alpha_s: Tensor | float, sigma: Ten
 
 
 def masked_diffusion_loss(
-    log_probs: Tensor,
-    x: Tensor,
-    z_t: Tensor,
-    t: Tensor | float,
-    schedule: NoiseSchedule,
-    mask_id: int,
+    log_probs: Tensor, x: Tensor, z_t: Tensor, t: Tensor | float, schedule: NoiseSchedule, mask_id: int,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
     """Continuous-time masked NELBO integrand (MDLM), the T -> infinity limit of Eq. (masked-nelbo).
