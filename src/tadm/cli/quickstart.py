@@ -1,6 +1,6 @@
 """``tadm quickstart``: train a small TADM on the bundled corpus, then sample it at K = 1, 2, 4, 8.
 
-The README's main command. On 2 CPU cores it finishes in roughly ten minutes and prints a table
+The README's main command. On 2 CPU cores it finishes in about five minutes and prints a table
 of measured tokens/s, exact Transformer-layer calls and a quality proxy per refresh interval K,
 next to the same model before training, plus sample text.
 """
