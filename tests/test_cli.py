@@ -1,7 +1,10 @@
 import json
+import tomllib
+from pathlib import Path
 
 import pytest
 
+import tadm
 from tadm.cli import build_parser, main
 from tadm.nn import tadm_tiny
 
@@ -131,3 +134,10 @@ def test_compute_rejects_zero_refresh(capsys):
         "tadm compute: error: argument -K/--refresh: anchor refresh interval K must be an integer >= 1, got 0 "
         "(see 'tadm compute --help')"
     ]
+
+
+def test_version_prints_the_package_version_the_build_declares(capsys):
+    code, out, _ = _run(capsys, "--version")
+    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert code == 0
+    assert out.strip() == f"tadm {declared}" == f"tadm {tadm.__version__}"

@@ -16,6 +16,7 @@ from typing import NoReturn, Sequence
 
 from safetensors import SafetensorError
 
+from tadm import __version__
 from tadm.cli import compute, posttrain, quickstart, sample, study, tokenizer, train
 from tadm.cli import eval as eval_cmd
 from tadm.cli.common import CLIError
@@ -48,6 +49,7 @@ def _add_debug_flag(parser: argparse.ArgumentParser, default: object) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="tadm", description="Time-anchored diffusion language models.")
+    parser.add_argument("--version", action="version", version=f"tadm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(sub)
