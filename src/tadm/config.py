@@ -9,13 +9,13 @@ Unknown keys and values of the wrong type raise ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 ARCHITECTURES = ("tadm", "mdlm", "adlm", "ar")
 MODEL_PRESETS = ("tiny", "small")
@@ -140,8 +140,14 @@ class ExperimentConfig(RecipeConfig):
 
 
 def config_error(err: OmegaConfBaseException, origin: str, error: type[ConfigError] = ConfigError) -> ConfigError:
-    """One line naming the key (or ``origin``) of an OmegaConf error, as ``error``."""
+    """One line naming the key (or ``origin``) of an OmegaConf error, as ``error``; an unknown key also gets the
+    keys its section has."""
     key = getattr(err, "full_key", None)
+    schema = getattr(err, "object_type", None)
+    if isinstance(err, ConfigKeyError) and key and is_dataclass(schema):
+        shown = key if len(key) <= 60 else key[:57] + "..."
+        section = f"section '{key.rpartition('.')[0]}'" if "." in key else "the config"
+        return error(f"{origin}: unknown key '{shown}'; {section} has: {', '.join(f.name for f in fields(schema))}")
     first = str(err).splitlines()[0]
     where = f" (key '{key}')" if key else ""
     return error(f"{origin}: {first}{where}")
@@ -307,9 +313,9 @@ def resolve_config_path(
 
 
 def _read_yaml(path: Path, error: type[ConfigError]) -> Any:
-    """``OmegaConf.load(path)``; a syntax error becomes one line naming the file, line and column."""
+    """``OmegaConf.load(path)``, a mapping; a syntax error becomes one line naming the file, line and column."""
     try:
-        return OmegaConf.load(path)
+        loaded = OmegaConf.load(path)
     except OmegaConfBaseException as err:
         raise config_error(err, str(path), error) from None
     except yaml.YAMLError as err:
@@ -319,6 +325,9 @@ def _read_yaml(path: Path, error: type[ConfigError]) -> Any:
         raise error(f"{path}: not valid YAML: {problem}{where}") from None
     except UnicodeDecodeError as err:
         raise error(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
+    if not isinstance(loaded, DictConfig):
+        raise error(f"{path}: a config is a YAML mapping of sections (section: {{key: value}}), not a list")
+    return loaded
 
 
 def _migrate(loaded: Any, legacy: dict[str, str]) -> Any:

@@ -117,6 +117,27 @@ def test_a_bad_key_in_the_file_is_reported_before_a_malformed_override(tmp_path:
         load_config(None, ["oops"])
 
 
+def test_an_unknown_key_names_what_its_section_has(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^overrides: unknown key 'model\.nosuch'; section 'model' has: arch, "
+                                          r"preset, overrides$"):
+        load_config(None, ["model.nosuch=1"])
+    with pytest.raises(ConfigError, match=r"posttrain-tiny\.yaml: unknown key 'base'; the config has: model, data, "
+                                          r"objective, optim, train$"):
+        load_config("posttrain-tiny")  # a post-training preset given to the pretraining schema
+    scalar = tmp_path / "notes.yaml"
+    scalar.write_text("root:x:0:0:" + "y" * 200 + "\n")  # not a mapping: one long key
+    with pytest.raises(ConfigError) as err:
+        load_config(str(scalar))
+    assert "unknown key 'root:x:0:0:yyy" in str(err.value) and len(str(err.value)) < 200 + len(str(scalar))
+
+
+def test_a_config_that_is_a_list_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- model\n- train\n")
+    with pytest.raises(ConfigError, match=r"list\.yaml: a config is a YAML mapping of sections"):
+        load_config(str(path))
+
+
 def test_unknown_schedule_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="objective.schedule.*valid names"):
         objective_config(load_config(None, ["objective.schedule=quadratic"]))
