@@ -242,6 +242,9 @@ def test_cli_bad_input(argv: list[str], needle: str, bad: Path, capsys: pytest.C
     assert "Traceback" not in err, err
     assert code == 2 and len(lines) == 1, err
     assert needle.format(d=bad) in lines[0], lines[0]
+    nested = argv[0] in ("eval", "posttrain", "tokenizer") and "invalid choice" not in needle  # an action was named
+    command = " ".join(argv[:2] if nested else argv[:1])
+    assert lines[0].startswith((f"tadm {command}: error: ", "tadm: error: unrecognized arguments")), lines[0]
 
 
 def test_user_files_survive_the_bad_inputs(bad: Path) -> None:

@@ -101,22 +101,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parse(parser, argv)
     except SystemExit as done:  # --help, or a usage error already printed in one line
         return int(done.code or 0) if not isinstance(done.code, str) else 2
+    # "eval sweep", "posttrain train": the command as typed, for the messages below
+    command = " ".join(filter(None, (args.command, getattr(args, f"{args.command}_command", None))))
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as err:
         if debug_requested(args):
             traceback.print_exc()
         else:
-            print(_error_line(args.command, err), file=sys.stderr)
+            print(_error_line(command, err), file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as err:
         if not is_out_of_memory(err) or debug_requested(args):
             raise
-        print(f"tadm {args.command}: error: out of memory ({_memory_detail(err)}); use a smaller batch "
+        print(f"tadm {command}: error: out of memory ({_memory_detail(err)}); use a smaller batch "
               "(-B/--batch-size), shorter sequences, or another --device", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if debug_requested(args):
             traceback.print_exc()
-        print(f"tadm {args.command}: interrupted", file=sys.stderr)
+        print(f"tadm {command}: interrupted", file=sys.stderr)
         return 130
