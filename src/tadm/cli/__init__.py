@@ -70,14 +70,25 @@ def _error_line(command: str, err: BaseException) -> str:
     return f"tadm {command}: error: {what}{text or type(err).__name__}"
 
 
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (nested) subcommand parser that ``args`` came through, e.g. the one of ``tadm eval sweep``."""
+    for dest in ("command", f"{args.command}_command"):
+        chosen = getattr(args, dest, None)
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if chosen is None or not actions:
+            break
+        parser = actions[0].choices[chosen]
+    return parser
+
+
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse ``argv``; ``key=value`` overrides may also follow the flags of commands that take them."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         if hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
             args.overrides = [*args.overrides, *extra]
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        else:  # reported by the subcommand, so that the message points to its --help
+            _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 
