@@ -30,6 +30,7 @@ reads it back), its ``label()`` (tables, plots: ``K=4``) and its analytic ``refr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -281,10 +282,15 @@ def get_refresh_policy(name: str | RefreshPolicy = "fixed", **params: Any) -> Re
         cls = REFRESH_POLICIES[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown refresh policy {name!r}; valid: {', '.join(REFRESH_POLICIES)}") from None
-    try:
-        return cls(**params)
-    except TypeError as error:
-        raise ValueError(f"refresh policy {name!r}: {error}") from None
+    accepted = inspect.signature(cls).parameters
+    required = [p for p, spec in accepted.items() if spec.default is inspect.Parameter.empty and p not in params]
+    unknown = sorted(set(params) - set(accepted))
+    if required or unknown:
+        problem = " and ".join(([f"has no parameter {', '.join(map(repr, unknown))}"] if unknown else [])
+                               + ([f"needs {', '.join(required)}"] if required else []))
+        raise ValueError(f"refresh policy {name!r} {problem}; its parameters: {', '.join(accepted)} "
+                         f"(valid forms: {SPEC_FORMS})")
+    return cls(**params)
 
 
 SPEC_FORMS = ("4, fixed:K=4, adaptive:tau=0.3[:max_interval=16], schedule:steps=48/40/24 (each may add "
