@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tadm.nn import DiTBlock, adlm_tiny, mdlm_tiny, tadm_tiny
-from tadm.sampling import generate, get_sampler
+from tadm.sampling import build_sampler, generate, get_sampler
 
 
 def _randomize(model, scale=0.3):
@@ -92,3 +92,26 @@ def test_adlm_naive_reuse_uses_the_stale_anchor():
         lp_fresh = model(z_new)[0]
     # naive reuse: the prediction for still-masked positions ignores what changed since the refresh
     assert not torch.allclose(lp_stale[0, 4:], lp_fresh[0, 4:])
+
+
+@pytest.mark.parametrize("name", ["mdlm", "remdm-cap", "remdm-loop"])
+def test_a_sampler_name_builds_the_registry_sampler_for_the_model(name):
+    """generate(model, "mdlm") is generate(model, build_sampler("mdlm", model)): the same tokens and calls."""
+    model = tadm_tiny().eval()
+    by_name = generate(model, name, batch_size=2, seq_len=16, num_steps=8, refresh_interval=2,
+                       generator=torch.Generator().manual_seed(3))
+    built = generate(model, build_sampler(name, model), batch_size=2, seq_len=16, num_steps=8, refresh_interval=2,
+                     generator=torch.Generator().manual_seed(3))
+    assert torch.equal(by_name.tokens, built.tokens)
+    assert by_name.layer_calls.as_dict() == built.layer_calls.as_dict()
+
+
+@pytest.mark.parametrize("sampler, error, match", [
+    (None, TypeError, "sampler NoneType lacks set_timesteps"),
+    ("ddim", ValueError, "unknown sampler 'ddim'"),
+])
+def test_a_sampler_that_is_not_one_is_refused_before_it_is_used(sampler, error, match):
+    with pytest.raises(error, match=match):
+        generate(tadm_tiny().eval(), sampler, batch_size=1, seq_len=8, num_steps=4)
+    with pytest.raises(TypeError, match="model must be a CacheableDenoiser"):
+        generate(None, "mdlm", batch_size=1, seq_len=8, num_steps=4)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from typing import Any
+
 import torch
 from torch import Tensor
-
-from typing import Any
 
 from tadm.protocol import CacheableDenoiser, check_network
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
 from tadm.sampling.base import Sampler, check_integer
-from tadm.sampling.loop import denoise
+from tadm.sampling.loop import check_contract, denoise
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, parse_refresh
+from tadm.sampling.registry import build_sampler
 
 
 @dataclass
@@ -63,7 +64,7 @@ def _check_generation(model: Any, batch_size: int, seq_len: int, max_seq_len: in
 @torch.no_grad()
 def generate(
     model: CacheableDenoiser,
-    sampler: Sampler,
+    sampler: Sampler | str,
     *,
     batch_size: int,
     seq_len: int,
@@ -87,7 +88,8 @@ def generate(
 
     Args:
         model: any ``CacheableDenoiser`` (TADM, MDLM, ADLM, a post-trained backbone, ...).
-        sampler: a sampler from ``tadm.sampling`` (``set_timesteps`` is called here).
+        sampler: a sampler from ``tadm.sampling`` (``set_timesteps`` is called here), or a registry name
+            (``"mdlm"``, ...) built for the model with its default options (:func:`~tadm.sampling.build_sampler`).
         num_steps: T, reverse steps (>= 1).
         refresh_interval: K, reverse steps between anchor refreshes (>= 1).
         skip_unchanged: MDLM's caching, reuse the previous output while the canvas is unchanged
@@ -99,8 +101,11 @@ def generate(
         full_output: x_theta at every position of every step (the reference path; see
             :func:`~tadm.sampling.loop.denoise`).
     """
-    check_network(model)
+    if isinstance(sampler, str):
+        check_network(model)  # before the registry reads the model's mask id or vocabulary
+        sampler = build_sampler(sampler, model)
     policy = _resolve_policy(policy, refresh_interval, skip_unchanged)
+    check_contract(model, sampler, policy, full_output=full_output)  # the network's and the sampler's, once
     sampler.set_timesteps(num_steps)
     _check_generation(model, batch_size, seq_len, max_seq_len, policy, time_conditioned)
     device = torch.device(device) if device is not None else _model_device(model)
