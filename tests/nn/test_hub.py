@@ -154,3 +154,10 @@ def test_model_configs_share_one_size_schema():
         assert issubclass(config_class, MaskedDiffusionSizes)
         assert config_class(vocab_size=10).resolved_mask_token_id == 9
     assert not issubclass(ARConfig, MaskedDiffusionSizes)
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_BUILDERS))
+def test_a_preset_refuses_an_unknown_override_naming_the_valid_keys(name):
+    with pytest.raises(ValueError, match=rf"^{name}: unknown \w+Config keys \['nosuch'\]; valid keys: \[.*'hidden_size'"):
+        build_model(name, nosuch=1)
+    assert build_model(name, hidden_size=32, num_heads=2).config.hidden_size == 32

@@ -203,10 +203,11 @@ def register_builder(name: str) -> Callable[[F], F]:
 
 
 def size_preset(name: str, model_class: type, doc: str, **preset: Any) -> Callable[..., nn.Module]:
-    """File a builder ``f(**overrides) -> model_class(config_class(**preset, **overrides))`` under ``name``."""
+    """File a builder ``f(**overrides) -> model_class(config_class(**preset, **overrides))`` under ``name``;
+    an unknown override is a ValueError that lists the valid keys."""
 
     def builder(**overrides: Any) -> nn.Module:
-        return model_class(model_class.config_class(**{**preset, **overrides}))
+        return model_class(config_from_dict(model_class.config_class, {**preset, **overrides}, source=name))
 
     builder.__name__ = builder.__qualname__ = name.replace("-", "_")
     builder.__doc__ = doc
