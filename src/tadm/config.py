@@ -270,9 +270,13 @@ def validate_experiment_config(cfg: ExperimentConfig) -> None:
 PRESET_DIR = Path(__file__).resolve().parent / "configs"
 
 
-def list_presets() -> list[str]:
-    """Names of the presets shipped inside the package (``src/tadm/configs/*.yaml``)."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+POSTTRAIN_PRESET_PREFIX = "posttrain-"  # shipped post-training presets; the others are pretraining experiments
+
+
+def list_presets(posttrain: bool = False) -> list[str]:
+    """Names of the pretraining (or, with ``posttrain``, post-training) presets shipped inside the package
+    (``src/tadm/configs/*.yaml``)."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if p.stem.startswith(POSTTRAIN_PRESET_PREFIX) == posttrain)
 
 
 def preset_path(name: str) -> Path:
@@ -283,7 +287,7 @@ def preset_path(name: str) -> Path:
     """
     path = PRESET_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
     if not path.is_file():
-        raise FileNotFoundError(f"no preset {name!r}; shipped presets: {', '.join(list_presets())}")
+        raise FileNotFoundError(f"no preset {name!r}; shipped presets: {', '.join(list_presets() + list_presets(True))}")
     return path
 
 

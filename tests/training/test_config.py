@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tadm.config import PRESET_DIR, ConfigError, ExperimentConfig, load_config, save_config
+from tadm.posttrain import load_posttrain_config
 from tadm.training.trainer import build_training_model, objective_config
 
 CONFIGS = PRESET_DIR
@@ -150,6 +151,16 @@ def test_preset_path_finds_shipped_presets() -> None:
     assert preset_path("tadm-brown-cpu").resolve() == (CONFIGS / "tadm-brown-cpu.yaml").resolve()
     with pytest.raises(FileNotFoundError, match="shipped presets: .*tadm-tiny"):
         preset_path("tadm-hugee")
+
+
+def test_an_unknown_config_lists_the_presets_of_its_own_recipe() -> None:
+    with pytest.raises(FileNotFoundError) as err:
+        load_config("tadm-hugee")
+    assert "(presets: adlm-tiny, ar-tiny, mdlm-tiny, tadm-brown-cpu, tadm-owt-small, tadm-tiny)" in str(err.value)
+    with pytest.raises(FileNotFoundError) as err:
+        load_posttrain_config("gemma-hugee")
+    assert str(err.value) == ("post-training config 'gemma-hugee' is neither a file nor a shipped post-training "
+                              "preset (presets: posttrain-diffusiongemma, posttrain-tiny)")
 
 
 def test_one_loader_for_every_recipe(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Optional
 
 from tadm.config import (
@@ -20,7 +21,9 @@ from tadm.config import (
     RecipeConfig,
     check_loggers,
     check_range,
+    list_presets,
     load_structured,
+    resolve_config_path,
     validate_optim,
 )
 from tadm.diffusion import get_schedule
@@ -206,4 +209,6 @@ def _validate(cfg: PosttrainConfig) -> None:
 
 def load_posttrain_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> PosttrainConfig:
     """Defaults <- YAML preset at ``path`` <- ``key=value`` overrides; unknown keys and bad types fail by name."""
-    return load_structured(PosttrainConfig, path, overrides, error=PosttrainConfigError, validate=_validate)
+    resolve = partial(resolve_config_path, presets=partial(list_presets, posttrain=True), kind="post-training")
+    return load_structured(PosttrainConfig, path, overrides, error=PosttrainConfigError, validate=_validate,
+                           resolve=resolve)
