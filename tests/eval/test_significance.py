@@ -72,3 +72,11 @@ def test_recovered_share():
     assert recovered_share(0.570, 0.442, 0.546) == pytest.approx(0.104 / 0.128)
     assert recovered_share(0.5, 0.3, 0.3) == 0.0
     assert math.isnan(recovered_share(0.4, 0.5, 0.6))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_paired_summary_refuses_a_unit_without_a_finite_difference(value):
+    with pytest.raises(ValueError, match=rf"the difference of unit 1 is {value}; leave out units without a value"):
+        paired_summary([0.5, value, 0.25])
+    with pytest.raises(ValueError, match="at least one unit"):
+        paired_summary([])

@@ -75,6 +75,9 @@ def paired_summary(differences: Iterable[float], confidence: float = 0.95) -> Pa
     d = [float(x) for x in differences]
     if not d:
         raise ValueError("paired_summary needs at least one unit")
+    bad = next((n for n, x in enumerate(d) if not math.isfinite(x)), None)
+    if bad is not None:
+        raise ValueError(f"paired_summary: the difference of unit {bad} is {d[bad]}; leave out units without a value")
     mean, low, high = mean_interval(d, confidence)
     ahead, behind = sum(x > 0 for x in d), sum(x < 0 for x in d)
     spread = len(d) > 1 and statistics.stdev(d) > 0
