@@ -287,7 +287,8 @@ def preset_path(name: str) -> Path:
     """
     path = PRESET_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
     if not path.is_file():
-        raise FileNotFoundError(f"no preset {name!r}; shipped presets: {', '.join(list_presets() + list_presets(True))}")
+        every = list_presets() + list_presets(posttrain=True)
+        raise FileNotFoundError(f"no preset {name!r}; shipped presets: {', '.join(every)}")
     return path
 
 
