@@ -141,3 +141,24 @@ def test_version_prints_the_package_version_the_build_declares(capsys):
     declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
     assert code == 0
     assert out.strip() == f"tadm {declared}" == f"tadm {tadm.__version__}"
+
+
+def test_compute_prints_an_aligned_table_for_any_analytic_policy(capsys):
+    code, out, _ = _run(capsys, "compute", "--anchor-layers", "12", "--denoiser-layers", "6", "-T", "1024",
+                        "-K", "1,8,schedule:steps=1024/512", "--baseline-layers", "12")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "layer split: shared=0 anchor=12 denoiser=6"
+    assert [line.split() for line in lines[2:]] == [
+        ["1024", "1", "18432", "12288", "1.50x"],  # Table 2: TADM at K = 1 costs 1.5 MDLMs
+        ["1024", "8", "7680", "12288", "0.62x"],
+        ["1024", "schedule-steps1024_512", "6168", "12288", "0.50x"],  # 2 anchor refreshes x 12 + 1024 x 6
+    ]
+    assert len({len(line) for line in lines[1:]}) == 1  # every row as wide as the header
+
+
+def test_compute_refuses_a_policy_without_analytic_compute_in_one_line(capsys):
+    code, out, err = _run(capsys, "compute", "--anchor-layers", "2", "--denoiser-layers", "2", "-T", "16",
+                          "-K", "adaptive:tau=0.1")
+    assert code == 2 and out == ""
+    assert err.strip() == ("tadm compute: error: the compute of the refresh policy 'adaptive tau=0.1' depends on the "
+                           "sampled canvases; only a counted generation gives it")

@@ -47,10 +47,9 @@ def run(args: argparse.Namespace) -> int:
         layers = {"shared_layers": split.shared, "anchor_layers": split.anchor, "denoiser_layers": split.denoiser}
         return print_json([{k: v for k, v in row.as_dict().items() if k != "name"} | layers for row in rows])
     print(f"layer split: shared={split.shared} anchor={split.anchor} denoiser={split.denoiser}")
-    print(f"{'T':>6} {'K':>4} {'layer calls':>12} {'baseline':>10} {'relative':>9}")
+    width = max(4, *(len(str(row.refresh)) for row in rows))  # K, or the key of another policy
+    print(f"{'T':>6} {'K':>{width}} {'layer calls':>12} {'baseline':>10} {'relative':>9}")
     for row in rows:
-        print(
-            f"{row.num_steps:>6} {row.refresh!s:>4} {row.layer_calls:>12} "
-            f"{row.baseline_layer_calls:>10} {row.relative:>8.2f}x"
-        )
+        print(f"{row.num_steps:>6} {row.refresh!s:>{width}} {row.layer_calls:>12} {row.baseline_layer_calls:>10} "
+              f"{row.relative:>8.2f}x")
     return 0
