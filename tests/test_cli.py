@@ -7,6 +7,9 @@ import pytest
 import tadm
 from tadm.cli import build_parser, main
 from tadm.nn import tadm_tiny
+from tadm.training.tokenization import train_bpe_tokenizer
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "brown_slice.jsonl"
 
 
 def _run(capsys, *argv):
@@ -90,6 +93,22 @@ def test_sample_from_checkpoint_is_reproducible(tmp_path, capsys):
     _, first, _ = _run(capsys, *args)
     _, second, _ = _run(capsys, *args)
     assert json.loads(first)["token_ids"] == json.loads(second)["token_ids"]
+
+
+@pytest.mark.slow
+def test_sample_decodes_with_the_checkpoints_tokenizer(tmp_path, capsys):
+    """A checkpoint saved with its tokenizer: --json adds the texts (what `tadm eval gen-ppl --samples` scores)."""
+    docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
+    tokenizer = train_bpe_tokenizer(docs, vocab_size=300)
+    tadm_tiny(vocab_size=tokenizer.vocab_size, mask_token_id=tokenizer.mask_id).save_pretrained(tmp_path / "ckpt")
+    tokenizer.save(tmp_path / "ckpt")
+    args = ("sample", "--model", str(tmp_path / "ckpt"), "--steps", "4", "--length", "12", "--batch-size", "2")
+    code, out, _ = _run(capsys, *args, "--json")
+    record = json.loads(out)
+    assert code == 0 and len(record["texts"]) == 2
+    assert record["texts"] == [tokenizer.decode(ids, skip_special_tokens=True) for ids in record["token_ids"]]
+    _, text_out, _ = _run(capsys, *args)
+    assert text_out.startswith(f"--- sample 0 ---\n{record['texts'][0]}\n--- sample 1 ---\n{record['texts'][1]}\n")
 
 
 @pytest.mark.parametrize(
