@@ -158,6 +158,7 @@ def test_model_configs_share_one_size_schema():
 
 @pytest.mark.parametrize("name", sorted(MODEL_BUILDERS))
 def test_a_preset_refuses_an_unknown_override_naming_the_valid_keys(name):
-    with pytest.raises(ValueError, match=rf"^{name}: unknown \w+Config keys \['nosuch'\]; valid keys: \[.*'hidden_size'"):
+    expected = rf"^{name}: unknown \w+Config keys \['nosuch'\]; valid keys: \[.*'hidden_size'"
+    with pytest.raises(ValueError, match=expected):
         build_model(name, nosuch=1)
     assert build_model(name, hidden_size=32, num_heads=2).config.hidden_size == 32

@@ -75,10 +75,10 @@ def test_sample_without_adapter_and_user_errors(base_dir, capsys):
 def test_prompts_come_from_flags_then_from_a_prompt_file(base_dir, capsys):
     prompts = base_dir / "prompts.txt"
     prompts.write_text("what is it\n\n  \nthe dog\n")  # blank lines are skipped
-    argv = ["posttrain", "sample", "--base", str(base_dir / "base"), "--prompt", "the cat", "--prompt-file", str(prompts),
-            "--split", "1,3", "--steps", "2", "--max-new-tokens", "4", "--json"]
+    argv = ["posttrain", "sample", "--base", str(base_dir / "base"), "--prompt", "the cat",
+            "--prompt-file", str(prompts), "--split", "1,3", "--steps", "2", "--max-new-tokens", "4", "--json"]
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["prompts"] == ["the cat", "what is it", "the dog"] and len(record["texts"]) == 3
-    assert main(argv[:4] + ["--prompt-file", str(base_dir / "missing.txt")]) == 2
+    assert main(argv[:6] + ["--prompt-file", str(base_dir / "missing.txt")]) == 2
     assert capsys.readouterr().err.strip().endswith(f"--prompt-file {str(base_dir / 'missing.txt')!r} does not exist")
