@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -335,6 +335,22 @@ def _read_yaml(path: Path, error: type[ConfigError]) -> Any:
     return loaded
 
 
+def _check_sections(loaded: Any, schema: type, origin: str, error: type[ConfigError], prefix: str = "") -> None:
+    """Each section of ``schema`` that ``loaded`` holds must be a mapping of its keys (OmegaConf would report a
+    scalar, a list or an empty section without naming the section)."""
+    hints = get_type_hints(schema)
+    for f in fields(schema):
+        if f.name not in loaded or not is_dataclass(hints[f.name]):
+            continue
+        value, name = loaded[f.name], prefix + f.name
+        if not isinstance(value, DictConfig):
+            keys = ", ".join(g.name for g in fields(hints[f.name]))
+            plain = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value  # a list: ListConfig
+            got = "nothing (an empty section)" if value is None else repr(plain)
+            raise error(f"{origin}: section '{name}' must be a mapping of its keys ({keys}), got {got}")
+        _check_sections(value, hints[f.name], origin, error, prefix=f"{name}.")
+
+
 def _migrate(loaded: Any, legacy: dict[str, str]) -> Any:
     """``loaded`` (a YAML mapping) with the keys of an earlier schema moved to their place now."""
     data = OmegaConf.to_container(loaded)
@@ -390,6 +406,7 @@ def load_structured(
         loaded = _read_yaml(path, error)
         if legacy:
             loaded = _migrate(loaded, legacy)
+        _check_sections(loaded, schema, origin, error)
         try:  # the file's own errors come before those of the overrides
             merged = OmegaConf.merge(merged, loaded)
         except OmegaConfBaseException as err:

@@ -132,6 +132,24 @@ def test_an_unknown_key_names_what_its_section_has(tmp_path: Path) -> None:
     assert "unknown key 'root:x:0:0:yyy" in str(err.value) and len(str(err.value)) < 200 + len(str(scalar))
 
 
+@pytest.mark.parametrize("text, got", [("model: 3\n", "got 3"), ("model: [tiny]\n", "got ['tiny']"),
+                                       ("model:\n", "got nothing (an empty section)")])
+def test_a_section_that_is_no_mapping_is_named(tmp_path: Path, text: str, got: str) -> None:
+    path = tmp_path / "section.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert str(err.value) == f"{path}: section 'model' must be a mapping of its keys (arch, preset, overrides), {got}"
+
+
+def test_a_nested_section_that_is_no_mapping_is_named_by_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "posttrain.yaml"
+    path.write_text("rollout:\n  sampler: 3\n")
+    with pytest.raises(ConfigError, match=r"posttrain\.yaml: section 'rollout\.sampler' must be a mapping of its keys "
+                                          r"\(entropy_bound, .*num_steps.*\), got 3$"):
+        load_posttrain_config(str(path))
+
+
 def test_a_config_that_is_a_list_is_refused_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- model\n- train\n")
