@@ -139,6 +139,11 @@ class ExperimentConfig(RecipeConfig):
     train: TrainSection = field(default_factory=TrainSection)
 
 
+def _keys(schema: type) -> str:
+    """The keys of a config section, in schema order: ``arch, preset, overrides``."""
+    return ", ".join(f.name for f in fields(schema))
+
+
 def config_error(err: OmegaConfBaseException, origin: str, error: type[ConfigError] = ConfigError) -> ConfigError:
     """One line naming the key (or ``origin``) of an OmegaConf error, as ``error``; an unknown key also gets the
     keys its section has."""
@@ -147,7 +152,7 @@ def config_error(err: OmegaConfBaseException, origin: str, error: type[ConfigErr
     if isinstance(err, ConfigKeyError) and key and is_dataclass(schema):
         shown = key if len(key) <= 60 else key[:57] + "..."
         section = f"section '{key.rpartition('.')[0]}'" if "." in key else "the config"
-        return error(f"{origin}: unknown key '{shown}'; {section} has: {', '.join(f.name for f in fields(schema))}")
+        return error(f"{origin}: unknown key '{shown}'; {section} has: {_keys(schema)}")
     first = str(err).splitlines()[0]
     where = f" (key '{key}')" if key else ""
     return error(f"{origin}: {first}{where}")
@@ -344,10 +349,9 @@ def _check_sections(loaded: Any, schema: type, origin: str, error: type[ConfigEr
             continue
         value, name = loaded[f.name], prefix + f.name
         if not isinstance(value, DictConfig):
-            keys = ", ".join(g.name for g in fields(hints[f.name]))
             plain = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value  # a list: ListConfig
             got = "nothing (an empty section)" if value is None else repr(plain)
-            raise error(f"{origin}: section '{name}' must be a mapping of its keys ({keys}), got {got}")
+            raise error(f"{origin}: section '{name}' must be a mapping of its keys ({_keys(hints[f.name])}), got {got}")
         _check_sections(value, hints[f.name], origin, error, prefix=f"{name}.")
 
 
