@@ -36,28 +36,10 @@ import torch  # heavy: only when a result is written
 
 from tadm import __version__
 
-__all__ = [
-    "ALLOW_DIRTY_ENV",
-    "DirtyTreeError",
-    "UnitStore",
-    "check_publishable",
-    "dataclass_record",
-    "fsync_dir",
-    "git_commit",
-    "json_ready",
-    "markdown_table",
-    "machine_info",
-    "provenance_note",
-    "read_json",
-    "read_json_lines",
-    "replace_atomically",
-    "replace_directory",
-    "same_spec",
-    "temporary_path",
-    "write_csv",
-    "write_json",
-    "write_text",
-]
+__all__ = ["ALLOW_DIRTY_ENV", "DirtyTreeError", "UnitStore", "check_publishable", "dataclass_record", "fsync_dir",
+           "git_commit", "json_ready", "markdown_table", "machine_info", "provenance_note", "read_json",
+           "read_json_lines", "replace_atomically", "replace_directory", "same_spec", "temporary_path", "write_csv",
+           "write_json", "write_text"]
 
 ALLOW_DIRTY_ENV = "TADM_ALLOW_DIRTY"
 _SOURCE = Path(__file__).resolve().parent

@@ -25,16 +25,8 @@ from tadm.hf import is_repo_id, load_hf_tokenizer
 from tadm.nn import MODEL_BUILDERS, build_model, load_model
 from tadm.training.tokenization import META_FILENAME, check_vocab_compatible, load_tokenizer
 
-__all__ = [
-    "check_model_source",
-    "find_tokenizer",
-    "find_tokenizer_dir",
-    "load_hf_tokenizer",
-    "load_model_and_tokenizer",
-    "resolve_device",
-    "resolve_dtype",
-    "resolve_model",
-]
+__all__ = ["check_model_source", "find_tokenizer", "find_tokenizer_dir", "load_hf_tokenizer",
+           "load_model_and_tokenizer", "resolve_device", "resolve_dtype", "resolve_model"]
 
 
 def check_model_source(spec: str | os.PathLike[str]) -> Path | str | None:

@@ -21,35 +21,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import (
-    CLIError,
-    FlatList,
-    device_arg,
-    dtype_arg,
-    fidelity_args,
-    int_list,
-    nonnegative_int,
-    optional_tokenizer,
-    positive_float,
-    positive_int,
-    print_files,
-    print_json,
-    refresh_arg,
-    refresh_policies,
-    sampler_args,
-    sampler_from_args,
-    steps_arg,
-)
+from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, int_list, nonnegative_int,
+                             optional_tokenizer, positive_float, positive_int, print_files, print_json, refresh_arg,
+                             refresh_policies, sampler_args, sampler_from_args, steps_arg)
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME, load_evaluator, prepare_default_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
-from tadm.eval.likelihood import (
-    cached_process_nelbo,
-    check_anchored,
-    evaluate_likelihood,
-    packed_eval_blocks,
-    stale_anchor_nelbo,
-)
+from tadm.eval.likelihood import (cached_process_nelbo, check_anchored, evaluate_likelihood, packed_eval_blocks,
+                                  stale_anchor_nelbo)
 from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_sample_problem, mauve_score
 from tadm.eval.pipeline import SamplerSection, SamplingSettings
 from tadm.eval.plots import plot_nelbo_vs_age

@@ -14,17 +14,8 @@ from typing import Any
 
 import torch
 
-from tadm.cli.common import (
-    CLIError,
-    config_parser,
-    device_arg,
-    dtype_arg,
-    policy_from_args,
-    positive_int,
-    refresh_arg,
-    refresh_policy_args,
-    steps_arg,
-)
+from tadm.cli.common import (CLIError, config_parser, device_arg, dtype_arg, policy_from_args, positive_int,
+                             refresh_arg, refresh_policy_args, steps_arg)
 from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import load_anchored
 from tadm.posttrain.generate import generate_blocks

@@ -8,18 +8,8 @@ from typing import Any
 
 import torch
 
-from tadm.cli.common import (
-    CLIError,
-    device_arg,
-    optional_tokenizer,
-    policy_from_args,
-    positive_int,
-    refresh_arg,
-    refresh_policy_args,
-    sampler_args,
-    sampler_from_args,
-    steps_arg,
-)
+from tadm.cli.common import (CLIError, device_arg, optional_tokenizer, policy_from_args, positive_int, refresh_arg,
+                             refresh_policy_args, sampler_args, sampler_from_args, steps_arg)
 from tadm.sampling import generate
 from tadm.specs import resolve_model
 

@@ -7,35 +7,12 @@ Depends only on torch.
 """
 
 from tadm.diffusion.forward import PRIORS, forward_marginal, further_mask, mask_corrupt, uniform_corrupt
-from tadm.diffusion.losses import (
-    TANELBOTerms,
-    discrete_cached_nelbo,
-    discrete_masked_nelbo,
-    discrete_weight,
-    kd_loss,
-    masked_diffusion_loss,
-    t_anelbo_loss,
-    usdm_loss,
-)
-from tadm.diffusion.posteriors import (
-    REMDM_STRATEGIES,
-    masked_posterior,
-    remdm_move_probs,
-    remdm_move_probs_scalar,
-    remdm_posterior,
-    remdm_sigma,
-    remdm_sigma_max,
-    reverse_posterior,
-    usdm_posterior,
-)
-from tadm.diffusion.schedules import (
-    SCHEDULES,
-    CosineSchedule,
-    LinearSchedule,
-    LogLinearSchedule,
-    NoiseSchedule,
-    get_schedule,
-)
+from tadm.diffusion.losses import (TANELBOTerms, discrete_cached_nelbo, discrete_masked_nelbo, discrete_weight, kd_loss,
+                                   masked_diffusion_loss, t_anelbo_loss, usdm_loss)
+from tadm.diffusion.posteriors import (REMDM_STRATEGIES, masked_posterior, remdm_move_probs, remdm_move_probs_scalar,
+                                       remdm_posterior, remdm_sigma, remdm_sigma_max, reverse_posterior, usdm_posterior)
+from tadm.diffusion.schedules import (SCHEDULES, CosineSchedule, LinearSchedule, LogLinearSchedule, NoiseSchedule,
+                                      get_schedule)
 from tadm.diffusion.time_sampling import StaleAnchorTimes, last_refresh_step, sample_stale_anchor_times, sample_t
 
 __all__ = [

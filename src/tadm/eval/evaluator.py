@@ -43,19 +43,9 @@ from tadm.records import read_json, replace_directory, temporary_path
 from tadm.specs import find_tokenizer
 from tadm.training.rundir import remove_stale_temporaries
 
-__all__ = [
-    "DEFAULT_EVALUATOR",
-    "DEFAULT_CONTEXT_SIZE",
-    "EVALUATOR_PRESETS",
-    "Evaluator",
-    "EvaluatorOutput",
-    "default_evaluator_path",
-    "evaluator_cache_dir",
-    "evaluator_from_ar_model",
-    "evaluator_from_hf",
-    "load_evaluator",
-    "prepare_default_evaluator",
-]
+__all__ = ["DEFAULT_EVALUATOR", "DEFAULT_CONTEXT_SIZE", "EVALUATOR_PRESETS", "Evaluator", "EvaluatorOutput",
+           "default_evaluator_path", "evaluator_cache_dir", "evaluator_from_ar_model", "evaluator_from_hf",
+           "load_evaluator", "prepare_default_evaluator"]
 
 DEFAULT_EVALUATOR = "smollm2-135m"
 DEFAULT_CONTEXT_SIZE = 1024  # the reference code scores GPT-2 Large in 1,024-token chunks

@@ -50,33 +50,15 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from tadm.diffusion import (
-    discrete_cached_nelbo,
-    discrete_masked_nelbo,
-    further_mask,
-    get_schedule,
-    mask_corrupt,
-    masked_diffusion_loss,
-    sample_t,
-)
+from tadm.diffusion import (discrete_cached_nelbo, discrete_masked_nelbo, further_mask, get_schedule, mask_corrupt,
+                            masked_diffusion_loss, sample_t)
 from tadm.records import dataclass_record
 from tadm.sampling.base import check_num_steps
 from tadm.training.data import build_packed_dataset
 
-__all__ = [
-    "CachedBoundResult",
-    "LikelihoodResult",
-    "StalenessResult",
-    "anchored_log_probs",
-    "ar_perplexity",
-    "cached_process_nelbo",
-    "check_anchored",
-    "stale_anchor_nelbo",
-    "diffusion_nelbo",
-    "evaluate_likelihood",
-    "is_autoregressive",
-    "packed_eval_blocks",
-]
+__all__ = ["CachedBoundResult", "LikelihoodResult", "StalenessResult", "anchored_log_probs", "ar_perplexity",
+           "cached_process_nelbo", "check_anchored", "stale_anchor_nelbo", "diffusion_nelbo", "evaluate_likelihood",
+           "is_autoregressive", "packed_eval_blocks"]
 
 
 @dataclass

@@ -24,15 +24,8 @@ from typing import Any
 
 from tadm.eval.report import refresh_label, refresh_order, refresh_value
 
-__all__ = [
-    "pareto_front",
-    "plot_genppl_vs_refresh",
-    "plot_genppl_vs_throughput",
-    "plot_nelbo_vs_age",
-    "plot_pareto",
-    "plot_task_accuracy_vs_refresh",
-    "write_plots",
-]
+__all__ = ["pareto_front", "plot_genppl_vs_refresh", "plot_genppl_vs_throughput", "plot_nelbo_vs_age", "plot_pareto",
+           "plot_task_accuracy_vs_refresh", "write_plots"]
 
 
 def _pyplot() -> Any:

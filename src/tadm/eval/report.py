@@ -25,52 +25,19 @@ from typing import Any
 
 from tadm.records import machine_info, markdown_table, write_csv, write_json
 
-__all__ = [
-    "DATA_MODEL",
-    "format_mauve",
-    "format_number",
-    "format_tps",
-    "RESULT_FIELDS",
-    "cell_key",
-    "markdown_report",
-    "read_results",
-    "write_results",
-    "zero_shot_markdown",
-]
+__all__ = ["DATA_MODEL", "format_mauve", "format_number", "format_tps", "RESULT_FIELDS", "cell_key", "markdown_report",
+           "read_results", "write_results", "zero_shot_markdown"]
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 DATA_MODEL = "data"  # the row of the held-out reference text itself
 
 RESULT_FIELDS = (
-    "model",
-    "path",
-    "steps",
-    "refresh",
-    "sampler",
-    "length",
-    "num_samples",
-    "seed",
-    "mauve",
-    "mauve_num_samples",
-    "mauve_num_reference",
-    "mauve_buckets",
-    "mauve_note",
-    "gen_ppl",
-    "gen_ppl_nll",
-    "gen_ppl_tokens",
-    "entropy",
-    "layer_calls",
-    "layer_calls_counted",
-    "baseline_layer_calls",
-    "compute_relative",
-    "tokens_per_second",
-    "tokens_per_second_min",
-    "tokens_per_second_max",
-    "throughput_generations",
-    "throughput_batch_size",
-    "sampling_seconds",
-    "cell_seconds",
+    "model", "path", "steps", "refresh", "sampler", "length", "num_samples", "seed", "mauve", "mauve_num_samples",
+    "mauve_num_reference", "mauve_buckets", "mauve_note", "gen_ppl", "gen_ppl_nll", "gen_ppl_tokens", "entropy",
+    "layer_calls", "layer_calls_counted", "baseline_layer_calls", "compute_relative", "tokens_per_second",
+    "tokens_per_second_min", "tokens_per_second_max", "throughput_generations", "throughput_batch_size",
+    "sampling_seconds", "cell_seconds",
 )
 
 

@@ -16,16 +16,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from tadm.nn.dit import (
-    DiTStack,
-    FinalLayer,
-    TimestepEmbedder,
-    masked_log_probs,
-    stack_kwargs,
-    subs_log_probs,
-    time_condition,
-    token_embedding,
-)
+from tadm.nn.dit import (DiTStack, FinalLayer, TimestepEmbedder, masked_log_probs, stack_kwargs, subs_log_probs,
+                         time_condition, token_embedding)
 from tadm.protocol import LayerSplit
 
 __all__ = ["DiTSizes", "MaskedDiffusionNetwork", "MaskedDiffusionSizes", "check_token_ids"]

@@ -32,15 +32,8 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from tadm.nn.dit import (
-    DiTStack,
-    FinalLayer,
-    TimestepEmbedder,
-    remove_mask_log_probs,
-    stack_kwargs,
-    time_condition,
-    token_embedding,
-)
+from tadm.nn.dit import (DiTStack, FinalLayer, TimestepEmbedder, remove_mask_log_probs, stack_kwargs, time_condition,
+                         token_embedding)
 from tadm.nn.hub import TINY_SIZES, HubMixin, size_preset
 from tadm.nn.base import DiTSizes, MaskedDiffusionNetwork, MaskedDiffusionSizes, check_token_ids
 from tadm.protocol import LayerSplit

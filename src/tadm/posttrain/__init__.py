@@ -20,112 +20,28 @@ Importing this package does not import ``transformers``; it is loaded when a Dif
 backbone is built or loaded.
 """
 
-from tadm.posttrain.adapter_io import (
-    AdapterConfig,
-    attach_adapter,
-    load_adapter_config,
-    load_adapter_state,
-    push_adapter_to_hub,
-    resolve_adapter,
-    save_adapter,
-    save_adapter_pretrained,
-    write_model_card,
-)
-from tadm.posttrain.backbone import (
-    BACKBONES,
-    DiffusionGemmaBackbone,
-    LayerStackBackbone,
-    MDLMBackbone,
-    PromptCache,
-    StackContext,
-    load_backbone,
-    wrap_backbone,
-)
-from tadm.posttrain.config import (
-    PosttrainConfig,
-    PosttrainConfigError,
-    load_posttrain_config,
-)
-from tadm.posttrain.data import (
-    CanvasBatch,
-    CanvasExample,
-    ChatCanvasDataset,
-    ChatExample,
-    collate_canvases,
-    encode_chat,
-    read_chat_jsonl,
-    split_into_canvases,
-)
+from tadm.posttrain.adapter_io import (AdapterConfig, attach_adapter, load_adapter_config, load_adapter_state,
+                                       push_adapter_to_hub, resolve_adapter, save_adapter, save_adapter_pretrained,
+                                       write_model_card)
+from tadm.posttrain.backbone import (BACKBONES, DiffusionGemmaBackbone, LayerStackBackbone, MDLMBackbone, PromptCache,
+                                     StackContext, load_backbone, wrap_backbone)
+from tadm.posttrain.config import PosttrainConfig, PosttrainConfigError, load_posttrain_config
+from tadm.posttrain.data import (CanvasBatch, CanvasExample, ChatCanvasDataset, ChatExample, collate_canvases,
+                                 encode_chat, read_chat_jsonl, split_into_canvases)
 from tadm.posttrain.generate import BlockGenerationOutput, generate_blocks
 from tadm.posttrain.hf_model import TimeAnchoredDiffusionGemma
 from tadm.posttrain.model import FUSION_MODES, AnchoredBackbone, FusionSpec, SplitSpec
-from tadm.posttrain.rollout import (
-    CACHE_AGE_PROBS,
-    CACHE_AGES,
-    ROLLOUT_MODES,
-    RolloutState,
-    draw_rollout,
-    forward_rollout,
-    on_policy_rollout,
-    rollout_indices,
-    sample_cache_ages,
-)
-from tadm.posttrain.trainer import (
-    PosttrainLoss,
-    PosttrainTrainer,
-    canvas_batches,
-    posttrain_loss,
-    run_posttrain,
-)
+from tadm.posttrain.rollout import (CACHE_AGE_PROBS, CACHE_AGES, ROLLOUT_MODES, RolloutState, draw_rollout,
+                                    forward_rollout, on_policy_rollout, rollout_indices, sample_cache_ages)
+from tadm.posttrain.trainer import PosttrainLoss, PosttrainTrainer, canvas_batches, posttrain_loss, run_posttrain
 
-__all__ = [
-    "AdapterConfig",
-    "AnchoredBackbone",
-    "BACKBONES",
-    "BlockGenerationOutput",
-    "CACHE_AGES",
-    "CACHE_AGE_PROBS",
-    "CanvasBatch",
-    "CanvasExample",
-    "ChatCanvasDataset",
-    "ChatExample",
-    "DiffusionGemmaBackbone",
-    "FUSION_MODES",
-    "FusionSpec",
-    "LayerStackBackbone",
-    "MDLMBackbone",
-    "PosttrainConfig",
-    "PosttrainConfigError",
-    "PosttrainLoss",
-    "PosttrainTrainer",
-    "PromptCache",
-    "ROLLOUT_MODES",
-    "RolloutState",
-    "SplitSpec",
-    "StackContext",
-    "TimeAnchoredDiffusionGemma",
-    "attach_adapter",
-    "canvas_batches",
-    "collate_canvases",
-    "encode_chat",
-    "generate_blocks",
-    "load_adapter_config",
-    "load_adapter_state",
-    "load_backbone",
-    "load_posttrain_config",
-    "draw_rollout",
-    "forward_rollout",
-    "on_policy_rollout",
-    "posttrain_loss",
-    "push_adapter_to_hub",
-    "read_chat_jsonl",
-    "resolve_adapter",
-    "rollout_indices",
-    "run_posttrain",
-    "sample_cache_ages",
-    "save_adapter",
-    "save_adapter_pretrained",
-    "split_into_canvases",
-    "wrap_backbone",
-    "write_model_card",
-]
+__all__ = ["AdapterConfig", "AnchoredBackbone", "BACKBONES", "BlockGenerationOutput", "CACHE_AGES", "CACHE_AGE_PROBS",
+           "CanvasBatch", "CanvasExample", "ChatCanvasDataset", "ChatExample", "DiffusionGemmaBackbone", "FUSION_MODES",
+           "FusionSpec", "LayerStackBackbone", "MDLMBackbone", "PosttrainConfig", "PosttrainConfigError",
+           "PosttrainLoss", "PosttrainTrainer", "PromptCache", "ROLLOUT_MODES", "RolloutState", "SplitSpec",
+           "StackContext", "TimeAnchoredDiffusionGemma", "attach_adapter", "canvas_batches", "collate_canvases",
+           "encode_chat", "generate_blocks", "load_adapter_config", "load_adapter_state", "load_backbone",
+           "load_posttrain_config", "draw_rollout", "forward_rollout", "on_policy_rollout", "posttrain_loss",
+           "push_adapter_to_hub", "read_chat_jsonl", "resolve_adapter", "rollout_indices", "run_posttrain",
+           "sample_cache_ages", "save_adapter", "save_adapter_pretrained", "split_into_canvases", "wrap_backbone",
+           "write_model_card"]

@@ -38,27 +38,10 @@ from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.records import replace_atomically, write_text
 
-__all__ = [
-    "ADAPTER_CONFIG_NAME",
-    "ADAPTER_FORMAT",
-    "ADAPTER_WEIGHTS_NAME",
-    "CARD_TAGS",
-    "LEGACY_ADAPTER_WEIGHTS_NAME",
-    "MODEL_CARD_NAME",
-    "AdapterConfig",
-    "CardResults",
-    "adapter_weights_file",
-    "attach_adapter",
-    "load_adapter_config",
-    "load_adapter_state",
-    "model_card",
-    "push_adapter_to_hub",
-    "resolve_adapter",
-    "results_table",
-    "save_adapter",
-    "save_adapter_pretrained",
-    "write_model_card",
-]
+__all__ = ["ADAPTER_CONFIG_NAME", "ADAPTER_FORMAT", "ADAPTER_WEIGHTS_NAME", "CARD_TAGS", "LEGACY_ADAPTER_WEIGHTS_NAME",
+           "MODEL_CARD_NAME", "AdapterConfig", "CardResults", "adapter_weights_file", "attach_adapter",
+           "load_adapter_config", "load_adapter_state", "model_card", "push_adapter_to_hub", "resolve_adapter",
+           "results_table", "save_adapter", "save_adapter_pretrained", "write_model_card"]
 
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # PEFT's name, so Hub tooling recognises an adapter
 LEGACY_ADAPTER_WEIGHTS_NAME = "adapter.safetensors"  # written before the rename; still read

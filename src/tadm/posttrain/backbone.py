@@ -42,19 +42,8 @@ from tadm.nn import load_model
 from tadm.nn.baselines import MDLM
 from tadm.nn.dit import subs_log_probs, time_condition
 
-__all__ = [
-    "BACKBONES",
-    "DiffusionGemmaBackbone",
-    "LayerStackBackbone",
-    "MDLMBackbone",
-    "PromptCache",
-    "StackContext",
-    "load_backbone",
-    "load_diffusion_gemma",
-    "resolve_dtype",
-    "tiny_diffusion_gemma_config",
-    "wrap_backbone",
-]
+__all__ = ["BACKBONES", "DiffusionGemmaBackbone", "LayerStackBackbone", "MDLMBackbone", "PromptCache", "StackContext",
+           "load_backbone", "load_diffusion_gemma", "resolve_dtype", "tiny_diffusion_gemma_config", "wrap_backbone"]
 
 
 # ------------------------------------------------------------------------------------------ inputs

@@ -15,35 +15,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Optional
 
-from tadm.config import (
-    ConfigError,
-    OptimSection,
-    RecipeConfig,
-    check_loggers,
-    check_range,
-    list_presets,
-    load_structured,
-    resolve_config_path,
-    validate_optim,
-)
+from tadm.config import (ConfigError, OptimSection, RecipeConfig, check_loggers, check_range, list_presets,
+                         load_structured, resolve_config_path, validate_optim)
 from tadm.diffusion import get_schedule
 from tadm.posttrain.rollout import ROLLOUT_MODES
 from tadm.sampling.entropy_bound import EntropyBoundSamplerConfig
 from tadm.training.precision import PRECISIONS
 
-__all__ = [
-    "ChatDataSection",
-    "DistillLossSection",
-    "FrozenBaseSection",
-    "FusionSection",
-    "LayerSplitSection",
-    "PosttrainConfig",
-    "PosttrainConfigError",
-    "PosttrainLoopSection",
-    "PosttrainOptimSection",
-    "RolloutSection",
-    "load_posttrain_config",
-]
+__all__ = ["ChatDataSection", "DistillLossSection", "FrozenBaseSection", "FusionSection", "LayerSplitSection",
+           "PosttrainConfig", "PosttrainConfigError", "PosttrainLoopSection", "PosttrainOptimSection", "RolloutSection",
+           "load_posttrain_config"]
 
 
 class PosttrainConfigError(ConfigError):

@@ -27,22 +27,9 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-__all__ = [
-    "CHAT_SPECIAL_TOKENS",
-    "DEFAULT_CHAT_TEMPLATE",
-    "CanvasBatch",
-    "CanvasExample",
-    "ChatCanvasDataset",
-    "ChatExample",
-    "ChatTokenizer",
-    "collate_canvases",
-    "encode_chat",
-    "left_pad",
-    "make_chat_tokenizer",
-    "read_chat_jsonl",
-    "split_into_canvases",
-    "user_turn_ids",
-]
+__all__ = ["CHAT_SPECIAL_TOKENS", "DEFAULT_CHAT_TEMPLATE", "CanvasBatch", "CanvasExample", "ChatCanvasDataset",
+           "ChatExample", "ChatTokenizer", "collate_canvases", "encode_chat", "left_pad", "make_chat_tokenizer",
+           "read_chat_jsonl", "split_into_canvases", "user_turn_ids"]
 
 
 DEFAULT_CHAT_TEMPLATE = (

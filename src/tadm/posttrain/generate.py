@@ -30,11 +30,7 @@ from torch import Tensor
 from tadm.posttrain.backbone import PromptCache, StackContext
 from tadm.posttrain.model import AnchoredBackbone
 from tadm.sampling.anchor_cache import LayerCallCounter, check_refresh_interval
-from tadm.sampling.entropy_bound import (
-    EntropyBoundOutput,
-    EntropyBoundSampler,
-    StableConfidentStopping,
-)
+from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler, StableConfidentStopping
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, get_refresh_policy
 

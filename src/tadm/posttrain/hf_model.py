@@ -36,15 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from tadm.hf import NO_CUSTOM_CODE
-from tadm.posttrain.adapter_io import (
-    AdapterConfig,
-    CardResults,
-    attach_adapter,
-    load_adapter_config,
-    push_adapter_to_hub,
-    resolve_adapter,
-    save_adapter_pretrained,
-)
+from tadm.posttrain.adapter_io import (AdapterConfig, CardResults, attach_adapter, load_adapter_config,
+                                       push_adapter_to_hub, resolve_adapter, save_adapter_pretrained)
 from tadm.posttrain.backbone import DiffusionGemmaBackbone, load_diffusion_gemma
 from tadm.posttrain.generate import BlockGenerationOutput, generate_blocks
 from tadm.posttrain.model import AnchoredBackbone, SplitSpec

@@ -39,11 +39,7 @@ from typing import Any
 import torch
 
 from tadm.devices import resolve_dtype
-from tadm.posttrain.backbone import (
-    DIFFUSION_GEMMA_26B,
-    DiffusionGemmaBackbone,
-    diffusion_gemma_26b_config,
-)
+from tadm.posttrain.backbone import DIFFUSION_GEMMA_26B, DiffusionGemmaBackbone, diffusion_gemma_26b_config
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 
 __all__ = ["GPU_SIZES_GB", "INFER_VOCAB_COPIES", "KNOWN_BASES", "MemoryEstimate", "PosttrainPlan",

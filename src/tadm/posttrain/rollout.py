@@ -37,17 +37,8 @@ from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh
 
-__all__ = [
-    "CACHE_AGES",
-    "CACHE_AGE_PROBS",
-    "ROLLOUT_MODES",
-    "RolloutState",
-    "forward_rollout",
-    "on_policy_rollout",
-    "draw_rollout",
-    "rollout_indices",
-    "sample_cache_ages",
-]
+__all__ = ["CACHE_AGES", "CACHE_AGE_PROBS", "ROLLOUT_MODES", "RolloutState", "forward_rollout", "on_policy_rollout",
+           "draw_rollout", "rollout_indices", "sample_cache_ages"]
 
 CACHE_AGES: tuple[int, ...] = (0, 1, 2)
 CACHE_AGE_PROBS: tuple[float, ...] = (0.34, 0.33, 0.33)

@@ -40,42 +40,17 @@ from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import save_adapter
 from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.config import PosttrainConfig, PosttrainConfigError
-from tadm.posttrain.data import (
-    CanvasBatch,
-    ChatCanvasDataset,
-    collate_canvases,
-    read_chat_jsonl,
-)
+from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases, read_chat_jsonl
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
-from tadm.posttrain.rollout import (
-    RolloutState,
-    draw_rollout,
-)
+from tadm.posttrain.rollout import RolloutState, draw_rollout
 from tadm.sampling.entropy_bound import EntropyBoundSampler
-from tadm.training.checkpoint import (
-    STATE_FILENAME,
-    STATE_FORMAT,
-    load_training_state,
-    save_training_state,
-)
-from tadm.training.distributed import (
-    DistInfo,
-    barrier,
-    cleanup,
-    init_distributed,
-    wrap_model,
-)
+from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
+from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
 from tadm.training.lr import build_lr_scheduler
 from tadm.training.metrics import MetricsLogger
 from tadm.training.precision import autocast_context
 
-__all__ = [
-    "PosttrainLoss",
-    "PosttrainTrainer",
-    "canvas_batches",
-    "posttrain_loss",
-    "run_posttrain",
-]
+__all__ = ["PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "run_posttrain"]
 
 
 # ========================================================================================= objective

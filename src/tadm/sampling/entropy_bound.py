@@ -34,15 +34,8 @@ from torch import Tensor
 from tadm.sampling.base import ConfiguredSampler, check_integer, check_num_steps, check_number, check_step_index
 from tadm.sampling.categorical import sample_categorical
 
-__all__ = [
-    "CATEGORICAL_DRAWS",
-    "EntropyBoundOutput",
-    "EntropyBoundSampler",
-    "EntropyBoundSamplerConfig",
-    "StableConfidentStopping",
-    "entropy_bound_accept",
-    "token_entropy",
-]
+__all__ = ["CATEGORICAL_DRAWS", "EntropyBoundOutput", "EntropyBoundSampler", "EntropyBoundSamplerConfig",
+           "StableConfidentStopping", "entropy_bound_accept", "token_entropy"]
 
 CATEGORICAL_DRAWS = ("multinomial", "gumbel")
 

@@ -41,19 +41,8 @@ from torch import Tensor
 from tadm.sampling.anchor_cache import AnchorCache, check_refresh_interval
 from tadm.sampling.base import check_number
 
-__all__ = [
-    "REFRESH_POLICIES",
-    "AdaptiveRefresh",
-    "FixedRefresh",
-    "RefreshPolicy",
-    "StepPlan",
-    "ScheduleRefresh",
-    "get_refresh_policy",
-    "parse_refresh",
-    "parse_refresh_list",
-    "policy_from_key",
-    "refresh_policy_from_config",
-]
+__all__ = ["REFRESH_POLICIES", "AdaptiveRefresh", "FixedRefresh", "RefreshPolicy", "StepPlan", "ScheduleRefresh",
+           "get_refresh_policy", "parse_refresh", "parse_refresh_list", "policy_from_key", "refresh_policy_from_config"]
 
 
 @dataclass(frozen=True)

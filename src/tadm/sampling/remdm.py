@@ -7,14 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tadm.diffusion import (
-    REMDM_STRATEGIES,
-    get_schedule,
-    remdm_move_probs,
-    remdm_move_probs_scalar,
-    remdm_sigma,
-    remdm_sigma_max,
-)
+from tadm.diffusion import (REMDM_STRATEGIES, get_schedule, remdm_move_probs, remdm_move_probs_scalar, remdm_sigma,
+                            remdm_sigma_max)
 from tadm.sampling.base import MaskedSampler, check_number, check_time_grid
 from tadm.sampling.categorical import check_nucleus
 

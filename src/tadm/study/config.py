@@ -31,38 +31,15 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tadm.config import (
-    PRESET_DIR,
-    ConfigError,
-    DataSection,
-    ExperimentConfig,
-    ModelSection,
-    ObjectiveSection,
-    OptimSection,
-    RecipeConfig,
-    TrainSection,
-    config_error,
-    load_structured,
-    resolve_config_path,
-    validate_experiment_config,
-)
+from tadm.config import (PRESET_DIR, ConfigError, DataSection, ExperimentConfig, ModelSection, ObjectiveSection,
+                         OptimSection, RecipeConfig, TrainSection, config_error, load_structured, resolve_config_path,
+                         validate_experiment_config)
 from tadm.eval.pipeline import SamplingSettings
 from tadm.nn import DiTSizes
 from tadm.sampling.refresh import parse_refresh_list
 
-__all__ = [
-    "MODEL_KINDS",
-    "IN_DOMAIN_EVALUATOR",
-    "StalenessSection",
-    "SamplingSection",
-    "StudyConfig",
-    "StudyModel",
-    "StudySize",
-    "list_study_presets",
-    "load_study_config",
-    "model_experiment_config",
-    "study_preset_path",
-]
+__all__ = ["MODEL_KINDS", "IN_DOMAIN_EVALUATOR", "StalenessSection", "SamplingSection", "StudyConfig", "StudyModel",
+           "StudySize", "list_study_presets", "load_study_config", "model_experiment_config", "study_preset_path"]
 
 STUDY_PRESET_DIR = PRESET_DIR / "studies"
 

@@ -36,18 +36,8 @@ from tadm.config import ExperimentConfig, save_config
 from tadm.records import fsync_dir, replace_atomically, replace_directory, temporary_path
 from tadm.training.rundir import remove_stale_temporaries
 
-__all__ = [
-    "CONFIG_FILENAME",
-    "STATE_FILENAME",
-    "STATE_FORMAT",
-    "CorruptStateError",
-    "UnsafeStateError",
-    "capture_rng_state",
-    "load_training_state",
-    "restore_rng_state",
-    "save_model_dir",
-    "save_training_state",
-]
+__all__ = ["CONFIG_FILENAME", "STATE_FILENAME", "STATE_FORMAT", "CorruptStateError", "UnsafeStateError",
+           "capture_rng_state", "load_training_state", "restore_rng_state", "save_model_dir", "save_training_state"]
 
 STATE_FILENAME = "training_state.pt"
 CONFIG_FILENAME = "train_config.yaml"

@@ -38,17 +38,8 @@ from tadm.records import write_json
 from tadm.training.rundir import remove_stale_temporaries
 from tadm.training.tokenization import PackingTokenizer
 
-__all__ = [
-    "TEXT_SUFFIXES",
-    "BlockSampler",
-    "PackedSplits",
-    "PackedTokens",
-    "build_packed_dataset",
-    "hashed_seed",
-    "load_texts",
-    "source_identity",
-    "token_dtype",
-]
+__all__ = ["TEXT_SUFFIXES", "BlockSampler", "PackedSplits", "PackedTokens", "build_packed_dataset", "hashed_seed",
+           "load_texts", "source_identity", "token_dtype"]
 
 # File types a local source may hold; ".gz" means gzip-compressed. Parquet and Arrow files are what the
 # Hugging Face dataset loader downloads and caches (e.g. OpenWebText's train-000NN-of-000MM.parquet shards).

@@ -26,19 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tadm.config import ConfigError
 from tadm.devices import resolve_device as resolve_named_device
 
-__all__ = [
-    "DistInfo",
-    "all_gather_objects",
-    "all_reduce_mean",
-    "all_reduce_sum",
-    "barrier",
-    "cleanup",
-    "init_distributed",
-    "main_process_first",
-    "resolve_device",
-    "split_global_batch",
-    "wrap_model",
-]
+__all__ = ["DistInfo", "all_gather_objects", "all_reduce_mean", "all_reduce_sum", "barrier", "cleanup",
+           "init_distributed", "main_process_first", "resolve_device", "split_global_batch", "wrap_model"]
 
 
 @dataclass(frozen=True)

@@ -27,30 +27,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tadm.diffusion import (
-    NoiseSchedule,
-    further_mask,
-    get_schedule,
-    mask_corrupt,
-    masked_diffusion_loss,
-    sample_stale_anchor_times,
-    sample_t,
-    t_anelbo_loss,
-)
+from tadm.diffusion import (NoiseSchedule, further_mask, get_schedule, mask_corrupt, masked_diffusion_loss,
+                            sample_stale_anchor_times, sample_t, t_anelbo_loss)
 
-__all__ = [
-    "OBJECTIVES",
-    "LossOutput",
-    "Objective",
-    "ObjectiveConfig",
-    "adlm_objective",
-    "ar_objective",
-    "get_objective",
-    "mdlm_objective",
-    "rare_token_mask",
-    "tadm_objective",
-    "validation_config",
-]
+__all__ = ["OBJECTIVES", "LossOutput", "Objective", "ObjectiveConfig", "adlm_objective", "ar_objective",
+           "get_objective", "mdlm_objective", "rare_token_mask", "tadm_objective", "validation_config"]
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,8 @@ try:
 except ImportError:  # not POSIX: runs are not locked
     fcntl = None  # type: ignore[assignment]
 
-__all__ = [
-    "LOCK_FILENAME",
-    "RunDirLock",
-    "RunDirLockedError",
-    "pid_alive",
-    "prepare_run_dir",
-    "remove_stale_temporaries",
-    "replace_atomically",
-    "temporary_path",
-]
+__all__ = ["LOCK_FILENAME", "RunDirLock", "RunDirLockedError", "pid_alive", "prepare_run_dir",
+           "remove_stale_temporaries", "replace_atomically", "temporary_path"]
 
 LOCK_FILENAME = ".tadm.lock"
 # ".<target>.tmp-<pid>" (or "<target>.tmp-<pid>" in the data cache); ".<target>.old-<pid>" is a

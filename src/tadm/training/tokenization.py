@@ -23,18 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 from huggingface_hub import hf_hub_download
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-__all__ = [
-    "EOS_TOKEN",
-    "MASK_TOKEN",
-    "META_FILENAME",
-    "TOKENIZER_FILENAME",
-    "PackingTokenizer",
-    "TextTokenizer",
-    "check_vocab_compatible",
-    "load_gpt2_tokenizer",
-    "load_tokenizer",
-    "train_bpe_tokenizer",
-]
+__all__ = ["EOS_TOKEN", "MASK_TOKEN", "META_FILENAME", "TOKENIZER_FILENAME", "PackingTokenizer", "TextTokenizer",
+           "check_vocab_compatible", "load_gpt2_tokenizer", "load_tokenizer", "train_bpe_tokenizer"]
 
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|mask|>"

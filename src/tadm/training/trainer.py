@@ -59,54 +59,22 @@ from tadm.config import ConfigError, ExperimentConfig
 from tadm.diffusion import get_schedule
 from tadm.nn import TADM, build_model
 from tadm.records import replace_atomically
-from tadm.training.checkpoint import (
-    STATE_FILENAME,
-    STATE_FORMAT,
-    capture_rng_state,
-    load_training_state,
-    restore_rng_state,
-    save_model_dir,
-    save_training_state,
-)
+from tadm.training.checkpoint import (STATE_FILENAME, STATE_FORMAT, capture_rng_state, load_training_state,
+                                      restore_rng_state, save_model_dir, save_training_state)
 from tadm.training.data import BlockSampler, PackedSplits, PackedTokens, build_packed_dataset, hashed_seed
-from tadm.training.distributed import (
-    DistInfo,
-    all_gather_objects,
-    all_reduce_mean,
-    all_reduce_sum,
-    barrier,
-    cleanup,
-    init_distributed,
-    main_process_first,
-    split_global_batch,
-    wrap_model,
-)
+from tadm.training.distributed import (DistInfo, all_gather_objects, all_reduce_mean, all_reduce_sum, barrier, cleanup,
+                                       init_distributed, main_process_first, split_global_batch, wrap_model)
 from tadm.training.ema import EMA
 from tadm.training.lr import build_lr_scheduler
 from tadm.training.metrics import METRICS_FILENAME, TENSORBOARD_DIRNAME, MetricsLogger
-from tadm.training.objectives import (
-    LossOutput,
-    ObjectiveConfig,
-    get_objective,
-    rare_token_mask,
-    validation_config,
-)
+from tadm.training.objectives import LossOutput, ObjectiveConfig, get_objective, rare_token_mask, validation_config
 from tadm.training.precision import autocast_context, uses_bf16
 from tadm.training.provenance import check_provenance, train_recorded_tokenizer
 from tadm.training.rundir import RunDirLock, prepare_run_dir, remove_stale_temporaries
 from tadm.training.tokenization import META_FILENAME, TextTokenizer, check_vocab_compatible, load_tokenizer
 
-__all__ = [
-    "DataPreparationError",
-    "NonFiniteLossError",
-    "TrainResult",
-    "TrainingInterrupted",
-    "build_training_model",
-    "evaluate",
-    "objective_config",
-    "prepare_tokenizer",
-    "train",
-]
+__all__ = ["DataPreparationError", "NonFiniteLossError", "TrainResult", "TrainingInterrupted", "build_training_model",
+           "evaluate", "objective_config", "prepare_tokenizer", "train"]
 
 FINAL_DIRNAME = "final"
 BEST_DIRNAME = "best"
