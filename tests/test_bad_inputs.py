@@ -58,6 +58,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "binary.json").write_bytes(b"\xff\xfe\x00binary")
     (d / "empty.json").write_text("  \n")
     (d / "numbers.json").write_text("[1, 2]")
+    (d / "empty.yaml").write_text("# nothing set\n")
     (d / "ids.json").write_text('{"token_ids": [[5, 6, 7]]}')
     (d / "nothing.json").write_text('{"steps": 8}\n{"steps": 16}\n')
     (d / "tasks").mkdir()
@@ -129,7 +130,17 @@ CLI_CASES = [
                  id="train-unknown-model-override"),
     pytest.param([*TRAIN, "objective.schedule=quadratic", "train.out_dir={d}/r10"], "'quadratic'",
                  id="train-unknown-schedule"),
+    pytest.param(["train", "{d}/empty.yaml"], "{d}/empty.yaml is empty: a config is a YAML mapping of sections",
+                 id="train-empty-config"),
+    pytest.param([*TRAIN, "train.loggers=[jsonl"], "override 'train.loggers=[jsonl': the value is not valid YAML",
+                 id="train-override-not-yaml"),
+    pytest.param(["study", "study-tiny", "sampling.refresh=[1,2"], "override 'sampling.refresh=[1,2': the value is "
+                 "not valid YAML", id="study-override-not-yaml"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "rollout.cache_ages=[0,1"], "override "
+                 "'rollout.cache_ages=[0,1': the value is not valid YAML", id="posttrain-override-not-yaml"),
     # ----------------------------------------------------------------------------- tadm sample
+    pytest.param(["sample", "--model", "{d}/ckpt", "--sampler", "entropy-bound"], "sampler 'entropy-bound' reads raw "
+                 "logits (predict_logits), which TADM does not give", id="sample-entropy-bound-on-tadm"),
     pytest.param(["sample", "--model", "{d}/no/such/dir"], "{d}/no/such/dir", id="sample-missing-model"),
     pytest.param(["sample", "--steps", "0"], "must be >= 1, got 0", id="sample-zero-steps"),
     pytest.param(["sample", "--top-p", "1.5"], "top_p must be a finite number in (0, 1], got 1.5", id="sample-top-p"),
@@ -259,6 +270,19 @@ def test_cli_bad_input(argv: list[str], needle: str, bad: Path, capsys: pytest.C
     nested = argv[0] in ("eval", "posttrain", "tokenizer") and "invalid choice" not in needle  # an action was named
     command = " ".join(argv[:2] if nested else argv[:1])
     assert lines[0].startswith(f"tadm {command}: error: "), lines[0]
+
+
+@pytest.mark.parametrize("argv", [["eval", "gen-ppl", "--texts", "nosuchcorpus"],
+                                  ["tokenizer", "train", "--source", "nosuchcorpus", "--out", "{d}/t-hub"]])
+def test_an_unknown_text_source_is_one_line(argv: list[str], bad: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name that is neither a path nor a bundled corpus is tried as a Hub dataset; offline that fails in one line
+    that says how to pass local text (whether or not the datasets package is installed)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    assert main([a.replace("{d}", str(bad)) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'nosuchcorpus'" in err[0] and "a bundled corpus ('brown')" in err[0], err
 
 
 def test_user_files_survive_the_bad_inputs(bad: Path) -> None:

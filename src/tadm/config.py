@@ -272,6 +272,38 @@ def validate_experiment_config(cfg: ExperimentConfig) -> None:
     _validate_train(cfg.train)
 
 
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "overrides":
+            out.update(_flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def _same(saved: Any, current: Any) -> bool:
+    """Equal values; two spellings of one existing file or directory (relative, absolute) count as equal."""
+    if saved == current:
+        return True
+    paths = [Path(v) for v in (saved, current) if isinstance(v, str) and v and Path(v).exists()]
+    return len(paths) == 2 and paths[0].resolve() == paths[1].resolve()
+
+
+def check_resumable(saved: dict[str, Any], current: dict[str, Any], fixed: Sequence[str], state_path: Path,
+                    error: type[ConfigError] = ConfigError, hint: str = "") -> None:
+    """Raise ``error`` naming each key under ``fixed`` (sections or dotted keys) whose value differs between
+    the config a run was saved with and the ``current`` one: such a run cannot be resumed. Two spellings of
+    one existing path are the same value; ``hint`` ends the message."""
+    old, new = _flatten(saved), _flatten(current)
+    differ = sorted(k for k in set(old) | set(new)
+                    if any(k == f or k.startswith(f + ".") for f in fixed) and not _same(old.get(k), new.get(k)))
+    if differ:
+        details = "; ".join(f"{k}: saved {old.get(k)!r}, now {new.get(k)!r}" for k in differ)
+        raise error(f"cannot resume from {state_path}: the config changed ({details}){hint}")
+
+
 PRESET_DIR = Path(__file__).resolve().parent / "configs"
 
 
@@ -329,15 +361,33 @@ def _read_yaml(path: Path, error: type[ConfigError]) -> Any:
     except OmegaConfBaseException as err:
         raise config_error(err, str(path), error) from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
-        raise error(f"{path}: not valid YAML: {problem}{where}") from None
+        raise error(f"{path}: not valid YAML: {_yaml_problem(err)}") from None
     except UnicodeDecodeError as err:
         raise error(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
     if not isinstance(loaded, DictConfig):
         raise error(f"{path}: a config is a YAML mapping of sections (section: {{key: value}}), not a list")
+    if not loaded:
+        raise error(f"{path} is empty: a config is a YAML mapping of sections (section: {{key: value}})")
     return loaded
+
+
+def _yaml_problem(err: yaml.YAMLError, located: bool = True) -> str:
+    """A YAML error's problem and, when known and ``located``, its line and column."""
+    mark = getattr(err, "problem_mark", None) if located else None
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return (getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]) + where
+
+
+def dotlist_config(overrides: Sequence[str], error: type[ConfigError] = ConfigError) -> DictConfig:
+    """``key=value`` overrides as one config (``OmegaConf.from_dotlist``); a value that is not valid
+    YAML (``train.loggers=[jsonl``) is ``error`` naming the override."""
+    merged = OmegaConf.create()
+    for override in overrides:
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+        except yaml.YAMLError as err:
+            raise error(f"override {override!r}: the value is not valid YAML: {_yaml_problem(err, located=False)}") from None
+    return merged
 
 
 def _check_sections(loaded: Any, schema: type, origin: str, error: type[ConfigError], prefix: str = "") -> None:
@@ -423,7 +473,7 @@ def load_structured(
     try:
         if overrides:
             origin = "overrides"
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+            merged = OmegaConf.merge(merged, dotlist_config(overrides, error))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise config_error(err, origin, error) from None

@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, SplitSpec
+from tadm.sampling import build_sampler
 from tadm.sampling.entropy_bound import (
     EntropyBoundSampler,
     StableConfidentStopping,
@@ -133,3 +135,10 @@ def test_stable_confident_stopping():
     stop.reset()
     always_stable = StableConfidentStopping(stability_threshold=0, confidence_threshold=math.log(3) / 2 + 1e-3)
     assert always_stable(greedy, sharp).tolist() == [True, True]
+
+
+def test_build_sampler_fills_in_the_vocabulary_of_a_post_trained_backbone(gemma):
+    model = AnchoredBackbone(DiffusionGemmaBackbone(gemma), SplitSpec(1, 3), FusionSpec(rank=8, num_heads=2))
+    sampler = build_sampler("entropy-bound", model, entropy_bound=0.2)
+    assert isinstance(sampler, EntropyBoundSampler)
+    assert (sampler.vocab_size, sampler.entropy_bound) == (model.vocab_size, 0.2) == (128, 0.2)

@@ -118,3 +118,23 @@ def test_resume_refusal_is_a_one_line_cli_error(files, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "refusing to load" in err
     assert not marker.exists()
+
+
+def test_resume_with_a_changed_fusion_is_refused_in_one_line(files, tmp_path, capsys, monkeypatch):
+    from tadm.cli import main
+
+    out = tmp_path / "run"
+    run_posttrain(_config(files, out, "train.max_steps=2"), log=lambda m: None)
+    capsys.readouterr()
+    argv = ["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), f"base.path={files / 'base'}",
+            f"data.train_file={files / 'chat.jsonl'}", f"train.out_dir={out}", "train.max_steps=4",
+            "train.micro_batch_size=2", "train.grad_accum_steps=2", "rollout.sampler.num_steps=6",
+            "data.canvases_per_example=1", "optim.warmup_steps=1"]
+    assert main([*argv, "fusion.rank=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tadm posttrain train: error: cannot resume from {out / 'adapter' / 'training_state.pt'}: the "
+                   "config changed (fusion.rank: saved 8, now 4); start over with another train.out_dir"]
+    # the same settings, with the base given as a relative path, resume: two spellings of one directory
+    monkeypatch.chdir(files)
+    assert main([*argv[:3], "base.path=base", *argv[4:], "fusion.rank=8"]) == 0
+    assert load_training_state(out / "adapter" / "training_state.pt")["step"] == 4

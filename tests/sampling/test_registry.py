@@ -47,7 +47,11 @@ def test_build_sampler_reads_what_the_sampler_needs_from_the_model():
     masked = SimpleNamespace(mask_token_id=7, vocab_size=12)
     assert build_sampler("remdm-cap", masked, top_p=0.8).mask_id == 7
     assert build_sampler("remdm-cap", masked, top_p=0.8).config == sampler_config("remdm-cap", top_p=0.8)
-    assert build_sampler("entropy-bound", masked).vocab_size == 12
+    # the entropy-bound sampler reads raw logits, which only a post-trained backbone gives
+    # (tests/posttrain/test_entropy_bound.py builds it for one)
+    with pytest.raises(ValueError, match=r"sampler 'entropy-bound' reads raw logits \(predict_logits\), which "
+                                         r"SimpleNamespace does not give: use it with a post-trained backbone"):
+        build_sampler("entropy-bound", masked)
     with pytest.raises(ValueError, match="sampler 'mdlm' needs a model with a mask id; SimpleNamespace has none"):
         build_sampler("mdlm", SimpleNamespace(mask_token_id=None, vocab_size=12))
 

@@ -191,7 +191,7 @@ def test_hub_dataset_through_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="no field 'body'"):
         list(load_texts("openwebtext", split="validation", text_field="body"))
     assert calls[-1] == ("openwebtext", "validation")
-    with pytest.raises(RuntimeError, match="hub unreachable.*Offline, pass a local"):
+    with pytest.raises(OSError, match="hub unreachable.*Offline, pass a local"):
         load_texts("offline/owt")
 
 

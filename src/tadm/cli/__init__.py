@@ -26,8 +26,9 @@ DEBUG_ENV = "TADM_DEBUG"
 
 
 # Foreseeable failures, printed in one line: OSError covers missing, unreadable and unwritable paths,
-# SafetensorError a truncated or corrupt weights file.
-USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, ValueError, OSError, SafetensorError)
+# ImportError a missing optional dependency (its message names the pip install), SafetensorError a
+# truncated or corrupt weights file.
+USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, ValueError, OSError, ImportError, SafetensorError)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -65,7 +66,7 @@ def debug_requested(args: argparse.Namespace | None = None) -> bool:
 
 def _error_line(command: str, err: BaseException) -> str:
     """The one line printed for a foreseeable failure (a message of several lines is joined with '; ')."""
-    what = "" if isinstance(err, (CLIError, ValueError, OSError)) else "a weights file is truncated or corrupt: "
+    what = "a weights file is truncated or corrupt: " if isinstance(err, SafetensorError) else ""
     text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
     return f"tadm {command}: error: {what}{text or type(err).__name__}"
 

@@ -99,12 +99,15 @@ def config_parser(sub: argparse._SubParsersAction, name: str, *, preset: str, ov
     return p
 
 
-def fidelity_args(p: argparse.ArgumentParser) -> None:
-    """--nucleus and --time-grid: fidelity to the released ReMDM sampler (see tadm.sampling.remdm)."""
-    p.add_argument("--nucleus", choices=NUCLEUS_RULES, default="released",
+def fidelity_args(p: argparse.ArgumentParser, *, unset: bool = False) -> None:
+    """--nucleus and --time-grid: fidelity to the released ReMDM sampler (see tadm.sampling.remdm).
+
+    ``unset``: default None, so a sampler without these options (entropy-bound) is not handed them.
+    """
+    p.add_argument("--nucleus", choices=NUCLEUS_RULES, default=None if unset else "released",
                    help="nucleus rule: 'released' (ReMDM code: cumulative mass <= p, plus the top-1; default) or "
                         "'standard' (also keeps the token crossing p)")
-    p.add_argument("--time-grid", choices=TIME_GRIDS, default="paper",
+    p.add_argument("--time-grid", choices=TIME_GRIDS, default=None if unset else "paper",
                    help="'paper' (t = i/T, alpha from the schedule; default) or 'released' (ReMDM code: "
                         "t = linspace(1, 1e-5, T+1), alpha = 1 - t, final argmax call)")
 
@@ -239,7 +242,7 @@ def sampler_args(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: the sampler's)")
     p.add_argument("--eta", type=float, default=None, help="ReMDM remasking strength in [0, 1] (default: the sampler's)")
     p.add_argument("--schedule", default=None, help="noise schedule: loglinear, linear, cosine (default: loglinear)")
-    fidelity_args(p)
+    fidelity_args(p, unset=True)
 
 
 def sampler_from_args(args: argparse.Namespace, name: str, model) -> object:

@@ -35,6 +35,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
+from tadm.config import check_resumable
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import save_adapter
@@ -51,6 +52,10 @@ from tadm.training.metrics import MetricsLogger
 from tadm.training.precision import autocast_context
 
 __all__ = ["PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "run_posttrain"]
+
+# What a resumed run may not change: all but the step count, logging, saving, device and precision.
+RESUME_FIXED = ("base.path", "base.backbone", "split", "fusion", "rollout", "loss", "data", "optim",
+                "train.micro_batch_size", "train.grad_accum_steps", "train.seed")
 
 
 # ========================================================================================= objective
@@ -292,6 +297,10 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
     try:
         # Refused before anything is built when it holds anything but tensors and plain values (UnsafeStateError).
         state = load_training_state(state_path) if t.resume and state_path.is_file() else None
+        saved_config = adapter_dir / "posttrain_config.yaml"
+        if state is not None and saved_config.is_file():
+            check_resumable(OmegaConf.to_container(OmegaConf.load(saved_config)), config.to_dict(), RESUME_FIXED,
+                            state_path, PosttrainConfigError, "; start over with another train.out_dir")
         trainer, dataset, pad_id = _build_trainer(config, info)
         if state is not None:
             trainer.load_state_dict(state)

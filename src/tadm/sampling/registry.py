@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tadm.protocol import check_network
 from tadm.sampling.base import Sampler
 from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
 from tadm.sampling.mdlm import MDLMSampler, MDLMSamplerConfig
@@ -114,13 +115,24 @@ def sampler_from_config(name: str, config: Any, *, mask_id: int | None = None, v
 
 def build_sampler(name: str, model: Any, **options: Any) -> Sampler:
     """Sampler ``name`` for ``model`` with ``options`` over its defaults: what it needs of the model
-    (the mask id of masked samplers, the vocabulary size of the entropy-bound one) is filled in."""
+    (the mask id of masked samplers, the vocabulary size of the entropy-bound one) is filled in.
+
+    Raises ValueError when the model cannot serve the sampler: no mask id for a masked sampler, or
+    no raw logits (``predict_logits``) for the entropy-bound one.
+    """
     entry = _entry(name)
     value = model.mask_token_id if entry.needs == "mask_id" else model.vocab_size
     if value is None:
         raise ValueError(f"sampler {name!r} needs a model with a {entry.needs.replace('_', ' ')}; "
                          f"{type(model).__name__} has none")
-    return sampler_from_config(name, sampler_config(name, **options), **{entry.needs: value})
+    sampler = sampler_from_config(name, sampler_config(name, **options), **{entry.needs: value})
+    if sampler.consumes == "logits":
+        try:
+            check_network(model, "predict_logits")
+        except TypeError:
+            raise ValueError(f"sampler {name!r} reads raw logits (predict_logits), which {type(model).__name__} "
+                             f"does not give: use it with a post-trained backbone (tadm posttrain sample)") from None
+    return sampler
 
 
 def get_sampler(name: str, mask_id: int | None = None, *, vocab_size: int | None = None, **options: Any) -> Sampler:

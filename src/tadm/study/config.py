@@ -32,8 +32,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tadm.config import (PRESET_DIR, ConfigError, DataSection, ExperimentConfig, ModelSection, ObjectiveSection,
-                         OptimSection, RecipeConfig, TrainSection, config_error, load_structured, resolve_config_path,
-                         validate_experiment_config)
+                         OptimSection, RecipeConfig, TrainSection, config_error, dotlist_config, load_structured,
+                         resolve_config_path, validate_experiment_config)
 from tadm.eval.pipeline import SamplingSettings
 from tadm.nn import DiTSizes
 from tadm.sampling.refresh import parse_refresh_list
@@ -247,7 +247,7 @@ def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> E
         train=replace(cfg.train, seed=int(seed), out_dir=str(Path(cfg.out_dir) / "models" / f"{model.name}-s{seed}")),
     )
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(list(model.overrides)))
+        merged = OmegaConf.merge(OmegaConf.structured(base), dotlist_config(model.overrides))
         out = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise config_error(err, f"models {model.name!r} overrides") from None

@@ -175,8 +175,8 @@ def _hf_rows(source: str, split: str | None, local_dir: Path | None) -> Iterable
             ds = datasets.load_from_disk(str(local_dir))
         else:
             ds = datasets.load_dataset(source, split=split)
-    except Exception as err:  # offline hub, unknown name, bad cache: one message for all
-        raise RuntimeError(
+    except Exception as err:  # offline hub, unknown name, bad cache: one message for all (an OSError: not loadable)
+        raise OSError(
             f"could not load Hugging Face dataset {source!r} (split {split!r}): {err}. {_hf_hint(source)}"
         ) from err
     if isinstance(ds, dict):  # a DatasetDict saved to disk
@@ -234,7 +234,7 @@ def load_texts(
     Raises:
         FileNotFoundError: ``source`` looks like a path (has a data-file suffix or starts with
             ``.``, ``/``, ``~``) but does not exist.
-        ImportError / RuntimeError: a Hugging Face dataset was requested but ``datasets`` is
+        ImportError / OSError: a Hugging Face dataset was requested but ``datasets`` is
             missing or the load failed; the message says how to supply a local file instead.
         ValueError: (while iterating) the corpus holds no non-blank text, or a JSON line lacks
             ``text_field``.

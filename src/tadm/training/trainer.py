@@ -55,7 +55,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from tadm.config import ConfigError, ExperimentConfig
+from tadm.config import ConfigError, ExperimentConfig, check_resumable
 from tadm.diffusion import get_schedule
 from tadm.nn import TADM, build_model
 from tadm.records import replace_atomically
@@ -284,28 +284,6 @@ def evaluate(
     return (totals[0] / totals[1]).item()
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and k != "overrides":
-            out.update(_flatten(v, f"{key}."))
-        else:
-            out[key] = v
-    return out
-
-
-def _check_resumable(saved: dict[str, Any], cfg: ExperimentConfig, state_path: Path) -> None:
-    old, new = _flatten(saved), _flatten(cfg.to_dict())
-    differ = sorted(
-        k for k in set(old) | set(new)
-        if any(k == f or k.startswith(f + ".") for f in _RESUME_FIXED) and old.get(k) != new.get(k)
-    )
-    if differ:
-        details = "; ".join(f"{k}: saved {old.get(k)!r}, now {new.get(k)!r}" for k in differ)
-        raise ConfigError(f"cannot resume from {state_path}: the config changed ({details})")
-
-
 def _fmt_time(seconds: float) -> str:
     seconds = int(round(seconds))
     h, rem = divmod(seconds, 3600)
@@ -445,7 +423,7 @@ def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | Non
     if not resume:
         return None
     state = load_training_state(state_path)
-    _check_resumable(state["config"], cfg, state_path)
+    check_resumable(state["config"], cfg.to_dict(), _RESUME_FIXED, state_path)
     return state
 
 
