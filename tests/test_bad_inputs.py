@@ -43,7 +43,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory of bad (and a few good) inputs."""
-    from tadm.nn import tadm_tiny
+    from tadm.nn import mdlm_tiny, tadm_tiny
     from tadm.training.checkpoint import STATE_FORMAT
     from tadm.training.tokenization import train_bpe_tokenizer
 
@@ -71,6 +71,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"val_fraction: 0.1, cache_dir: {d / 'cache'}}}\n"
         f"train: {{max_steps: 1, global_batch_size: 4, micro_batch_size: 4, device: cpu, out_dir: {d / 'run'}}}\n")
     tadm_tiny().save_pretrained(d / "ckpt")
+    mdlm_tiny().save_pretrained(d / "mdlm")
     shutil.copytree(d / "ckpt", d / "trunc")
     weights = (d / "trunc" / "model.safetensors").read_bytes()
     (d / "trunc" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
@@ -226,6 +227,8 @@ CLI_CASES = [
     pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--split", "x,y", "--prompt", "hi"], "got 'x,y'",
                  id="posttrain-split"),
     pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--steps", "0"], "got 0", id="posttrain-zero-steps-flag"),
+    pytest.param(["posttrain", "sample", "--base", "{d}/mdlm", "--backbone", "mdlm", "--split", "1,1", "--prompt",
+                  "hi"], "--base {d}/mdlm (backbone MDLMBackbone) cannot encode a prompt", id="posttrain-sample-mdlm"),
     # -------------------------------------------------------------------------- tadm tokenizer
     pytest.param(["tokenizer", "train", "--vocab-size", "0", "--out", "{d}/t1"], "got 0", id="tokenizer-vocab-0"),
     pytest.param(["tokenizer", "train", "--vocab-size", "100", "--out", "{d}/t2"], "vocab_size=100 is too small",

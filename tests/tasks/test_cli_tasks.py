@@ -44,8 +44,9 @@ def test_bad_K_and_seeds(capsys, flag, value):
 
 def test_base_and_model_are_exclusive(capsys):
     one_line_error(capsys, ["eval", "tasks", "--base", "B", "--model", "M"])
-    err = one_line_error(capsys, ["eval", "tasks", "--model", "M", "--naive", "--tasks", "gpqa"])
-    assert "--naive apply to a post-training base" in err
+    for flags in (["--naive"], ["--canvas-length", "16"]):  # a tadm model samples at its own length
+        err = one_line_error(capsys, ["eval", "tasks", "--model", "M", *flags, "--tasks", "gpqa"])
+        assert err.endswith("--adapter, --split, --naive and --canvas-length apply to a post-training base (--base)")
 
 
 @pytest.mark.slow

@@ -186,7 +186,7 @@ def test_bad_settings_are_errors(data_dir, tmp_path):
         run_fake(TaskRunConfig(tasks="gsm8k", data_dir=str(data_dir), out_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="K must be"):
         run_fake(config(data_dir, tmp_path, refresh=[0]))
-    with pytest.raises(ValueError, match="--adapter, --split and --naive apply"):
+    with pytest.raises(ValueError, match="--adapter, --split, --naive and --canvas-length apply"):
         run_fake(TaskRunConfig(model="m", naive=True, data_dir=str(data_dir), out_dir=str(tmp_path)))
 
 

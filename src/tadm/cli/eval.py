@@ -521,7 +521,8 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--naive", action="store_true", help="also run naive reuse (fusion off) at every K")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="first N examples per task")
     steps_arg(p, default=48, help="reverse steps T per canvas (paper: 48)")
-    p.add_argument("--canvas-length", type=positive_int, default=256, metavar="L", help="canvas length (paper: 256)")
+    p.add_argument("--canvas-length", type=positive_int, default=None, metavar="L",
+                   help="canvas length of a --base (default: the paper's 256)")
     p.add_argument("--max-gen-toks", type=positive_int, default=None, metavar="N",
                    help="cap every task's generation length (default: the paper's per task)")
     p.add_argument("--batch-size", type=positive_int, default=1, metavar="B")

@@ -18,7 +18,7 @@ from tadm.cli.common import (CLIError, config_parser, device_arg, dtype_arg, pol
                              refresh_arg, refresh_policy_args, steps_arg)
 from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import load_anchored
-from tadm.posttrain.generate import generate_blocks
+from tadm.posttrain.generate import encodes_prompts, generate_blocks
 from tadm.posttrain.model import SplitSpec
 from tadm.posttrain.plan import plan_posttrain
 from tadm.posttrain.prompting import encode_prompts, end_of_sequence_id
@@ -143,6 +143,10 @@ def run_sample(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
     model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
                                 split=_parse_split(args.split), naive=args.naive, dtype=args.dtype, device=args.device)
+    if not encodes_prompts(model.backbone):
+        raise CLIError(f"--base {args.base} (backbone {type(model.backbone).__name__}) cannot encode a prompt: posttrain "
+                       f"sample continues prompts of a DiffusionGemma-class base; sample tadm's own models with "
+                       f"tadm sample")
     tokenizer = load_hf_tokenizer(args.tokenizer or args.base)
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw)
     options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,

@@ -143,10 +143,15 @@ def _block_policy(policy: RefreshPolicy | str | None, refresh_interval: int) -> 
     return get_refresh_policy(policy)
 
 
+def encodes_prompts(backbone: Any) -> bool:
+    """Whether ``backbone`` can encode a prompt (``prefill``/``append``), as :func:`generate_blocks` needs."""
+    return hasattr(backbone, "prefill") and hasattr(backbone, "append")
+
+
 def _check_block_inputs(model: AnchoredBackbone, max_new_tokens: int) -> Any:
     """The model's backbone, after checking it can encode a prompt and that the budget is valid."""
     backbone = model.backbone
-    if not (hasattr(backbone, "prefill") and hasattr(backbone, "append")):
+    if not encodes_prompts(backbone):
         raise TypeError(f"{type(backbone).__name__} has no prompt encoder (prefill/append); use tadm.sampling.generate")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")

@@ -43,6 +43,7 @@ from tadm.tasks.task_tables import write_tables
 __all__ = ["Method", "TaskRunConfig", "TaskRunResult", "methods", "run_tasks"]
 
 Log = Callable[[str], None]
+PAPER_CANVAS_LENGTH = 256  # the paper's canvas of a post-training base
 
 
 @dataclass
@@ -60,7 +61,7 @@ class TaskRunConfig:
     data_dir: str | None = None
     limit: int | None = None
     steps: int = 48
-    canvas_length: int | None = 256
+    canvas_length: int | None = None  # of a --base (None: the paper's 256); a --model samples at its own length
     max_gen_toks: int | None = None  # a cap on the benchmarks' generation lengths (None: the paper's)
     batch_size: int = 1
     device: str = "auto"
@@ -76,6 +77,10 @@ class TaskRunConfig:
 
     def policies(self) -> list[RefreshPolicy]:
         return parse_refresh_list(list(self.refresh))
+
+    def base_canvas_length(self) -> int | None:
+        """The canvas length of a --base (the paper's 256 unless set); None for a --model (its own)."""
+        return (self.canvas_length or PAPER_CANVAS_LENGTH) if self.base else None
 
     def code_limits(self) -> CodeLimits:
         return CodeLimits(self.code_timeout, self.code_memory_mb, self.allow_code_execution, self.allow_code_network)
@@ -106,8 +111,8 @@ class TaskRunConfig:
                              "http(s):// URL with --judge-model NAME")
         if (self.model is None) == (self.base is None):
             raise ValueError("give exactly one of --base (a post-training base) and --model (a tadm model)")
-        if self.model is not None and (self.adapter or self.naive or self.split):
-            raise ValueError("--adapter, --split and --naive apply to a post-training base (--base)")
+        if self.model is not None and (self.adapter or self.naive or self.split or self.canvas_length is not None):
+            raise ValueError("--adapter, --split, --naive and --canvas-length apply to a post-training base (--base)")
         if self.adapter is not None and self.split is not None:
             raise ValueError("give --adapter or --split, not both: an adapter fixes its own split")
         try:
@@ -172,7 +177,7 @@ def unit_spec(cfg: TaskRunConfig, bench: Benchmark, data: TaskData, method: Meth
     """What a unit's result depends on; a stored result with another spec is recomputed."""
     return {"task": bench.name, "method": method.name, "K": method.K, "seed": seed, "base": cfg.base,
             "adapter": cfg.adapter if method.adapter else None, "split": cfg.split, "model": cfg.model,
-            "steps": cfg.steps, "canvas_length": cfg.canvas_length if cfg.base else None,
+            "steps": cfg.steps, "canvas_length": cfg.base_canvas_length(),
             "max_gen_toks": budget(cfg, bench), "batch_size": cfg.batch_size, "data": data.source,
             "data_sha": _data_hash(data), "examples": len(data.examples), "shots": len(data.shots)}
 
@@ -191,14 +196,14 @@ def load_generator(cfg: TaskRunConfig, with_adapter: bool) -> Any:
     """The generator of ``cfg``'s base (with its adapter when ``with_adapter``) or of its own model."""
     args = TadmModelArgs.from_kwargs(model=cfg.model, base=cfg.base, adapter=cfg.adapter if with_adapter else None,
                                      split=None if with_adapter else cfg.split, steps=cfg.steps,
-                                     canvas_length=cfg.canvas_length if cfg.base else None,
+                                     canvas_length=cfg.base_canvas_length(),
                                      device=cfg.device, dtype=cfg.dtype)
     return args.load_generator()
 
 
 def _generator_for(generator: Any, cfg: TaskRunConfig, method: Method) -> Any:
     settings = TadmModelArgs.from_kwargs(require_model=False, policy=method.policy, steps=cfg.steps,
-                                         canvas_length=cfg.canvas_length if cfg.base else None).settings()
+                                         canvas_length=cfg.base_canvas_length()).settings()
     if cfg.base is not None:
         return generator.with_settings(settings, naive=method.naive)
     return generator.with_settings(settings)
