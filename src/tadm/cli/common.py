@@ -228,11 +228,11 @@ def steps_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> No
 def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str = "1", **kwargs) -> None:
     """-K/--refresh: refresh policies, the same syntax on every command: specs separated by commas (or spaces),
     each ``4``, ``fixed:K=4``, ``adaptive:tau=0.3[:max_interval=16]`` or ``schedule:steps=48/40/24``."""
-    what = "refresh policies" if many else "the refresh policy"
-    kwargs.setdefault("help", f"{what}: K (e.g. 4), or adaptive:tau=0.3, schedule:steps=48/40/24; "
-                              f"comma-separated (default: {default})")
+    what = "refresh policies, comma-separated" if many else "the refresh policy (one)"
+    kwargs.setdefault("help", f"{what}: K (e.g. 4), or adaptive:tau=0.3, schedule:steps=48/40/24 "
+                              f"(default: {default})")
     p.add_argument("-K", "--refresh", type=refresh_specs, nargs="+", default=[refresh_specs(default)],
-                   metavar="K[,K]", **kwargs)
+                   metavar="K[,K]" if many else "K", **kwargs)
 
 
 def sampler_args(p: argparse.ArgumentParser, default: str) -> None:
