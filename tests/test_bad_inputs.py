@@ -139,6 +139,8 @@ CLI_CASES = [
                  "not valid YAML", id="study-override-not-yaml"),
     pytest.param(["posttrain", "train", "posttrain-tiny", "rollout.cache_ages=[0,1"], "override "
                  "'rollout.cache_ages=[0,1': the value is not valid YAML", id="posttrain-override-not-yaml"),
+    pytest.param(["quickstart", "--sampler", "entropy-bound", "--out", "{d}/qs"], "--sampler 'entropy-bound': "
+                 "quickstart samples a masked model; valid: mdlm, remdm-cap", id="quickstart-sampler-before-training"),
     # ----------------------------------------------------------------------------- tadm sample
     pytest.param(["sample", "--model", "{d}/ckpt", "--sampler", "entropy-bound"], "sampler 'entropy-bound' reads raw "
                  "logits (predict_logits), which TADM does not give", id="sample-entropy-bound-on-tadm"),

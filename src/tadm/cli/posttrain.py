@@ -74,7 +74,9 @@ def _add_sample_parser(actions: argparse._SubParsersAction) -> None:
     refresh_arg(s, default=1)
     refresh_policy_args(s)
     steps_arg(s, default=48, help="denoising steps T per canvas (paper: 48)")
-    s.add_argument("--max-new-tokens", type=positive_int, default=256)
+    s.add_argument("--max-new-tokens", type=positive_int, default=256,
+                   help="generation budget (default 256); whole canvases are generated, so it is rounded up to a "
+                        "multiple of the canvas length")
     s.add_argument("--canvas-length", type=positive_int, default=None, help="tokens per canvas (default: model's)")
     s.add_argument("--entropy-bound", type=float, default=None, help="eta of Algorithm 2 (default: 0.1)")
     s.add_argument("--temperature-max", type=float, default=None, help="tau at n = T (default: 0.8)")
