@@ -386,7 +386,8 @@ def dotlist_config(overrides: Sequence[str], error: type[ConfigError] = ConfigEr
         try:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
         except yaml.YAMLError as err:
-            raise error(f"override {override!r}: the value is not valid YAML: {_yaml_problem(err, located=False)}") from None
+            problem = _yaml_problem(err, located=False)
+            raise error(f"override {override!r}: the value is not valid YAML: {problem}") from None
     return merged
 
 

@@ -235,9 +235,14 @@ def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str 
                    metavar="K[,K]" if many else "K", **kwargs)
 
 
+def masked_samplers() -> list[str]:
+    """The registered samplers of masked models (those that need a mask id), sorted."""
+    return sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id")
+
+
 def sampler_args(p: argparse.ArgumentParser, default: str) -> None:
     """--sampler and the masked samplers' options; unset options keep the sampler's defaults."""
-    valid = sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id")
+    valid = masked_samplers()
     p.add_argument("--sampler", default=default, help=f"one of: {', '.join(valid)} (default: {default})")
     p.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: the sampler's)")
     p.add_argument("--eta", type=float, default=None, help="ReMDM remasking strength in [0, 1] (default: the sampler's)")

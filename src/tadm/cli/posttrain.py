@@ -146,9 +146,9 @@ def run_sample(args: argparse.Namespace) -> int:
     model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
                                 split=_parse_split(args.split), naive=args.naive, dtype=args.dtype, device=args.device)
     if not encodes_prompts(model.backbone):
-        raise CLIError(f"--base {args.base} (backbone {type(model.backbone).__name__}) cannot encode a prompt: posttrain "
-                       f"sample continues prompts of a DiffusionGemma-class base; sample tadm's own models with "
-                       f"tadm sample")
+        raise CLIError(f"--base {args.base} (backbone {type(model.backbone).__name__}) cannot encode a prompt: "
+                       f"posttrain sample continues prompts of a DiffusionGemma-class base; sample tadm's own models "
+                       f"with tadm sample")
     tokenizer = load_hf_tokenizer(args.tokenizer or args.base)
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw)
     options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,

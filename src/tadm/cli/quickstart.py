@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from tadm.cli.common import CLIError, positive_int, refresh_arg, refresh_policies, steps_arg
+from tadm.cli.common import CLIError, masked_samplers, positive_int, refresh_arg, refresh_policies, steps_arg
 from tadm.config import load_config, preset_path
 from tadm.eval.evaluator import load_evaluator
 from tadm.eval.gen_ppl import gen_ppl
 from tadm.nn import load_model
-from tadm.sampling import SAMPLERS, build_sampler, generate
+from tadm.sampling import build_sampler, generate
 from tadm.sampling.refresh import parse_refresh
 from tadm.training.data import load_texts
 from tadm.training.tokenization import TextTokenizer
@@ -46,8 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=positive_int, default=8, help="sequences generated per K")
     steps_arg(p, default=128)
     refresh_arg(p, many=True, default="1,2,4,8")
-    p.add_argument("--sampler", default="remdm-cap", help="a masked sampler: mdlm, remdm-cap (default), remdm-rescale, "
-                   "remdm-conf, remdm-loop")
+    p.add_argument("--sampler", default="remdm-cap",
+                   help=f"one of: {', '.join(masked_samplers())} (default: remdm-cap)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT (done anyway when OUT holds a training state: a finished run is "
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"data.source={args.source}")
     cfg = load_config(preset_path(PRESET), overrides)
     policies = refresh_policies(args)  # a bad -K or --sampler is reported before training, not after it
-    masked = sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id")
+    masked = masked_samplers()
     if args.sampler not in masked:
         raise CLIError(f"--sampler {args.sampler!r}: quickstart samples a masked model; valid: {', '.join(masked)}")
     torch.manual_seed(args.seed)
