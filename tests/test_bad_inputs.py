@@ -211,8 +211,19 @@ CLI_CASES = [
     pytest.param(["sample", "--refresh-policy", "adaptive", "--tau", "1.5"],
                  "tau 1.5 > 1 never refreshes the anchor again", id="sample-adaptive-tau-above-1"),
     pytest.param(["sample", "-T", "8", "--length", "8", "--refresh-policy", "schedule", "--refresh-steps",
-                  "6,4"], "did not compute an anchor at the first step of the run (i = 8); a refresh schedule must "
-                 "list the first step, i = T", id="sample-schedule-without-T"),
+                  "6,4"], "the refresh schedule must list the first step, i = T = 8 (the anchor is computed there), "
+                 "got steps 6/4", id="sample-schedule-without-T"),
+    pytest.param(["compute", "--anchor-layers", "4", "--denoiser-layers", "1", "-T", "16", "-K",
+                  "schedule:steps=8/4"], "the refresh schedule must list the first step, i = T = 16",
+                 id="compute-schedule-without-T"),
+    pytest.param(["compute", "--anchor-layers", "4", "--denoiser-layers", "1", "-T", "16", "-K", "4,"],
+                 "refresh list '4,' has an empty item", id="refresh-trailing-comma"),
+    pytest.param(["compute", "--anchor-layers", "4", "--denoiser-layers", "1", "-T", "16,", "-K", "4"],
+                 "expected comma-separated integers, got '16,' (an empty item)", id="steps-trailing-comma"),
+    pytest.param(["sample", "-K", "4", "-K", "8"], "this command takes one refresh policy, got 4, 8",
+                 id="sample-repeated-K"),
+    pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "gsm8k,", "--data-dir", "{d}/tasks"],
+                 "task list 'gsm8k,' has an empty item", id="tasks-trailing-comma"),
     pytest.param(["compute", "--anchor-layers", "0", "--denoiser-layers", "0", "--steps", "8"],
                  "--shared-layers, --anchor-layers and --denoiser-layers are all 0", id="compute-all-zero"),
     # -------------------------------------------------------------------------- tadm posttrain

@@ -35,11 +35,13 @@ def test_compute_table_normalised_to_mdlm(capsys):
 
 def test_lists_of_T_and_seeds_take_commas_or_spaces_like_K(capsys):
     rows = []
-    for steps in (["128,256"], ["128", "256"]):
+    for steps, refresh in ((["128,256"], ["1,8"]), (["128", "256"], ["1", "8"]),
+                           (["128", "-T", "256"], ["1", "-K", "8"])):
         _, out, _ = _run(capsys, "compute", "--anchor-layers", "12", "--denoiser-layers", "6", "-T", *steps,
-                         "-K", "1,8", "--json")
+                         "-K", *refresh, "--json")
         rows.append([(r["steps"], r["refresh"]) for r in json.loads(out)])
-    assert rows[0] == rows[1] == [(128, 1), (128, 8), (256, 1), (256, 8)]
+    # a repeated flag adds to its list (the first replaces the default)
+    assert rows[0] == rows[1] == rows[2] == [(128, 1), (128, 8), (256, 1), (256, 8)]
     parser = build_parser()
     args = parser.parse_args(["eval", "staleness", "--model", "m", "-T", "32,128", "64"])
     assert args.steps == [32, 128, 64]

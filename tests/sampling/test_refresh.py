@@ -102,8 +102,13 @@ def test_schedule_refreshes_exactly_at_the_given_steps():
 
 
 def test_schedule_without_the_first_step_is_a_clear_error():
-    with pytest.raises(ValueError, match="did not compute an anchor at the first step"):
+    with pytest.raises(ValueError, match=r"must list the first step, i = T = 16 .*got steps 10/5"):
         _refresh_steps(ScheduleRefresh([10, 5]), 16)
+    # the compute count refuses the same schedule the loop refuses, and a one-step schedule is a schedule
+    with pytest.raises(ValueError, match="i = T = 16"):
+        policy_layer_calls(SPLIT, 16, ScheduleRefresh([10, 5]))
+    assert policy_layer_calls(SPLIT, 16, parse_refresh("schedule:steps=16")) == 16 * (1 + 2) + 3
+    assert policy_layer_calls(SPLIT, 16, parse_refresh("schedule:steps=32/16/4")) == 16 * (1 + 2) + 2 * 3
 
 
 def test_adaptive_refreshes_when_the_drift_reaches_tau():

@@ -42,20 +42,23 @@ def int_list(minimum: int) -> Callable[[str], list[int]]:
     check = int_at_least(minimum)
 
     def parse(value: str) -> list[int]:
-        parts = [part for part in value.split(",") if part.strip()]
-        if not parts:
-            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}")
-        return [check(part.strip()) for part in parts]
+        parts = [part.strip() for part in value.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r} (an empty item)")
+        return [check(part) for part in parts]
 
     return parse
 
 
 class FlatList(argparse.Action):
-    """``nargs="+"`` of a list type, flattened: ``-T 32 128``, ``-T 32,128`` and ``-T 32,64 128`` all work."""
+    """``nargs="+"`` of a list type, flattened: ``-T 32 128``, ``-T 32,128``, ``-T 32,64 128`` and ``-T 32 -T 128``
+    all work (a repeated flag adds to the list; the first replaces the default)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, [v for value in values for v in value])
+        earlier = getattr(namespace, self.dest, None)
+        earlier = [] if earlier is None or earlier is self.default else list(earlier)
+        setattr(namespace, self.dest, earlier + [v for value in values for v in value])
 
 
 def positive_float(value: str) -> float:
@@ -119,7 +122,8 @@ def refresh_policy_args(p: argparse.ArgumentParser) -> None:
                    help="when to recompute the anchor: 'fixed' (every K steps, Algorithm 1; default), "
                         "'schedule' (at --refresh-steps) or 'adaptive' (when the canvas drifted by --tau)")
     p.add_argument("--refresh-steps", default=None, metavar="I,I,...",
-                   help="schedule policy: comma-separated reverse step indices i that refresh (must include T)")
+                   help="schedule policy: comma-separated reverse step indices i that refresh (must include T; "
+                        "steps above T are never reached)")
     p.add_argument("--tau", type=float, default=None,
                    help="adaptive policy: refresh when this share of canvas positions changed since the anchor")
     p.add_argument("--min-interval", type=positive_int, default=1, help="adaptive policy: fewest steps between refreshes")
@@ -156,7 +160,7 @@ def _long_form(args: argparse.Namespace) -> str | None:
 def refresh_policies(args: argparse.Namespace) -> list:
     """The refresh policies of -K/--refresh (each value one spec or a comma list; tadm.sampling.refresh), or of the
     --refresh-policy flags, with --skip-unchanged where a command has it."""
-    given = [p for values in args.refresh for p in values]
+    given = list(args.refresh)
     long_form = _long_form(args)
     if long_form is not None:
         if [p.key for p in given] != ["1"]:
@@ -231,7 +235,7 @@ def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str 
     what = "refresh policies, comma-separated" if many else "the refresh policy (one)"
     kwargs.setdefault("help", f"{what}: K (e.g. 4), or adaptive:tau=0.3, schedule:steps=48/40/24 "
                               f"(default: {default})")
-    p.add_argument("-K", "--refresh", type=refresh_specs, nargs="+", default=[refresh_specs(default)],
+    p.add_argument("-K", "--refresh", type=refresh_specs, nargs="+", action=FlatList, default=refresh_specs(default),
                    metavar="K[,K]" if many else "K", **kwargs)
 
 

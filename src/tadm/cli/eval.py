@@ -174,7 +174,9 @@ def _buckets(value: str) -> int | str:
 # ------------------------------------------------------------------------------------------ gen-ppl
 def _add_gen_ppl(esub: argparse._SubParsersAction) -> None:
     p = _scoring_parser(esub, "gen-ppl", "generative perplexity of samples under the evaluator (+ entropy)")
-    p.add_argument("--context-size", type=positive_int, default=None, metavar="N", help="chunk length (<= 1024)")
+    p.add_argument("--context-size", type=positive_int, default=None, metavar="N",
+                   help="chunk length (default and upper bound: the evaluator's context, at most 1024; "
+                        "the output line says the length used)")
     p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                    help="score only the first N evaluator tokens of each text")
     p.set_defaults(func=_run_gen_ppl)

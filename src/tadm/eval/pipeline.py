@@ -131,6 +131,8 @@ class SamplingSettings:
                 raise ValueError(f"{where}.refresh[{i}]: {err}") from None
         try:
             policies = self.policies()
+            for policy, steps in ((p, t) for p in policies for t in self.steps):
+                policy.check_steps(steps)
         except ValueError as err:
             raise ValueError(f"{where}.refresh: {err}") from None
         if "1" not in [p.key for p in policies]:

@@ -196,6 +196,8 @@ def denoise(
     refresh_positions: list[int] = []
     steps_run = 0
     steps = list(steps)
+    if steps and isinstance(steps[0], int):
+        policy.check_steps(steps[0])
     for position, i in enumerate(tqdm(steps, desc=desc, disable=not progress, leave=False)):
         step_plan = policy.plan(position, i, z, cache, previous_canvas if output is not None else None)
         context.before_step(position, i, z)

@@ -139,6 +139,10 @@ class RefreshPolicy:
         """Anchor refreshes of a T-step run, or None when they depend on the sampled canvases."""
         return None
 
+    def check_steps(self, num_steps: int) -> None:
+        """Raise ValueError when the policy cannot drive a run of ``num_steps`` reverse steps (every policy can but
+        a schedule that does not list i = T)."""
+
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "policy")
         return f"{type(self).__name__}({params})"
@@ -173,12 +177,17 @@ class FixedRefresh(RefreshPolicy):
 
 
 class ScheduleRefresh(RefreshPolicy):
-    """Refresh exactly at the listed reverse step indices i (e.g. ``[128, 120, 100, 60]``)."""
+    """Refresh exactly at the listed reverse step indices i (e.g. ``[128, 120, 100, 60]``).
+
+    The list must include the run's first step i = T; steps above T are never reached, so one schedule serves
+    runs of several T (``128/64/32/16`` at T = 32 refreshes at 32 and 16)."""
 
     name = "schedule"
     parameters = ("steps",)
 
     def __init__(self, steps: Iterable[int], skip_unchanged: bool = False) -> None:
+        if isinstance(steps, int) and not isinstance(steps, bool):
+            steps = (steps,)  # one step: ``schedule:steps=128``
         steps = tuple(steps) if not isinstance(steps, (str, bytes)) else ()
         if not steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in steps):
             raise ValueError(f"a refresh schedule is a non-empty list of step indices i >= 0, got {steps!r}")
@@ -194,7 +203,13 @@ class ScheduleRefresh(RefreshPolicy):
         return f"schedule({len(self.steps)})"
 
     def refresh_count(self, num_steps: int) -> int | None:
+        self.check_steps(num_steps)
         return None if self.skip_unchanged else sum(1 for i in self.steps if 1 <= i <= num_steps)
+
+    def check_steps(self, num_steps: int) -> None:
+        if num_steps not in self.steps:
+            raise ValueError(f"the refresh schedule must list the first step, i = T = {num_steps} (the anchor is "
+                             f"computed there), got steps {'/'.join(map(str, self.steps))}")
 
 
 class AdaptiveRefresh(RefreshPolicy):
@@ -340,7 +355,9 @@ def parse_refresh(spec: Any) -> RefreshPolicy:
 def parse_refresh_list(specs: Any) -> list[RefreshPolicy]:
     """Policies from a comma list (``"1,2,adaptive:tau=0.3"``), one spec, or a sequence of specs; no key twice."""
     if isinstance(specs, str):
-        items: list[Any] = [part for part in specs.split(",") if part.strip()]
+        items: list[Any] = [part for part in specs.split(",")]
+        if len(items) > 1 and not all(part.strip() for part in items):
+            raise ValueError(f"refresh list {specs!r} has an empty item; valid forms: {SPEC_FORMS}")
     elif isinstance(specs, (list, tuple)):
         items = list(specs)
     else:

@@ -99,9 +99,11 @@ def get_benchmark(name: str) -> Benchmark:
 def parse_task_list(text: str | Sequence[str] | None) -> list[Benchmark]:
     """``"gsm8k,humaneval"`` (or a list, or None: the paper's six) as benchmarks, in the given order, no repeats."""
     names = list(BENCHMARKS) if text is None else (text.split(",") if isinstance(text, str) else list(text))
-    names = [n.strip() for n in names if n.strip()]
-    if not names:
+    names = [n.strip() for n in names]
+    if not any(names):
         raise ValueError("no task given; known tasks: " + ", ".join(BENCHMARKS))
+    if not all(names):
+        raise ValueError(f"task list {text!r} has an empty item; known tasks: " + ", ".join(BENCHMARKS))
     return [get_benchmark(n) for n in dict.fromkeys(names)]
 
 

@@ -116,7 +116,8 @@ class TaskRunConfig:
         if self.adapter is not None and self.split is not None:
             raise ValueError("give --adapter or --split, not both: an adapter fixes its own split")
         try:
-            self.policies()
+            for policy in self.policies():
+                policy.check_steps(self.steps)
         except ValueError as err:
             raise ValueError(f"K: {err}") from None
         if not self.seeds or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.seeds):
