@@ -76,6 +76,19 @@ def test_sweep_writes_results_table_and_plots(world, tmp_path, monkeypatch):
         assert any((tmp_path / "sweep" / kind).rglob("*.json")), kind  # the study's unit layout
     assert files["csv"].read_text().splitlines()[0].startswith("model,path,steps,refresh")
     assert len(files["csv"].read_text().splitlines()) == 1 + 3
+    assert "of 5 timed generations of batch 1 after 0 warm-up" in table
+    # resumed without timing: the stored timings stay, described by the settings they were made with
+    again = run_sweep(config(world, tmp_path / "sweep", throughput_generations=0), progress=False, log=lambda m: None)
+    kept = [r for r in again.rows if r["model"] == "tadm"]
+    assert [r["tokens_per_second"] for r in kept] == [r["tokens_per_second"] for r in cells]
+    assert {r["throughput_generations"] for r in kept} == {5}
+    assert "of 5 timed generations of batch 1 after 0 warm-up" in again.files["table"].read_text()
+    # ... but not once the cells' sampling changed: those timings are of other samples
+    other = run_sweep(config(world, tmp_path / "sweep", sampler="remdm-loop", throughput_generations=0),
+                      progress=False, log=lambda m: None)
+    assert all(r["tokens_per_second"] is None and r["throughput_generations"] is None
+               for r in other.rows if r["model"] == "tadm")
+    assert "Throughput: not timed." in other.files["table"].read_text()
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ from tadm.eval.gen_ppl import decode_samples, gen_ppl
 from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_from_features, mauve_sample_problem
 from tadm.devices import resolve_device, resolve_dtype
 from tadm.eval.throughput import DTYPES, MIN_TIMED_GENERATIONS, TimingCell, interleaved_throughput
-from tadm.records import UnitStore
+from tadm.records import UnitStore, same_spec
 from tadm.sampling import generate
 from tadm.sampling.base import TIME_GRIDS
 from tadm.sampling.categorical import NUCLEUS_RULES
@@ -44,7 +44,7 @@ from tadm.sampling.refresh import RefreshPolicy, parse_refresh, parse_refresh_li
 from tadm.sampling.registry import SAMPLERS, build_sampler, sampler_config, sampler_options
 
 __all__ = ["MAUVE_SEED", "Cell", "PipelineStore", "SamplerSection", "SamplingSettings", "cell_rows", "sample_cells",
-           "score_cells", "time_cells"]
+           "score_cells", "throughput_note", "time_cells", "timing_warmup"]
 
 MAUVE_SEED = 25  # mauve-text's default k-means seed
 Log = Callable[[str], None]
@@ -337,10 +337,16 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
             run.done(f"score {name} {_unit(cell)}", time.perf_counter() - start)
 
 
+def timed_sample_spec(run: Run, cell: Cell) -> dict[str, Any]:
+    """What the timing of ``cell`` depends on: its sample spec less the sample count and batch."""
+    length = run.length_of(cell) if run.length_of else run.length
+    return sample_spec(cell, run.settings, length) | {"num_samples": None, "batch_size": None}
+
+
 def time_spec(run: Run, cells: Sequence[Cell]) -> dict[str, Any]:
     s = run.settings
     return {"cells": [[c.label, c.seed, c.steps, c.refresh] for c in cells],
-            "samples": [sample_spec(c, s, run.length) | {"num_samples": None, "batch_size": None} for c in cells],
+            "samples": [timed_sample_spec(run, c) for c in cells],
             "generations": s.throughput_generations, "warmup": s.throughput_warmup,
             "batch_size": s.throughput_batch_size, "device": str(run.device)}
 
@@ -377,6 +383,8 @@ def cell_rows(run: Run, cells: Sequence[Cell], evaluator: str, *, split_of: Call
     """One row per finished cell for ``evaluator``: samples, scores, timing and compute merged."""
     s = run.settings
     timing = run.store.load(run.store.throughput_path) or {}
+    timed = timing.get("spec") or {}  # the settings the stored timings were made with (a resumed run may skip them)
+    made_as = {tuple(key): spec for key, spec in zip(timed.get("cells", []), timed.get("samples", []))}
     tps = {(r["model"], r["seed"], r["steps"], r["refresh"]): r for r in timing.get("rows", [])}
     rows = []
     for cell in cells:
@@ -385,7 +393,8 @@ def cell_rows(run: Run, cells: Sequence[Cell], evaluator: str, *, split_of: Call
             continue
         counted = (sample.get("layer_calls_last_batch") or {}).get("total")
         calls = _calls(split_of(cell), cell, counted)
-        t = tps.get(cell.key, {})
+        # timings of a cell whose sampling settings changed since are not its timings
+        t = tps.get(cell.key, {}) if same_spec({"spec": made_as.get(cell.key)}, timed_sample_spec(run, cell)) else {}
         baseline = cell.steps * baseline_layers
         rows.append({
             "evaluator": evaluator, "model": cell.label, "path": cell.model_path, "seed": cell.seed,
@@ -397,10 +406,28 @@ def cell_rows(run: Run, cells: Sequence[Cell], evaluator: str, *, split_of: Call
             "compute_relative": calls / baseline if calls is not None and baseline else None,
             "tokens_per_second": t.get("tokens_per_second"), "tokens_per_second_min": t.get("tokens_per_second_min"),
             "tokens_per_second_max": t.get("tokens_per_second_max"),
-            "throughput_generations": s.throughput_generations, "throughput_batch_size": s.throughput_batch_size,
+            "throughput_generations": timed.get("generations") if t else None,
+            "throughput_batch_size": timed.get("batch_size") if t else None,
             "sampling_seconds": sample.get("seconds"), "commit": (sample.get("provenance") or {}).get("commit"),
             "dirty": (sample.get("provenance") or {}).get("dirty")})
     return rows
+
+
+def throughput_note(rows: Sequence[dict[str, Any]], warmup: int | None = None) -> str:
+    """The report's sentence on tokens/s, from the timing settings the rows carry (those of the stored timings,
+    which a run resumed with ``throughput_generations: 0`` keeps), or that no cell was timed."""
+    timed = sorted({(r["throughput_generations"], r["throughput_batch_size"]) for r in rows
+                    if r.get("tokens_per_second") is not None})
+    if not timed:
+        return "Throughput: not timed."
+    how = "; ".join(f"{g} timed generations of batch {b}" for g, b in timed)
+    after = f" after {warmup} warm-up" if warmup is not None else ""
+    return f"Throughput: median tokens/s [slowest-fastest] of {how}{after}, all cells interleaved in shuffled rounds"
+
+
+def timing_warmup(store: PipelineStore) -> int | None:
+    """The warm-up generations of the stored timings (None when nothing was timed)."""
+    return ((store.load(store.throughput_path) or {}).get("spec") or {}).get("warmup")
 
 
 def _calls(split: Any, cell: Cell, counted: int | None) -> int | None:

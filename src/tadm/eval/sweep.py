@@ -25,7 +25,7 @@ from tadm.eval.evaluator import Evaluator
 from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import packed_eval_blocks
 from tadm.eval.pipeline import (MAUVE_SEED, Cell, PipelineStore, Run, SamplingSettings, cell_rows, data_row,
-                                resolve_device, sample_cells, score_cells, time_cells)
+                                resolve_device, sample_cells, score_cells, throughput_note, time_cells, timing_warmup)
 from tadm.eval.plots import write_plots
 from tadm.eval.report import DATA_MODEL, markdown_report, write_results
 from tadm.records import check_publishable, machine_info, provenance_note, read_json
@@ -157,16 +157,15 @@ def _baseline_layers(config: SweepConfig, models: _Models) -> int:
     return PAPER_BASELINE_LAYERS
 
 
-def _notes(config: SweepConfig, rows: list[dict[str, Any]], baseline: int) -> list[str]:
+def _notes(config: SweepConfig, rows: list[dict[str, Any]], baseline: int, warmup: int | None) -> list[str]:
     s = config.sampling
     notes = [
         f"Evaluator: {s.evaluators[0]}; {s.num_samples} samples of {rows[0]['length'] if rows else config.length} "
         f"tokens per cell; sampler {s.sampler.name}, top-p {s.sampler.top_p}; seed {s.seed}.",
         f"Compute: Transformer-layer calls of one generation (Eq. anchor-cache-compute), relative to a "
         f"{baseline}-layer MDLM.",
-        f"Throughput: median tokens/s [slowest-fastest] of {s.throughput_generations} timed generations of batch "
-        f"{s.throughput_batch_size} after {s.throughput_warmup} warm-up, all cells interleaved in shuffled rounds, all "
-        f"positions counted, {s.dtype} on {s.device}.",
+        throughput_note(rows, warmup) + (f", all positions counted, {s.dtype} on {s.device}."
+                                          if any(r.get("tokens_per_second") is not None for r in rows) else ""),
         f"MAUVE: [n = samples, clusters], k-means seed {MAUVE_SEED}; not computed for fewer than "
         f"{s.mauve_min_samples} texts per side.",
     ]
@@ -223,7 +222,7 @@ def run_sweep(config: SweepConfig, *, evaluator: Evaluator | None = None, overwr
     json_path, csv_path = write_results(out, settings, rows, machine_info())
     table = out / "table.md"
     table.write_text(markdown_report(rows, throughput_baseline=config.throughput_baseline,
-                                     notes=_notes(config, rows, baseline)))
+                                     notes=_notes(config, rows, baseline, timing_warmup(store))))
     png_tps, png_k = write_plots(rows, out)
     files = {"json": json_path, "csv": csv_path, "table": table, "plot_throughput": png_tps, "plot_refresh": png_k}
     return SweepOutput(rows=rows, files=files, evaluated=ran)

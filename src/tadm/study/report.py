@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tadm.eval.pipeline import Cell, Run, cell_rows, data_row
+from tadm.eval.pipeline import Cell, Run, cell_rows, data_row, throughput_note
 from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
 from tadm.eval.report import format_number, markdown_report
 from tadm.eval.significance import paired_summary
@@ -449,9 +449,7 @@ def _sampling_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
                   f"`{cfg.sampling.sampler.nucleus}`, time grid `{cfg.sampling.sampler.time_grid}`); models of training seeds "
                   f"{cfg.sampling.model_seeds or 'first'}. MAUVE [samples, k-means clusters] against "
                   f"{cfg.sampling.reference} ({cfg.sampling.reference_split}). Compute: Transformer-layer calls of one "
-                  f"generation relative to a {res['baseline_layers']}-layer MDLM. Throughput: median tokens/s "
-                  f"[slowest-fastest] of {cfg.sampling.throughput_generations} timed generations of batch "
-                  f"{cfg.sampling.throughput_batch_size}, all cells interleaved in shuffled rounds"
+                  f"generation relative to a {res['baseline_layers']}-layer MDLM. " + throughput_note(rows).rstrip(".")
                   + (f"; (x) relative to {adlm} at K = 1." if adlm else "."), "", table.strip(), ""]
     lines += ["## Degradation from K = 1 to the largest K", "",
               f"Relative change of Gen PPL from K = 1 to K = {_largest_fixed(cfg)} (same samples' settings), and "
