@@ -129,3 +129,15 @@ def test_the_convert_command_writes_what_eval_tasks_reads(tmp_path, capsys):
     raw.write_text("{broken\n")
     assert main(["eval", "convert-livecodebench", str(raw), "--out", str(out)]) == 2
     assert "test6.jsonl:1: not valid JSON" in capsys.readouterr().err
+    # records of another dataset, a row without test cases, and dates that are not dates are refused by name
+    raw.write_text(json.dumps(raw_rows()[0]) + "\n" + json.dumps({"question_id": "q", "text": "hello"}) + "\n")
+    assert main(["eval", "convert-livecodebench", str(raw), "--out", str(out)]) == 2
+    assert "test6.jsonl: row 2 (q): not a LiveCodeBench problem: no question_content, public_test_cases, " \
+           "contest_date" in capsys.readouterr().err
+    raw.write_text(json.dumps({**raw_rows()[0], "public_test_cases": "[]", "private_test_cases": ""}) + "\n")
+    assert main(["eval", "convert-livecodebench", str(raw), "--out", str(out)]) == 2
+    assert "row 1 (abc001_a): no test cases" in capsys.readouterr().err
+    for flags, message in ((["--since", "2025-13-01"], "--since: expected a date YYYY-MM-DD, got '2025-13-01'"),
+                           (["--since", "2025-05-01", "--until", "2025-01-01"], "--since 2025-05-01 is after")):
+        assert main(["eval", "convert-livecodebench", str(raw), "--out", str(out), *flags]) == 2
+        assert message in capsys.readouterr().err

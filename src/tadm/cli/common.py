@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 from typing import Any, Callable
 
@@ -70,6 +71,14 @@ def positive_float(value: str) -> float:
     if not (0 < number < float("inf")):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value!r}")
     return number
+
+
+def iso_date(value: str) -> str:
+    """An argparse type: a calendar date YYYY-MM-DD (kept as that string, which sorts as the date does)."""
+    try:
+        return datetime.date.fromisoformat(value).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a date YYYY-MM-DD, got {value!r}") from None
 
 
 def print_files(summary: str, files: dict[str, Any]) -> int:

@@ -21,9 +21,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, int_list, nonnegative_int,
-                             optional_tokenizer, positive_float, positive_int, print_files, print_json, refresh_arg,
-                             refresh_policies, sampler_args, sampler_from_args, steps_arg)
+from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, int_list, iso_date,
+                             nonnegative_int, optional_tokenizer, positive_float, positive_int, print_files, print_json,
+                             refresh_arg, refresh_policies, sampler_args, sampler_from_args, steps_arg)
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME, load_evaluator, prepare_default_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
@@ -570,26 +570,28 @@ def _add_convert_livecodebench(esub: argparse._SubParsersAction) -> None:
                                     "as plain data only.")
     p.add_argument("files", nargs="+", metavar="FILE", help="released JSONL file(s), e.g. test6.jsonl")
     p.add_argument("--out", required=True, metavar="PATH", help="the livecodebench.jsonl to write")
-    p.add_argument("--since", default=None, metavar="YYYY-MM-DD", help="keep problems of contests on or after")
-    p.add_argument("--until", default=None, metavar="YYYY-MM-DD", help="keep problems of contests on or before")
+    p.add_argument("--since", type=iso_date, default=None, metavar="YYYY-MM-DD",
+                   help="keep problems of contests on or after")
+    p.add_argument("--until", type=iso_date, default=None, metavar="YYYY-MM-DD",
+                   help="keep problems of contests on or before")
     p.set_defaults(func=_run_convert_livecodebench)
 
 
 def _run_convert_livecodebench(args: argparse.Namespace) -> int:
-    rows = []
+    if args.since and args.until and args.since > args.until:
+        raise CLIError(f"--since {args.since} is after --until {args.until}")
+    rows, records = 0, []
     for name in args.files:
         if not Path(name).is_file():
             raise CLIError(f"{name}: no such file")
         try:
-            rows += read_raw_jsonl(name)
+            raw = read_raw_jsonl(name)
+            records += convert_rows(raw, since=args.since, until=args.until)
         except ValueError as err:
-            raise CLIError(str(err)) from None
-    try:
-        records = convert_rows(rows, since=args.since, until=args.until)
-    except (ValueError, KeyError, TypeError) as err:
-        raise CLIError(f"not a LiveCodeBench file: {err}") from None
+            raise CLIError(f"{name}: {err}" if not str(err).startswith(name) else str(err)) from None
+        rows += len(raw)
     if not records:
-        raise CLIError(f"no problem left of {len(rows)} (check --since / --until)")
+        raise CLIError(f"no problem left of {rows} (check --since / --until)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")

@@ -76,9 +76,20 @@ def _metadata(value: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+ROW_FIELDS = ("question_content", "public_test_cases", "contest_date")  # what every released row has
+
+
 def record_from_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The ``livecodebench`` record of a released row (see the module docstring)."""
+    """The ``livecodebench`` record of a released row (see the module docstring); a ValueError when the row
+    lacks LiveCodeBench's fields or test cases."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a row is a JSON object, got {type(row).__name__}")
+    missing = [name for name in ROW_FIELDS if name not in row]
+    if missing:
+        raise ValueError(f"not a LiveCodeBench problem: no {', '.join(missing)}")
     tests = decode_test_cases(row.get("public_test_cases", [])) + decode_test_cases(row.get("private_test_cases", []))
+    if not tests or not all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
+        raise ValueError("no test cases, or a test case without 'input' and 'output'")
     title, content = str(row.get("question_title", "") or ""), str(row.get("question_content", "") or "")
     question = f"{title}\n\n{content}".strip() if title and not content.startswith(title) else content
     return {"id": str(row.get("question_id", "")), "question": question,
@@ -96,8 +107,15 @@ def read_raw_jsonl(path: str) -> list[dict[str, Any]]:
 
 def convert_rows(rows: Iterable[dict[str, Any]], *, since: str | None = None,
                  until: str | None = None) -> list[dict[str, Any]]:
-    """Records of the rows whose contest date (``YYYY-MM-DD``) is in [since, until], in order."""
-    records = [record_from_row(row) for row in rows]
+    """Records of the rows whose contest date (``YYYY-MM-DD``) is in [since, until], in order; a ValueError
+    names the first row (from 1) that is not a LiveCodeBench problem."""
+    records = []
+    for n, row in enumerate(rows, 1):
+        try:
+            records.append(record_from_row(row))
+        except ValueError as err:
+            name = f" ({row['question_id']})" if isinstance(row, dict) and row.get("question_id") else ""
+            raise ValueError(f"row {n}{name}: {err}") from None
     return [r for r in records if (since is None or r["date"] >= since) and (until is None or r["date"] <= until)]
 
 
