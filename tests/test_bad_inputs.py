@@ -43,7 +43,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory of bad (and a few good) inputs."""
-    from tadm.nn import mdlm_tiny, tadm_tiny
+    from tadm.nn import ar_tiny, mdlm_tiny, tadm_tiny
     from tadm.training.checkpoint import STATE_FORMAT
     from tadm.training.tokenization import train_bpe_tokenizer
 
@@ -72,6 +72,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"train: {{max_steps: 1, global_batch_size: 4, micro_batch_size: 4, device: cpu, out_dir: {d / 'run'}}}\n")
     tadm_tiny().save_pretrained(d / "ckpt")
     mdlm_tiny().save_pretrained(d / "mdlm")
+    ar_tiny(vocab_size=300).save_pretrained(d / "ar")
     shutil.copytree(d / "ckpt", d / "trunc")
     weights = (d / "trunc" / "model.safetensors").read_bytes()
     (d / "trunc" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
@@ -224,6 +225,20 @@ CLI_CASES = [
                  id="sample-repeated-K"),
     pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "gsm8k,", "--data-dir", "{d}/tasks"],
                  "task list 'gsm8k,' has an empty item", id="tasks-trailing-comma"),
+    pytest.param(["eval", "likelihood", "--model", "{d}/ar", "--tokenizer", "{d}/tok", "--data", str(FIXTURE),
+                  "--discrete-steps", "8", "--t-samples", "2"], "--discrete-steps, --t-samples set(s) the diffusion "
+                 "bound, and every --model is autoregressive", id="likelihood-ar-with-bound-flags"),
+    pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--no-cached", "-K", "2"],
+                 "-K/--refresh set(s) the cached-process bound, which --no-cached skips", id="staleness-no-cached-K"),
+    pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--no-cached", "--discrete-steps", "8"],
+                 "--discrete-steps set(s) the cached-process bound", id="staleness-no-cached-discrete"),
+    pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--adapter", "{d}/ckpt", "--split", "2,2", "--prompt",
+                  "hi"], "give an adapter or a split, not both", id="posttrain-sample-adapter-and-split"),
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/ids.json", "--tokenizer", "{d}/tok/tokenizer.json"],
+                 "tokenizer '{d}/tok/tokenizer.json' is a file; give the directory that holds it",
+                 id="gen-ppl-tokenizer-file"),
+    pytest.param(["eval", "gen-ppl", "--samples", "{d}/tasks"], "--samples {d}/tasks is a directory; give a file",
+                 id="gen-ppl-samples-directory"),
     pytest.param(["compute", "--anchor-layers", "0", "--denoiser-layers", "0", "--steps", "8"],
                  "--shared-layers, --anchor-layers and --denoiser-layers are all 0", id="compute-all-zero"),
     # -------------------------------------------------------------------------- tadm posttrain

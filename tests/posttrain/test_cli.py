@@ -80,5 +80,10 @@ def test_prompts_come_from_flags_then_from_a_prompt_file(base_dir, capsys):
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["prompts"] == ["the cat", "what is it", "the dog"] and len(record["texts"]) == 3
-    assert main(argv[:6] + ["--prompt-file", str(base_dir / "missing.txt")]) == 2
-    assert capsys.readouterr().err.strip().endswith(f"--prompt-file {str(base_dir / 'missing.txt')!r} does not exist")
+    (base_dir / "blank.txt").write_text("\n  \n")
+    (base_dir / "binary.txt").write_bytes(b"\xff\xfe\x00")
+    for name, message in (("missing.txt", "missing.txt: no such file"), (".", " is a directory; give a file"),
+                          ("blank.txt", "blank.txt has no prompt: give one prompt per line"),
+                          ("binary.txt", "binary.txt is not UTF-8 text (byte 0xff at offset 0)")):
+        assert main(argv[:6] + ["--prompt-file", str(base_dir / name)]) == 2
+        assert capsys.readouterr().err.strip().endswith(message), name

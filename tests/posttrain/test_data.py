@@ -78,8 +78,10 @@ def test_read_chat_jsonl_formats_and_errors(tmp_path):
     bad.write_text(json.dumps({"question": "x"}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: record lacks 'prompt', 'response'"):
         read_chat_jsonl(bad)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="none.jsonl' does not exist"):
         read_chat_jsonl(tmp_path / "none.jsonl")
+    with pytest.raises(IsADirectoryError, match="is a directory; give a JSONL file"):
+        read_chat_jsonl(tmp_path)
 
 
 @pytest.mark.parametrize("line,message", [

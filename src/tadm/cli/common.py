@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 from tadm.devices import resolve_device, resolve_dtype
@@ -79,6 +80,20 @@ def iso_date(value: str) -> str:
         return datetime.date.fromisoformat(value).isoformat()
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a date YYYY-MM-DD, got {value!r}") from None
+
+
+def read_text_file(flag: str, path: str | Path) -> str:
+    """The UTF-8 text of the file given as ``flag``; a missing path, a directory or a binary file is one line."""
+    path = Path(path)
+    if path.is_dir():
+        raise CLIError(f"{flag} {path} is a directory; give a file")
+    if not path.is_file():
+        raise CLIError(f"{flag} {path}: no such file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CLIError(f"{flag} {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                       f"{err.start})") from None
 
 
 def print_files(summary: str, files: dict[str, Any]) -> int:

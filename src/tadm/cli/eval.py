@@ -23,12 +23,13 @@ from typing import Any
 
 from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, int_list, iso_date,
                              nonnegative_int, optional_tokenizer, positive_float, positive_int, print_files, print_json,
-                             refresh_arg, refresh_policies, sampler_args, sampler_from_args, steps_arg)
+                             read_text_file, refresh_arg, refresh_policies, sampler_args, sampler_from_args,
+                             steps_arg)
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME, load_evaluator, prepare_default_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
-from tadm.eval.likelihood import (cached_process_nelbo, check_anchored, evaluate_likelihood, packed_eval_blocks,
-                                  stale_anchor_nelbo)
+from tadm.eval.likelihood import (cached_process_nelbo, check_anchored, evaluate_likelihood, is_autoregressive,
+                                  packed_eval_blocks, stale_anchor_nelbo)
 from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_sample_problem, mauve_score
 from tadm.eval.pipeline import SamplerSection, SamplingSettings
 from tadm.eval.plots import plot_nelbo_vs_age
@@ -78,13 +79,7 @@ def _scoring_parser(esub: argparse._SubParsersAction, name: str, help_text: str)
 
 
 def _read_sample_records(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise CLIError(f"--samples {path}: no such file")
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except UnicodeDecodeError as err:
-        raise CLIError(f"--samples {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
-                       f"{err.start}): expected JSON from `tadm sample --json`") from None
+    text = read_text_file("--samples", path).strip()
     if not text:
         raise ValueError(f"--samples {path} is empty: the sample set is empty")
     try:
@@ -287,9 +282,17 @@ def _named(specs: list[str]) -> list[tuple[str, str]]:
 
 def _run_likelihood(args: argparse.Namespace) -> int:
     models, sources = _named(args.model), _named(args.data)
+    bound_flags = [flag for flag, given in (("--discrete-steps", args.discrete_steps is not None),
+                                            ("--t-samples", args.t_samples != 1),
+                                            ("--schedule", args.schedule != "loglinear")) if given]
     records: list[dict[str, Any]] = []
+    autoregressive = 0
     for model_name, spec in models:
         model, tokenizer = load_model_and_tokenizer(spec, args.tokenizer, args.device)
+        autoregressive += is_autoregressive(model)
+        if bound_flags and autoregressive == len(models):
+            raise CLIError(f"{', '.join(bound_flags)} set(s) the diffusion bound, and every --model is "
+                           "autoregressive (its perplexity is exact)")
         for data_name, source in sources:
             blocks, seq_len = _eval_blocks(args, model_name, model, tokenizer, source)
             result = evaluate_likelihood(model, blocks, num_t_samples=args.t_samples,
@@ -360,6 +363,10 @@ def _run_staleness(args: argparse.Namespace) -> int:
     if not 0.0 < args.val_fraction < 1.0:
         raise CLIError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
     intervals = [p.fixed_interval for p in refresh_policies(args)]
+    unused = [flag for flag, given in (("-K/--refresh", intervals != [1, 2, 4, 8]),
+                                       ("--discrete-steps", args.discrete_steps is not None)) if given]
+    if args.no_cached and unused:
+        raise CLIError(f"{' and '.join(unused)} set(s) the cached-process bound, which --no-cached skips")
     if None in intervals:
         raise CLIError("-K/--refresh: the cached-process bound is defined for fixed intervals K (e.g. -K 1,2,4,8)")
     records: list[dict[str, Any]] = []

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from tadm.cli.common import (CLIError, config_parser, device_arg, dtype_arg, policy_from_args, positive_int,
-                             refresh_arg, refresh_policy_args, steps_arg)
+                             read_text_file, refresh_arg, refresh_policy_args, steps_arg)
 from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import load_anchored
 from tadm.posttrain.generate import encodes_prompts, generate_blocks
@@ -121,7 +120,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def _parse_split(text: str | None):
     if text is None:
-        return SplitSpec()
+        return None  # load_anchored's default split (2,20) unless an adapter fixes one
     try:
         shared, anchor = (int(v) for v in text.split(","))
     except ValueError:
@@ -132,10 +131,10 @@ def _parse_split(text: str | None):
 def _prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompt)
     if args.prompt_file is not None:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise CLIError(f"--prompt-file {args.prompt_file!r} does not exist")
-        prompts += [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = [line for line in read_text_file("--prompt-file", args.prompt_file).splitlines() if line.strip()]
+        if not lines:
+            raise CLIError(f"--prompt-file {args.prompt_file} has no prompt: give one prompt per line")
+        prompts += lines
     if not prompts:
         raise CLIError("give at least one --prompt or a --prompt-file")
     return prompts

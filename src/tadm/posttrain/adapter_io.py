@@ -377,9 +377,12 @@ def load_anchored(
     """A base model (Hub id or directory) split into stages, with the fusion of ``adapter`` (directory or Hub id) if given.
 
     Without an adapter the base is split by ``split`` with an untrained fusion (useful with
-    ``naive=True``: naive reuse of the cached anchor, no fusion). Returns the model in eval mode and
-    a note when the adapter was trained on a base of another name (None otherwise).
+    ``naive=True``: naive reuse of the cached anchor, no fusion); with one, ``split`` must be None.
+    Returns the model in eval mode and a note when the adapter was trained on a base of another name
+    (None otherwise).
     """
+    if adapter is not None and split is not None:
+        raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
     loaded = load_backbone(backbone, base, dtype=dtype, device=device)
     mode = "naive" if naive else "paired"
     note = None

@@ -134,6 +134,8 @@ def read_chat_jsonl(
 ) -> list[ChatExample]:
     """Read chat examples from a JSONL file (see the module docstring for the two record shapes)."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"chat data file {str(path)!r} is a directory; give a JSONL file")
     if not path.is_file():
         raise FileNotFoundError(f"chat data file {str(path)!r} does not exist")
     examples: list[ChatExample] = []

@@ -261,7 +261,10 @@ def load_gpt2_tokenizer(path_or_name: str | os.PathLike[str] = "gpt2") -> TextTo
             return _with_mask(Tokenizer.from_file(str(path / TOKENIZER_FILENAME)), name=path.name)
         wanted = " or ".join(f"{v} + {m}" for v, m in _GPT2_FILE_PAIRS)
         raise FileNotFoundError(f"{path} holds neither {wanted} nor {TOKENIZER_FILENAME}")
-    if path.exists() or _looks_like_path(spec):
+    if path.exists():
+        raise FileNotFoundError(f"tokenizer {spec!r} is a file; give the directory that holds it "
+                                f"({TOKENIZER_FILENAME}, or {_GPT2_FILE_PAIRS[0][0]} + {_GPT2_FILE_PAIRS[0][1]})")
+    if _looks_like_path(spec):
         raise FileNotFoundError(f"GPT-2 tokenizer directory {spec!r} does not exist")
     repo = _GPT2_HUB_REPO.get(spec, spec)
     try:
