@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -64,8 +65,12 @@ def test_interrupted_run_resumes_to_the_same_fusion(files, tmp_path, monkeypatch
     monkeypatch.undo()
 
     messages = []
-    resumed = run_posttrain(_config(files, tmp_path / "resumed"), log=messages.append)
+    resumed = run_posttrain(_config(files, tmp_path / "resumed", "train.log_every=1"), log=messages.append)
     assert any(m.startswith("resumed from") and m.endswith("at step 2") for m in messages)
+    # without a terminal (no progress bar) each logged step is one readable line
+    steps = [m for m in messages if m.startswith("step ")]
+    assert steps and all(re.fullmatch(r"step [34]/4 \| loss \d+\.\d{4} \(ce \d+\.\d{4}, kd \d+\.\d{4}\) \| "
+                                      r"lr \S+ \| [\d,]+ tok/s", m) for m in steps), steps
     a, b = load_file(straight / ADAPTER_WEIGHTS_NAME), load_file(resumed / ADAPTER_WEIGHTS_NAME)
     assert a.keys() == b.keys() and any(torch.count_nonzero(v) for v in a.values())
     for key in a:

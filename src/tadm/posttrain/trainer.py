@@ -22,7 +22,6 @@ synchronised).
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from tadm.config import check_resumable
 from tadm.diffusion import get_schedule, kd_loss
@@ -318,17 +318,26 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
         metrics = MetricsLogger(out_dir, enabled=info.is_main, loggers=t.loggers,
                                 resume_step=trainer.step if state is not None else None, notice=log,
                                 wandb_project=t.wandb_project, config=config.to_dict())
+        # a progress bar on a terminal (rank 0); elsewhere (a log file, a pipe) one line per log_every steps
+        bar = tqdm(total=t.max_steps, initial=trainer.step, unit="step", desc="posttrain", dynamic_ncols=True,
+                   disable=None if info.is_main else True)
         try:
             while trainer.step < t.max_steps:
                 values = trainer.train_step([next(batches) for _ in range(t.grad_accum_steps)])
+                tokens_per_s = values["tokens"] / max(values["seconds"], 1e-9)
+                bar.set_postfix(loss=f"{values['loss']:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                bar.update(1)
                 if info.is_main and (trainer.step % t.log_every == 0 or trainer.step == 1):
-                    log(json.dumps(values))
                     metrics.log(trainer.step, "train", {k: v for k, v in values.items() if k != "step"})
+                    if bar.disable:
+                        log(f"step {trainer.step}/{t.max_steps} | loss {values['loss']:.4f} (ce {values['ce']:.4f}, "
+                            f"kd {values['kd']:.4f}) | lr {values['lr']:.2e} | {tokens_per_s:,.0f} tok/s")
                 if info.is_main and trainer.step % t.save_every == 0:
                     _save(trainer, adapter_dir)
             if info.is_main:
                 _save(trainer, adapter_dir)
         finally:
+            bar.close()
             metrics.close()
         barrier(info)
         return adapter_dir
