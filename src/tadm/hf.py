@@ -7,18 +7,41 @@ A directory or id is loaded through :func:`load_hf` (or :func:`load_hf_tokenizer
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from huggingface_hub import constants
 from huggingface_hub.utils import validate_repo_id
 
-__all__ = ["NO_CUSTOM_CODE", "check_hf_source", "first_line", "is_repo_id", "load_hf", "load_hf_tokenizer",
-           "refuse_custom_code"]
+__all__ = ["NO_CUSTOM_CODE", "check_hf_source", "first_line", "hub_reachable", "is_repo_id", "load_hf",
+           "load_hf_tokenizer", "refuse_custom_code"]
 
 NO_CUSTOM_CODE = "tadm never runs code shipped with a model (trust_remote_code=False)"
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+@functools.lru_cache(maxsize=1)
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Can the Hugging Face Hub be reached? False with ``HF_HUB_OFFLINE`` set, or when the endpoint's host
+    (``HF_ENDPOINT``, by default huggingface.co) refuses a connection within ``timeout`` seconds; True behind
+    a proxy, which is not probed. One probe per process, so that a missing network costs seconds once
+    instead of the Hub client's retries (about 25 s) at every request."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return True
+    endpoint = urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname or "huggingface.co", endpoint.port or 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def first_line(err: BaseException) -> str:

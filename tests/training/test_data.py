@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import tadm.training.data as data_mod
 from tadm.corpora import bundled_corpus_path, bundled_license_path
 from tadm.training.data import (
     BlockSampler,
@@ -186,6 +187,7 @@ def test_hub_dataset_through_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
         return [{"text": "doc one", "id": "1"}, {"text": "", "id": "2"}, {"text": "doc three", "id": "3"}]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(data_mod, "hub_reachable", lambda: True)
     assert list(load_texts("openwebtext")) == ["doc one", "doc three"]
     assert calls == [("openwebtext", "train")]
     with pytest.raises(ValueError, match="no field 'body'"):
@@ -193,6 +195,23 @@ def test_hub_dataset_through_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls[-1] == ("openwebtext", "validation")
     with pytest.raises(OSError, match="hub unreachable.*Offline, pass a local"):
         load_texts("offline/owt")
+
+
+def test_unreachable_hub_without_a_cached_copy_fails_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    fake = types.SimpleNamespace(load_dataset=lambda name, split: calls.append(name) or [{"text": "cached doc"}])
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    monkeypatch.setattr(data_mod, "hub_reachable", lambda: False)
+    monkeypatch.setattr(data_mod.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    with pytest.raises(OSError, match="'owner/owt': the Hub cannot be reached .* no copy is in the local cache"):
+        load_texts("owner/owt")
+    assert calls == []  # not handed to `datasets`, whose client would retry for about 25 s
+    for cached in (tmp_path / "hub" / "datasets--owner--owt", tmp_path / "datasets" / "owner___owt"):
+        cached.mkdir(parents=True)
+        assert list(load_texts("owner/owt")) == ["cached doc"]  # a cached copy is still read offline
+        cached.rmdir()
+    assert calls == ["owner/owt", "owner/owt"]
 
 
 def test_dataset_saved_to_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

