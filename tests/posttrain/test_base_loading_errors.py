@@ -107,6 +107,23 @@ def test_posttrain_train_gives_one_line(bases, case, tmp_path, capsys):
     assert needle in err and str(path) in err
 
 
+def test_a_tadm_base_without_a_chat_tokenizer_is_one_line(tmp_path, capsys):
+    from tadm.nn import mdlm_tiny
+    from tadm.training.tokenization import train_bpe_tokenizer
+
+    base = tmp_path / "mdlm"
+    tokenizer = train_bpe_tokenizer(["the cat sat on the mat"] * 20, vocab_size=280)
+    mdlm_tiny(vocab_size=tokenizer.vocab_size).save_pretrained(base)
+    tokenizer.save(base)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"prompt": "hello", "response": "the cat sat"}) + "\n")
+    code = main(["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), "base.backbone=mdlm",
+                 f"base.path={base}", f"data.train_file={chat}", f"train.out_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"the tokenizer of {base} has no chat template" in err.strip().splitlines()[-1]
+
+
 def test_an_unreachable_hub_id_names_it(monkeypatch):
     from transformers import DiffusionGemmaForBlockDiffusion
 

@@ -244,6 +244,11 @@ def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasD
     """The chat JSONL cut into canvases, and the pad id."""
     d = config.data
     tokenizer = load_hf_tokenizer(d.tokenizer or config.base.path)
+    if not getattr(tokenizer, "chat_template", None):
+        raise PosttrainConfigError(
+            f"the tokenizer of {d.tokenizer or config.base.path} has no chat template, which post-training needs to "
+            "turn each record into prompt and response tokens: give a chat tokenizer (data.tokenizer=DIR); a tadm "
+            "base gets one at pretraining with tadm.posttrain.data.make_chat_tokenizer")
     pad_id = d.pad_id if d.pad_id is not None else tokenizer.pad_token_id
     if pad_id is None:
         raise PosttrainConfigError("the tokenizer has no pad token; set data.pad_id")
