@@ -60,15 +60,20 @@ def test_likelihood_and_throughput_print_a_line_and_a_table_without_json(tmp_pat
     assert line == (f"small on slice (all): perplexity <= {record['ppl']:.3f} ({record['nll']:.4f} nats/token over "
                     f"{record['num_tokens']} tokens, nelbo)")
 
-    argv = ["eval", "throughput", "--model", "tadm-tiny", "--steps", "6", "--refresh", "1,4", "--length", "8",
+    argv = ["eval", "throughput", "--model", "tadm-tiny", "--steps", "6,4", "--refresh", "4,1", "--length", "8",
             "--generations", "1", "--warmup", "0"]
     assert main(argv) == 0
     header, *rows = capsys.readouterr().out.strip().splitlines()
-    assert header.split() == ["T", "K", "tokens/s", "speedup", "layer", "calls", "analytic"]
+    assert header.split() == ["T", "K", "tokens/s", "vs", "K=1", "layer", "calls", "analytic"]
     cells = [row.split() for row in rows]
-    assert [c[:2] for c in cells] == [["6", "K=1"], ["6", "K=4"]]
-    assert cells[0][3] == "1.00x"
-    assert [c[4:] for c in cells] == [["18", "18"], ["10", "10"]]  # counted = analytic (Eq. anchor-cache-compute)
+    assert [c[:2] for c in cells] == [["6", "K=4"], ["6", "K=1"], ["4", "K=4"], ["4", "K=1"]]
+    # each cell against K = 1 at its own T, whatever the order of -T and -K
+    for cached, uncached in ((cells[0], cells[1]), (cells[2], cells[3])):
+        assert uncached[3] == "1.00x"
+        assert float(cached[3][:-1]) == pytest.approx(float(cached[2]) / float(uncached[2]), abs=0.006)
+    assert [c[4:] for c in cells[:2]] == [["10", "10"], ["18", "18"]]  # counted = analytic (Eq. anchor-cache-compute)
+    assert main(argv[:7] + ["4"] + argv[8:]) == 0  # no K = 1: no ratio
+    assert capsys.readouterr().out.strip().splitlines()[1].split()[3] == "-"
 
 
 @pytest.mark.slow

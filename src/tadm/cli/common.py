@@ -60,7 +60,11 @@ class FlatList(argparse.Action):
                  option_string: str | None = None) -> None:
         earlier = getattr(namespace, self.dest, None)
         earlier = [] if earlier is None or earlier is self.default else list(earlier)
-        setattr(namespace, self.dest, earlier + [v for value in values for v in value])
+        merged = earlier + [v for value in values for v in value]
+        twice = [str(v) for n, v in enumerate(merged) if v in merged[:n]]
+        if twice and not hasattr(merged[0], "key"):  # refresh policies: parse_refresh_list names theirs
+            raise argparse.ArgumentError(self, f"{', '.join(dict.fromkeys(twice))} is listed twice")
+        setattr(namespace, self.dest, merged)
 
 
 def positive_float(value: str) -> float:
