@@ -78,6 +78,13 @@ def positive_float(value: str) -> float:
     return number
 
 
+def nonempty(value: str) -> str:
+    """An argparse type for a path or name: an empty value (which would mean the current directory) is refused."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
 def iso_date(value: str) -> str:
     """An argparse type: a calendar date YYYY-MM-DD (kept as that string, which sorts as the date does)."""
     try:

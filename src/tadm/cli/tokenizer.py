@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tadm.cli.common import CLIError, positive_int
+from tadm.cli.common import CLIError, nonempty, positive_int
 from tadm.training.provenance import read_provenance, train_recorded_tokenizer
 from tadm.training.tokenization import META_FILENAME, TOKENIZER_FILENAME
 
@@ -22,9 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "--out; use it with data.tokenizer=DIR. An existing tokenizer in --out is replaced only with --overwrite."
         ),
     )
-    t.add_argument("--source", default="brown", help="corpus: 'brown' (bundled), a .txt/.jsonl file or directory")
+    t.add_argument("--source", type=nonempty, default="brown",
+                   help="corpus: 'brown' (bundled), a .txt/.jsonl file or directory")
     t.add_argument("--vocab-size", type=positive_int, default=4096, metavar="V", help="ids including the mask")
-    t.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer into")
+    t.add_argument("--out", type=nonempty, required=True, metavar="DIR", help="directory to write the tokenizer into")
     t.add_argument("--text-field", default="text", help="JSON field holding the text (.jsonl sources)")
     t.add_argument("--min-frequency", type=positive_int, default=2, metavar="N", help="minimum count of a merge")
     t.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --out")

@@ -154,6 +154,9 @@ class StudyConfig(RecipeConfig):
 def _positive_ints(name: str, values: Sequence[int], minimum: int = 1) -> None:
     if not values or any(isinstance(v, bool) or int(v) != v or v < minimum for v in values):
         raise ConfigError(f"{name} must be a non-empty list of integers >= {minimum}, got {list(values)}")
+    twice = sorted({v for n, v in enumerate(values) if v in list(values)[:n]})
+    if twice:  # a repeated seed would count one model as two in every mean and spread
+        raise ConfigError(f"{name} lists {', '.join(map(str, twice))} twice, got {list(values)}")
 
 
 def _at_least(section: object, prefix: str, names: Sequence[str], minimum: int = 1) -> None:

@@ -462,6 +462,9 @@ def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell],
                  log: Callable[[str], None] = print) -> dict[str, Path]:
     """Rebuild ``results.json``, ``results.csv``, ``staleness.csv``, ``report.md`` and the plots."""
     res = collect_results(cfg, layout, run, cells)
+    if not any(res[name] for name in ("models", "likelihood", "staleness", "samples")):
+        raise ValueError(f"{layout.root} holds no finished unit of this study to report: run its other stages first "
+                         "(the default --stages runs them all)")
     invocations = (read_json(layout.manifest) or {}).get("invocations", [])
     files = _write_data_files(cfg, res, invocations, layout.root)
     lines = [*_setup_lines(cfg, invocations), *_likelihood_lines(cfg, res), *_sampling_lines(cfg, res),
