@@ -313,6 +313,21 @@ def test_a_truncated_training_state_is_a_one_line_error(tmp_path: Path, tokenize
     assert code == 2 and f"training state {state} is truncated or corrupt" in _one_line(err)
 
 
+def test_resume_refuses_a_lower_max_steps_and_overwrite(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A run resumed below its step count would rewrite final/ with a config claiming fewer steps."""
+    cfg = run_config(tmp_path / "run", tokenizer_dir, cache_dir, "train.max_steps=2")
+    train(cfg)
+    config_file = tmp_path / "run" / "final" / "train_config.yaml"
+    saved = config_file.read_text()
+    save_config(cfg, tmp_path / "run.yaml")
+    code, _, err = _run_cli(capsys, "train", str(tmp_path / "run.yaml"), "--resume", "train.max_steps=1")
+    assert code == 2 and "has done 2 steps, more than train.max_steps=1" in _one_line(err)
+    code, _, err = _run_cli(capsys, "train", str(tmp_path / "run.yaml"), "--resume", "train.overwrite=true")
+    assert code == 2 and "give one of them" in _one_line(err)
+    assert config_file.read_text() == saved and (tmp_path / "run" / "training_state.pt").is_file()
+
+
 # ------------------------------------------------------------------------------------- tokenizers
 def test_tokenizer_train_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tok"
@@ -347,32 +362,43 @@ def _keep_only_the_tokenizer(out: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_run_reuses_only_a_tokenizer_trained_on_its_corpus(tmp_path: Path, cache_dir: Path) -> None:
+def test_a_run_reuses_only_a_tokenizer_trained_on_its_corpus(tmp_path: Path, cache_dir: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
     corpus = tmp_path / "a.jsonl"
     corpus.write_bytes(FIXTURE.read_bytes())
     out = tmp_path / "run"
     first = train(_bpe_run(out, cache_dir, corpus, 300))
-    _keep_only_the_tokenizer(out)  # as if the run had died before its first save
-    tok_files = {p.name: p.read_bytes() for p in (out / "tokenizer").iterdir()}
-    with pytest.raises(TokenizerMismatchError, match=r"was trained with vocab_size 300 \(now 320\); delete .*"
-                                                     r"tokenizer to train a new one, start afresh with "
-                                                     r"train\.overwrite=true, or set data\.tokenizer="):
-        train(_bpe_run(out, cache_dir, corpus, 320))
-    other = tmp_path / "b.jsonl"
-    other.write_text("\n".join(FIXTURE.read_text().splitlines()[:20]) + "\n")
-    with pytest.raises(TokenizerMismatchError, match=f"was trained on '{corpus.resolve()}', not on the text of"):
-        train(_bpe_run(out, cache_dir, other, 300))
-    assert {p.name: p.read_bytes() for p in (out / "tokenizer").iterdir()} == tok_files
     # the same text under another name (a moved corpus) is the same corpus
     moved = tmp_path / "moved.jsonl"
     corpus.rename(moved)
+    _keep_only_the_tokenizer(out)  # as if the run had died before its first save
+    tok_files = {p.name: p.read_bytes() for p in (out / "tokenizer").iterdir() if p.name != PROVENANCE_FILENAME}
     again = train(_bpe_run(out, cache_dir, moved, 300))
     assert again.losses == first.losses
     assert json.loads((out / "tokenizer" / PROVENANCE_FILENAME).read_text())["source"] == str(moved.resolve())
-    # a tokenizer without a record (saved by an older tadm) is kept by a resumed run, not by a fresh one
+    # a resumed run whose corpus changed under it stops, and keeps its tokenizer
+    text = moved.read_text()
+    moved.write_text(text + json.dumps({"text": "one more document"}) + "\n")
+    with pytest.raises(TokenizerMismatchError, match=f"on an earlier version of '{moved.resolve()}', not on the "
+                                                     r"text of .* now; delete .*tokenizer to train a new one"):
+        train(_bpe_run(out, cache_dir, moved, 300, "train.max_steps=2"), resume=True)
+    assert {p.name: p.read_bytes() for p in (out / "tokenizer").iterdir() if p.name != PROVENANCE_FILENAME} \
+        == tok_files
+    moved.write_text(text)
+    # a tokenizer without a record (saved by an older tadm) is kept by a resumed run
     (out / "tokenizer" / PROVENANCE_FILENAME).unlink()
     resumed = train(_bpe_run(out, cache_dir, moved, 300, "train.max_steps=2"), resume=True)
     assert resumed.step == 2 and torch.isfinite(torch.tensor(resumed.losses)).all()
-    _keep_only_the_tokenizer(out)
-    with pytest.raises(TokenizerMismatchError, match="no record of what it was trained on"):
-        train(_bpe_run(out, cache_dir, moved, 300))
+    # in an out_dir that holds no run, a tokenizer that does not fit (another vocabulary, another corpus,
+    # no record) was left by a run that saved nothing: a fresh run trains a new one and says so
+    capsys.readouterr()
+    other = tmp_path / "b.jsonl"
+    other.write_text("\n".join(FIXTURE.read_text().splitlines()[:20]) + "\n")
+    for source, vocab, said in ((moved, 300, "with no record of what it was trained on"),
+                                (moved, 320, "was trained with vocab_size 300 (now 320)"),
+                                (other, 320, f"was trained on '{moved.resolve()}', not on the text of")):
+        _keep_only_the_tokenizer(out)
+        train(_bpe_run(out, cache_dir, source, vocab))
+        assert said in capsys.readouterr().out
+        record = json.loads((out / "tokenizer" / PROVENANCE_FILENAME).read_text())
+        assert (record["source"], record["vocab_size"]) == (str(source.resolve()), vocab)

@@ -21,7 +21,8 @@ One call runs a whole experiment described by an :class:`~tadm.config.Experiment
 The run directory is locked for the whole call (:class:`~tadm.training.rundir.RunDirLock`): a
 second run on the same ``out_dir`` is refused, naming the holder. Leftovers of saves killed
 midway are removed at start-up. A tokenizer found in ``out_dir/tokenizer`` is reused only if its
-provenance record fits ``data`` (:mod:`tadm.training.provenance`). Ctrl-C (SIGINT) on a single
+provenance record fits ``data`` (:mod:`tadm.training.provenance`); otherwise a resumed run stops, and a
+fresh one (whose ``out_dir`` holds no run) trains a new one. Ctrl-C (SIGINT) on a single
 process stops the run after the current step, saves the training state and raises
 :class:`TrainingInterrupted`; a second Ctrl-C interrupts at once.
 
@@ -69,7 +70,7 @@ from tadm.training.lr import build_lr_scheduler
 from tadm.training.metrics import METRICS_FILENAME, TENSORBOARD_DIRNAME, MetricsLogger
 from tadm.training.objectives import LossOutput, ObjectiveConfig, get_objective, rare_token_mask, validation_config
 from tadm.training.precision import autocast_context, uses_bf16
-from tadm.training.provenance import check_provenance, train_recorded_tokenizer
+from tadm.training.provenance import TokenizerMismatchError, check_provenance, train_recorded_tokenizer
 from tadm.training.rundir import RunDirLock, prepare_run_dir, remove_stale_temporaries
 from tadm.training.tokenization import META_FILENAME, TextTokenizer, check_vocab_compatible, load_tokenizer
 
@@ -152,24 +153,36 @@ def _noise_generator(seed: int, step: int, chunk: int, split: str = "train") -> 
     return torch.Generator().manual_seed(_noise_seed(seed, step, chunk, split))
 
 
-def prepare_tokenizer(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False) -> TextTokenizer:
+def prepare_tokenizer(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
+                      notice: Callable[[str], None] | None = None) -> TextTokenizer:
     """The run's tokenizer (see the module docstring); a BPE tokenizer is trained once and reused.
 
+    In a fresh run ``out_dir`` holds no run (:func:`train` checks this first), so a tokenizer found
+    there that does not fit ``data`` is a leftover of a run that failed before its first save: it is
+    replaced, with a ``notice``. A resumed run keeps its own tokenizer or stops.
+
     Raises:
-        TokenizerMismatchError: ``out_dir/tokenizer`` was trained on another corpus or vocabulary
-            size (or, in a fresh run, has no provenance record).
+        TokenizerMismatchError: resuming, and ``out_dir/tokenizer`` was trained on another corpus or
+            vocabulary size.
     """
     data = cfg.data
     if data.tokenizer != "bpe":
         return load_tokenizer(data.tokenizer)
     tok_dir = out_dir / TOKENIZER_DIRNAME
-    if not (tok_dir / META_FILENAME).is_file():
-        return train_recorded_tokenizer(data.source, data.tokenizer_vocab_size, tok_dir, text_field=data.text_field)
-    advice = (f"delete {tok_dir} to train a new one, start afresh with train.overwrite=true, or set "
-              f"data.tokenizer={tok_dir} to use it as it is")
-    check_provenance(tok_dir, data.source, data.tokenizer_vocab_size, text_field=data.text_field, advice=advice,
-                     missing_ok=resume)  # a run saved before provenance records existed
-    return TextTokenizer.load(tok_dir)
+    if (tok_dir / META_FILENAME).is_file():
+        advice = (f"delete {tok_dir} to train a new one, start afresh with train.overwrite=true, or set "
+                  f"data.tokenizer={tok_dir} to use it as it is")
+        try:
+            check_provenance(tok_dir, data.source, data.tokenizer_vocab_size, text_field=data.text_field,
+                             advice=advice, missing_ok=resume)  # a run saved before provenance records existed
+            return TextTokenizer.load(tok_dir)
+        except TokenizerMismatchError as err:
+            if resume:
+                raise
+            (notice or print)(f"{str(err).split('; ')[0]}: it was left by a run that saved nothing, "
+                              "so a new one is trained")
+            shutil.rmtree(tok_dir)
+    return train_recorded_tokenizer(data.source, data.tokenizer_vocab_size, tok_dir, text_field=data.text_field)
 
 
 def _token_counts(packed: PackedTokens, vocab_size: int) -> torch.Tensor:
@@ -395,8 +408,12 @@ class _Run:
 
     def say(self, message: str) -> None:
         """A rank-0 message that does not break the progress bar."""
-        if self.info.is_main:
-            tqdm.write(message, file=sys.stdout)
+        _Run.say_on(self.info)(message)
+
+    @staticmethod
+    def say_on(info: DistInfo) -> Callable[[str], None]:
+        """:meth:`say` before the run is built."""
+        return lambda message: tqdm.write(message, file=sys.stdout) if info.is_main else None
 
 
 @dataclass
@@ -413,6 +430,9 @@ def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | Non
     """The state to continue from (``resume``), after checking that ``out_dir`` fits the request."""
     out_dir = Path(cfg.train.out_dir)
     state_path = out_dir / STATE_FILENAME
+    if resume and cfg.train.overwrite:
+        raise ConfigError("--resume continues the run in train.out_dir and train.overwrite=true deletes it; "
+                          "give one of them")
     if resume and not state_path.is_file():
         raise _nothing_to_resume(state_path)
     if not resume and (state_path.exists() or (out_dir / FINAL_DIRNAME).exists()) and not cfg.train.overwrite:
@@ -424,6 +444,11 @@ def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | Non
         return None
     state = load_training_state(state_path)
     check_resumable(state["config"], cfg.to_dict(), _RESUME_FIXED, state_path)
+    if int(state["step"]) > cfg.train.max_steps:
+        raise ConfigError(
+            f"the run in {str(out_dir)!r} has done {int(state['step'])} steps, more than train.max_steps="
+            f"{cfg.train.max_steps}; its model is in {out_dir / FINAL_DIRNAME} (to continue, raise train.max_steps)"
+        )
     return state
 
 
@@ -445,7 +470,7 @@ def _prepare_data(
         if info.is_main and not resume and cfg.train.overwrite:
             _remove_previous_run(out_dir)
         try:
-            tokenizer = prepare_tokenizer(cfg, out_dir, resume=resume)
+            tokenizer = prepare_tokenizer(cfg, out_dir, resume=resume, notice=_Run.say_on(info))
             splits = build_packed_dataset(
                 cfg.data.source,
                 tokenizer,
