@@ -44,7 +44,7 @@ from tadm.specs import find_tokenizer
 from tadm.training.rundir import remove_stale_temporaries
 
 __all__ = ["DEFAULT_EVALUATOR", "DEFAULT_CONTEXT_SIZE", "EVALUATOR_PRESETS", "Evaluator", "EvaluatorOutput",
-           "default_evaluator_path", "evaluator_cache_dir", "evaluator_from_ar_model", "evaluator_from_hf",
+           "default_evaluator_path", "check_evaluator", "evaluator_cache_dir", "evaluator_from_ar_model", "evaluator_from_hf",
            "load_evaluator", "prepare_default_evaluator"]
 
 DEFAULT_EVALUATOR = "smollm2-135m"
@@ -97,9 +97,9 @@ def default_evaluator_path(name: str = DEFAULT_EVALUATOR) -> Path:
     return evaluator_cache_dir() / name
 
 
-def _how_to_supply(name: str = DEFAULT_EVALUATOR) -> str:
+def _how_to_supply(name: str = DEFAULT_EVALUATOR, supply: str = "pass --evaluator PATH") -> str:
     return (
-        f"pass --evaluator PATH (a local Hugging Face causal-LM directory or a tadm AR checkpoint), "
+        f"{supply} (a local Hugging Face causal-LM directory or a tadm AR checkpoint), "
         f"or run `tadm eval prepare-evaluator` to fetch and convert {name!r} into {default_evaluator_path(name)}"
     )
 
@@ -277,33 +277,52 @@ def load_evaluator(
             repository that needs custom code (tadm loads with ``trust_remote_code=False``).
     """
     name = DEFAULT_EVALUATOR if spec is None else os.fspath(spec)
-    source = name  # a hub id, unless a preset or a local directory below
+    source, kind = _locate(name)
+    if kind == "tadm":
+        return evaluator_from_ar_model(load_model(source, device=str(device)), find_tokenizer(source, tokenizer),
+                                       name=name, device=device, context_size=context_size)
+    return _load_hf(source, name=name, device=device, dtype=dtype, context_size=context_size,
+                    local_files_only=local_files_only or kind == "local")
+
+
+def check_evaluator(spec: str | os.PathLike[str], *, supply: str = "pass --evaluator PATH") -> None:
+    """Raise the error :func:`load_evaluator` would raise for a preset that was never prepared or a local
+    path that holds no evaluator, without loading anything (a hub id is not contacted).
+
+    A long run calls this before its first unit, so that a bad evaluator stops it at once rather than
+    after hours of training or sampling; ``supply`` names the setting that gives the evaluator.
+    """
+    _locate(os.fspath(spec), supply)
+
+
+def _locate(name: str, supply: str = "pass --evaluator PATH") -> tuple[str, str]:
+    """Where the evaluator ``name`` loads from, and what that is: "tadm" (an AR checkpoint), "local" (a
+    Hugging Face directory) or "hub" (a hub id)."""
     path = Path(name).expanduser()
     if name in EVALUATOR_PRESETS:
         path = default_evaluator_path(name)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"evaluator {name!r} is not prepared ({path} does not exist); {_how_to_supply(name)}")
-        source, local_files_only = str(path), True
-    elif path.is_dir():
+            raise FileNotFoundError(f"evaluator {name!r} is not prepared ({path} does not exist); "
+                                    f"{_how_to_supply(name, supply)}")
+        return str(path), "local"
+    if path.is_dir():
         model_type = _is_tadm_checkpoint(path)
         if model_type is not None:
             if model_type != "ar":
                 raise ValueError(
                     f"evaluator {name!r} is a tadm {model_type!r} checkpoint; an evaluator must be autoregressive ('ar')"
                 )
-            return evaluator_from_ar_model(load_model(path, device=str(device)), find_tokenizer(path, tokenizer),
-                                           name=name, device=device, context_size=context_size)
+            return str(path), "tadm"
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"evaluator directory {path} holds no config.json (not a saved causal LM); {_how_to_supply()}"
-            )
-        source, local_files_only = str(path), True
-    elif path.exists():
-        raise FileNotFoundError(f"evaluator path {path} is a file, not a model directory; {_how_to_supply()}")
-    elif not _is_hub_id(name):
-        raise FileNotFoundError(f"evaluator path {name!r} does not exist; {_how_to_supply()}")
-    return _load_hf(source, name=name, device=device, dtype=dtype, context_size=context_size,
-                    local_files_only=local_files_only)
+            raise FileNotFoundError(f"evaluator directory {path} holds no config.json (not a saved causal LM); "
+                                    f"{_how_to_supply(supply=supply)}")
+        return str(path), "local"
+    if path.exists():
+        raise FileNotFoundError(f"evaluator path {path} is a file, not a model directory; "
+                                f"{_how_to_supply(supply=supply)}")
+    if not _is_hub_id(name):
+        raise FileNotFoundError(f"evaluator path {name!r} does not exist; {_how_to_supply(supply=supply)}")
+    return name, "hub"
 
 
 def _load_hf(source: str, *, name: str, device: torch.device | str, dtype: torch.dtype, context_size: int | None,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 
-from tadm.eval.evaluator import Evaluator
+from tadm.eval.evaluator import Evaluator, check_evaluator
 from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import packed_eval_blocks
 from tadm.eval.pipeline import (MAUVE_SEED, Cell, PipelineStore, Run, SamplingSettings, cell_rows, data_row,
@@ -190,8 +190,10 @@ def run_sweep(config: SweepConfig, *, evaluator: Evaluator | None = None, overwr
         for name in ("throughput.json", "results.json", "results.csv", "table.md"):
             (out / name).unlink(missing_ok=True)
     _check_layout(out)
-    store, models = PipelineStore(out), _Models(config)
     name_of_evaluator = config.sampling.evaluators[0]
+    if evaluator is None:
+        check_evaluator(name_of_evaluator)  # before the first sample, not after
+    store, models = PipelineStore(out), _Models(config)
     load = (lambda _: evaluator) if evaluator is not None else None
     ran: list[str] = []
     runs: dict[str, Run] = {}

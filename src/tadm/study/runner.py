@@ -34,6 +34,7 @@ from typing import Any
 
 from tadm.config import ConfigError
 from tadm.devices import resolve_device
+from tadm.eval.evaluator import check_evaluator
 from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import cached_process_nelbo, evaluate_likelihood, packed_eval_blocks, stale_anchor_nelbo
 from tadm.eval.pipeline import Cell, PipelineStore, Run, sample_cells, score_cells, time_cells
@@ -204,6 +205,23 @@ class _Study:
                                  "wall_time_s": seconds, "resumed": resume})
             self._ran(unit, seconds)
 
+    def check_inputs(self, stages: tuple[str, ...]) -> None:
+        """Stop at once on what would stop a later stage: models not trained, an evaluator that cannot load."""
+        if "train" not in stages and set(stages) & {"likelihood", "sample", "score", "throughput"}:
+            missing = [f"{m.name!r} seed {seed}" for m, seed in self.units()
+                       if not (self.layout.run_dir(m.name, seed) / UNIT_MARKER).is_file()]
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise ConfigError(f"model {missing[0]}{more} is not trained in {self.layout.root}; "
+                                  "run the train stage first")
+        if "score" in stages:
+            for name in self.cfg.sampling.evaluators:
+                if name != IN_DOMAIN_EVALUATOR:
+                    try:
+                        check_evaluator(name, supply="name in sampling.evaluators")
+                    except (FileNotFoundError, ValueError) as err:
+                        raise ConfigError(f"sampling.evaluators: {err}") from None
+
     # ---------------------------------------------------------------- loading
     def model(self, m: StudyModel, seed: int, naive: bool = False) -> Any:
         key = (m.name, seed, naive)
@@ -367,6 +385,7 @@ def run_study(
     """
     start = time.perf_counter()
     study = _Study(cfg, log, progress)
+    study.check_inputs(stages)
     layout = study.layout
     prepare_run_dir(layout.root, what="study out_dir")
     with RunDirLock(layout.root, what="study out_dir"):
