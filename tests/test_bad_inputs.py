@@ -147,6 +147,11 @@ CLI_CASES = [
                  "logits (predict_logits), which TADM does not give", id="sample-entropy-bound-on-tadm"),
     pytest.param(["sample", "--model", "{d}/no/such/dir"], "{d}/no/such/dir", id="sample-missing-model"),
     pytest.param(["sample", "--steps", "0"], "must be >= 1, got 0", id="sample-zero-steps"),
+    pytest.param(["sample", "--model", "{d}/ckpt", "-K", "adaptive:tau=0.1:skip_unchanged=false", "--skip-unchanged"],
+                 "--skip-unchanged and -K adaptive:tau=0.1:skip_unchanged=false both set skip_unchanged; give one",
+                 id="sample-skip-unchanged-twice"),
+    pytest.param(["sample", "--model", "{d}/ckpt", "-K", "fixed:K=2:K=3"], "refresh spec 'fixed:K=2:K=3' gives "
+                 "'interval' twice", id="sample-refresh-key-twice"),
     pytest.param(["sample", "--top-p", "1.5"], "top_p must be a finite number in (0, 1], got 1.5", id="sample-top-p"),
     pytest.param(["sample", "--sampler", "remdm-cap", "--eta", "nan"], "got nan", id="sample-eta-nan"),
     pytest.param(["sample", "--sampler", "ddim"], "unknown sampler 'ddim'", id="sample-unknown-sampler"),

@@ -273,6 +273,9 @@ def test_policy_from_key_refuses_what_no_policy_writes():
     ("adaptive:tau", "refresh spec 'adaptive:tau': 'tau' is not KEY=VALUE"),
     ("sometimes:tau=0.1", "unknown policy 'sometimes'"),
     ("fixed:K=0", "anchor refresh interval K must be an integer >= 1, got 0"),
+    ("fixed:K=2:K=3", "refresh spec 'fixed:K=2:K=3' gives 'interval' twice"),
+    ("fixed:K=2:interval=3", "gives 'interval' twice"),
+    ("adaptive:tau=0.1:tau=0.2", "gives 'tau' twice"),
 ])
 def test_parse_refresh_names_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -292,3 +295,15 @@ def test_a_schedule_needs_one_step_index_per_step():
     """Rows on different step indices (the rollout's per-row steps) cannot follow a schedule of step indices."""
     with pytest.raises(TypeError, match="one step index per step, not one per row"):
         ScheduleRefresh([4, 2]).due(0, torch.tensor([4, 3]), torch.zeros(2, 3), None)
+
+
+@pytest.mark.parametrize("spec,label", [
+    ("4", "K=4"),
+    ("fixed:K=4:skip_unchanged=true", "K=4 (skip unchanged)"),
+    ("schedule:steps=8/4/2", "schedule(3)"),
+    ("schedule:steps=8/4:skip_unchanged=true", "schedule(2) (skip unchanged)"),
+    ("adaptive:tau=0.1:max_interval=8", "adaptive tau=0.1,<=8"),
+    ("adaptive:tau=0.1:skip_unchanged=true", "adaptive tau=0.1 (skip unchanged)"),
+])
+def test_labels_say_what_every_policy_does(spec, label):
+    assert parse_refresh(spec).label() == label

@@ -67,6 +67,20 @@ class FlatList(argparse.Action):
         setattr(namespace, self.dest, merged)
 
 
+class RefreshList(FlatList):
+    """:class:`FlatList` of refresh policies (``-K``) that keeps the texts given, so that flags which change
+    every policy (``--skip-unchanged``) can tell what a spec set itself."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            parsed = [parse_refresh_list(value) for value in values]
+        except ValueError as err:
+            raise argparse.ArgumentError(self, str(err)) from None
+        namespace.refresh_texts = [*getattr(namespace, "refresh_texts", []), *values]
+        super().__call__(parser, namespace, parsed, option_string)
+
+
 def positive_float(value: str) -> float:
     """An argparse type accepting finite numbers > 0 (NaN and inf are refused by name)."""
     try:
@@ -204,6 +218,9 @@ def refresh_policies(args: argparse.Namespace) -> list:
         given = [parse_refresh(long_form)]
     try:
         if getattr(args, "skip_unchanged", False):
+            both = next((text for text in getattr(args, "refresh_texts", []) if "skip_unchanged" in text), None)
+            if both is not None:
+                raise CLIError(f"--skip-unchanged and -K {both} both set skip_unchanged; give one")
             given = [parse_refresh({**p.config(), "skip_unchanged": True}) for p in given]
         return parse_refresh_list(given)
     except ValueError as error:
@@ -270,7 +287,7 @@ def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str 
     what = "refresh policies, comma-separated" if many else "the refresh policy (one)"
     kwargs.setdefault("help", f"{what}: K (e.g. 4), or adaptive:tau=0.3, schedule:steps=48/40/24 "
                               f"(default: {default})")
-    p.add_argument("-K", "--refresh", type=refresh_specs, nargs="+", action=FlatList, default=refresh_specs(default),
+    p.add_argument("-K", "--refresh", nargs="+", action=RefreshList, default=refresh_specs(default),
                    metavar="K[,K]" if many else "K", **kwargs)
 
 

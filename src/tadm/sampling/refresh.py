@@ -108,7 +108,11 @@ class RefreshPolicy:
         return config
 
     def label(self) -> str:
-        """A short label for tables and plots, e.g. ``K=4`` or ``adaptive tau=0.1``."""
+        """A short label for tables and plots, e.g. ``K=4`` or ``adaptive tau=0.1 (skip unchanged)``."""
+        return self.describe() + (" (skip unchanged)" if self.skip_unchanged else "")
+
+    def describe(self) -> str:
+        """:meth:`label` without the skip_unchanged note."""
         return self.name
 
     def defaults(self) -> dict[str, Any]:
@@ -161,8 +165,8 @@ class FixedRefresh(RefreshPolicy):
     def due(self, position: int, step_index: int | Tensor, z: Tensor, cache: AnchorCache) -> bool:
         return position % self.interval == 0
 
-    def label(self) -> str:
-        return f"K={self.interval}" + (" (skip unchanged)" if self.skip_unchanged else "")
+    def describe(self) -> str:
+        return f"K={self.interval}"
 
     @property
     def key(self) -> str:
@@ -180,7 +184,9 @@ class ScheduleRefresh(RefreshPolicy):
     """Refresh exactly at the listed reverse step indices i (e.g. ``[128, 120, 100, 60]``).
 
     The list must include the run's first step i = T; steps above T are never reached, so one schedule serves
-    runs of several T (``128/64/32/16`` at T = 32 refreshes at 32 and 16)."""
+    runs of several T (``128/64/32/16`` at T = 32 refreshes at 32 and 16). Step 0 is the sampler's final pass
+    over masks left after i = 1, run only by samplers that have one and only when masks are left; it is not
+    counted by :meth:`refresh_count`."""
 
     name = "schedule"
     parameters = ("steps",)
@@ -199,7 +205,7 @@ class ScheduleRefresh(RefreshPolicy):
             raise TypeError("a refresh schedule needs one step index per step, not one per row")
         return step_index in self.steps
 
-    def label(self) -> str:
+    def describe(self) -> str:
         return f"schedule({len(self.steps)})"
 
     def refresh_count(self, num_steps: int) -> int | None:
@@ -259,7 +265,7 @@ class AdaptiveRefresh(RefreshPolicy):
         drift = (z != cache.canvas).float().mean()
         return bool(drift >= self.tau)
 
-    def label(self) -> str:
+    def describe(self) -> str:
         bound = "" if self.max_interval is None else f",<={self.max_interval}"
         return f"adaptive tau={self.tau:g}{bound}"
 
@@ -346,7 +352,10 @@ def parse_refresh(spec: Any) -> RefreshPolicy:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"refresh spec {spec!r}: {item!r} is not KEY=VALUE; valid forms: {SPEC_FORMS}")
-        params[_ALIASES.get(key.strip(), key.strip())] = _spec_value(value)
+        param = _ALIASES.get(key.strip(), key.strip())
+        if param in params:
+            raise ValueError(f"refresh spec {spec!r} gives {param!r} twice; valid forms: {SPEC_FORMS}")
+        params[param] = _spec_value(value)
     if name not in REFRESH_POLICIES:
         raise ValueError(f"refresh spec {spec!r}: unknown policy {name!r}; valid forms: {SPEC_FORMS}")
     return get_refresh_policy(name, **params)
