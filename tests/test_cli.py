@@ -1,10 +1,12 @@
 import json
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
 
 import tadm
+from tadm import cli
 from tadm.cli import build_parser, main
 from tadm.nn import tadm_tiny
 from tadm.training.tokenization import train_bpe_tokenizer
@@ -183,3 +185,19 @@ def test_compute_refuses_a_policy_without_analytic_compute_in_one_line(capsys):
     assert code == 2 and out == ""
     assert err.strip() == ("tadm compute: error: the compute of the refresh policy 'adaptive tau=0.1' depends on the "
                            "sampled canvases; only a counted generation gives it")
+
+
+def test_tadm_warnings_are_one_line_and_others_keep_their_form(tmp_path, capsys, monkeypatch):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("the cat sat on the mat\n" * 20)
+    assert main(["tokenizer", "train", "--source", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / "t")]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["tadm tokenizer train: warning: the corpus only supports 270 tokens (asked for 300); "
+                                "use a larger corpus or a smaller min_frequency"]
+    shown = []
+    monkeypatch.setattr(warnings, "showwarning", lambda *args: shown.append(args))
+    printer = cli._warning_printer("x")
+    printer(UserWarning("from elsewhere"), UserWarning, "/elsewhere/mod.py", 3)
+    printer(DeprecationWarning("old"), DeprecationWarning, tadm.__file__, 4)
+    assert [args[2:4] for args in shown] == [("/elsewhere/mod.py", 3), (tadm.__file__, 4)]
+    assert capsys.readouterr().err == ""

@@ -12,7 +12,9 @@ import os
 import re
 import sys
 import traceback
-from typing import NoReturn, Sequence
+import warnings
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
 
 from safetensors import SafetensorError
 
@@ -107,6 +109,24 @@ def _memory_detail(err: BaseException) -> str:
     return f"an allocation of {found.group(1).strip()} failed" if found else (text.splitlines()[0][:120] or type(err).__name__)
 
 
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _warning_printer(command: str) -> Any:
+    """``warnings.showwarning`` for a command: tadm's own UserWarnings as one ``tadm CMD: warning:`` line
+    (no source path or code line); every other warning as Python shows it."""
+    default = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if issubclass(category, UserWarning) and Path(filename).resolve().is_relative_to(_PACKAGE_DIR):
+            print(f"tadm {command}: warning: {message}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -116,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # "eval sweep", "posttrain train": the command as typed, for the messages below
     command = " ".join(filter(None, (args.command, getattr(args, f"{args.command}_command", None))))
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(command)
+            return int(args.func(args) or 0)
     except USER_ERRORS as err:
         if debug_requested(args):
             traceback.print_exc()
