@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
 import pytest
 import torch
 
-from tadm.eval.mauve import mauve_from_features, mauve_sample_problem, mauve_score, text_features
+from tadm.eval.mauve import (_without_faiss_size_warning, mauve_from_features, mauve_sample_problem, mauve_score,
+                             text_features)
 from tests.eval.test_evaluator import fixture_docs, tiny_ar, tiny_ar_evaluator
 
 FAST = dict(kmeans_num_redo=1, kmeans_max_iter=50, min_samples=2)  # small sets on purpose: not a quality claim
@@ -88,3 +90,14 @@ def test_too_few_samples_are_refused_with_the_minimum_named():
     assert "40 reference texts" in mauve_sample_problem(60, 40)
     result = mauve_from_features(p, rng.normal(size=(50, 8)).astype(np.float32), kmeans_num_redo=1)
     assert result.num_buckets == 5 and result.num_samples == 50  # "auto": round(50 / 10) clusters
+
+
+def test_faiss_too_few_points_line_is_dropped_and_other_stderr_kept(capfd):
+    rng = np.random.default_rng(0)
+    p = rng.normal(size=(50, 8)).astype(np.float32)
+    result = mauve_from_features(p, rng.normal(size=(50, 8)).astype(np.float32), **FAST)
+    assert result.num_buckets == 5 and 0 < result.mauve <= 1
+    with _without_faiss_size_warning():
+        os.write(2, b"WARNING clustering 100 points to 5 centroids: please provide at least 195 training points\n")
+        os.write(2, b"something else\n")
+    assert capfd.readouterr().err == "something else\n"

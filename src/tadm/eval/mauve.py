@@ -11,12 +11,20 @@ its defaults are kept (``num_buckets="auto"`` = max(2, round(min(n_p, n_q) / 10)
 Small sample sets make MAUVE meaningless: with 16 texts per side "auto" falls back to 2 clusters
 and scores barely move between very different sets. :func:`mauve_from_features` therefore refuses
 fewer than ``min_samples`` texts on either side (default :data:`MAUVE_MIN_SAMPLES`, which gives at
-least 5 clusters), and every result carries its sample and cluster counts for reports.
+least 5 clusters), and every result carries its sample and cluster counts for reports. Below 39 points
+per cluster (any set under about 2,000 texts), faiss's k-means prints "WARNING clustering N points to
+K centroids" on every call; tadm drops that one line, since the counts are in every result, and passes
+anything else written to standard error through.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +39,27 @@ __all__ = ["MAUVE_MIN_SAMPLES", "MauveResult", "mauve_from_features", "mauve_sam
            "text_features"]
 
 MAUVE_MIN_SAMPLES = 50  # per side; "auto" then uses >= 5 clusters (the reference uses 5,000 samples)
+_FAISS_SIZE_WARNING = re.compile(r"WARNING clustering \d+ points to \d+ centroids: please provide at least \d+ "
+                                 r"training points\n?")
+
+
+@contextlib.contextmanager
+def _without_faiss_size_warning() -> Iterator[None]:
+    """Standard error (file descriptor 2, where faiss's C++ code writes) minus faiss's too-few-points line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = _FAISS_SIZE_WARNING.sub("", caught.read().decode("utf-8", "replace"))
+            if rest:
+                sys.stderr.write(rest)
 
 
 def mauve_sample_problem(num_samples: int, num_reference: int, min_samples: int = MAUVE_MIN_SAMPLES) -> str | None:
@@ -123,17 +152,11 @@ def mauve_from_features(
         raise ValueError(f"{problem}; generate more samples (or pass a lower minimum knowingly)")
     if isinstance(num_buckets, int) and num_buckets > len(p) + len(q):
         raise ValueError(f"num_buckets={num_buckets} exceeds the {len(p) + len(q)} texts to cluster")
-    out = mauve.compute_mauve(
-        p_features=p,
-        q_features=q,
-        num_buckets=num_buckets,
-        kmeans_num_redo=kmeans_num_redo,
-        kmeans_max_iter=kmeans_max_iter,
-        kmeans_explained_var=kmeans_explained_var,
-        mauve_scaling_factor=mauve_scaling_factor,
-        seed=seed,
-        verbose=False,
-    )
+    with _without_faiss_size_warning():
+        out = mauve.compute_mauve(p_features=p, q_features=q, num_buckets=num_buckets,
+                                  kmeans_num_redo=kmeans_num_redo, kmeans_max_iter=kmeans_max_iter,
+                                  kmeans_explained_var=kmeans_explained_var,
+                                  mauve_scaling_factor=mauve_scaling_factor, seed=seed, verbose=False)
     return MauveResult(
         mauve=float(out.mauve),
         frontier_integral=float(out.frontier_integral),
