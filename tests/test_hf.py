@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
@@ -39,3 +40,25 @@ def test_offline_and_proxy_settings_are_not_probed(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example.org:3128")
     assert hf.hub_reachable() is True  # the proxy decides; the Hub client reports its errors
+
+
+def test_a_tadm_checkpoints_tokenizer_loads_without_the_model_type_warning(tmp_path) -> None:
+    from tests.eval.test_evaluator import tiny_diffusion, tiny_tokenizer
+
+    tiny_diffusion("tadm", max_seq_len=32).save_pretrained(tmp_path)
+    tiny_tokenizer().save(tmp_path)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    root = logging.getLogger("transformers")
+    root.addHandler(handler)
+    try:
+        tok = hf.load_hf_tokenizer(tmp_path)
+    finally:
+        root.removeHandler(handler)
+    assert tok("the cat").input_ids == tiny_tokenizer().encode("the cat")
+    assert not [r for r in records if "model of type" in r.getMessage()]
+    config_logger = logging.getLogger("transformers.configuration_utils")
+    assert hf._no_model_type_warning not in config_logger.filters  # removed again
+    assert not hf._no_model_type_warning(logging.makeLogRecord({"msg": "You are using a model of type `tadm` ..."}))
+    assert hf._no_model_type_warning(logging.makeLogRecord({"msg": "something else"}))

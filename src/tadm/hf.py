@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -102,10 +103,21 @@ def load_hf_tokenizer(source: str | os.PathLike[str], what: str = "tokenizer", *
 
     text = os.fspath(source)
     check_hf_source(text, what, files=("tokenizer_config.json", "tokenizer.json", "config.json"))
+    config_logger = logging.getLogger("transformers.configuration_utils")
+    config_logger.addFilter(_no_model_type_warning)
     try:
         return load_hf(AutoTokenizer.from_pretrained, text, what, **kwargs)
     except OSError as err:
         raise FileNotFoundError(f"could not load {what} {text!r}: {first_line(err)}") from None
+    finally:
+        config_logger.removeFilter(_no_model_type_warning)
+
+
+def _no_model_type_warning(record: logging.LogRecord) -> bool:
+    """Drop transformers' "You are using a model of type X to instantiate a model of type Y": a tokenizer load
+    reads config.json only to choose a tokenizer class, and a tadm checkpoint's model type is not one of
+    transformers' (that warning is about instantiating models)."""
+    return not record.getMessage().startswith("You are using a model of type")
 
 
 def check_hf_source(

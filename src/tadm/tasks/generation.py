@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from tadm.devices import synchronize
+from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import attach_adapter
 from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.data import left_pad
@@ -155,9 +156,6 @@ class BlockGenerator:
         device: str | torch.device = "cpu", dtype: str = "auto",
     ) -> BlockGenerator:
         """Load ``base`` (a directory or Hub id), attach ``adapter`` (or split it by ``split`` = (S, A))."""
-        # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
-        from transformers import AutoTokenizer
-
         if adapter is not None and split is not None:
             raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
         mode = "naive" if naive else "paired"
@@ -166,7 +164,7 @@ class BlockGenerator:
             model = attach_adapter(stack, adapter, fusion_mode=mode)
         else:
             model = AnchoredBackbone(stack, SplitSpec(*split) if split else SplitSpec(), fusion_mode=mode).to(device)
-        tok = AutoTokenizer.from_pretrained(str(tokenizer or base), trust_remote_code=False)
+        tok = load_hf_tokenizer(str(tokenizer or base))
         return cls(model, tok, settings, name=Path(str(base)).name + (f"+{Path(adapter).name}" if adapter else ""))
 
     def with_settings(self, settings: GenerationSettings, *, naive: bool | None = None) -> BlockGenerator:
