@@ -147,6 +147,15 @@ CLI_CASES = [
                  "logits (predict_logits), which TADM does not give", id="sample-entropy-bound-on-tadm"),
     pytest.param(["sample", "--model", "{d}/no/such/dir"], "{d}/no/such/dir", id="sample-missing-model"),
     pytest.param(["sample", "--steps", "0"], "must be >= 1, got 0", id="sample-zero-steps"),
+    pytest.param(["sample", "--seed", "99999999999999999999"], "argument --seed: must be <= 4294967295, got "
+                 "99999999999999999999", id="sample-seed-overflow"),
+    pytest.param(["sample", "--seed", "-1"], "argument --seed: must be >= 0, got -1", id="sample-seed-negative"),
+    pytest.param(["eval", "tasks", "--tasks", "gsm8k", "--seeds", "0,4294967296"], "argument --seeds: must be <= "
+                 "4294967295, got 4294967296", id="eval-tasks-seed-overflow"),
+    pytest.param(["train", "tadm-tiny", "train.seed=99999999999999999999999"], "train.seed must be an integer in "
+                 "[0, 4294967295], got 99999999999999999999999", id="train-seed-overflow"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "train.seed=-3"], "train.seed must be an integer in "
+                 "[0, 4294967295], got -3", id="posttrain-seed-negative"),
     pytest.param(["sample", "--model", "{d}/ckpt", "-K", "adaptive:tau=0.1:skip_unchanged=false", "--skip-unchanged"],
                  "--skip-unchanged and -K adaptive:tau=0.1:skip_unchanged=false both set skip_unchanged; give one",
                  id="sample-skip-unchanged-twice"),
@@ -157,7 +166,7 @@ CLI_CASES = [
     pytest.param(["sample", "--sampler", "ddim"], "unknown sampler 'ddim'", id="sample-unknown-sampler"),
     pytest.param(["sample", "--device", "tpu"], "unknown device 'tpu'", id="sample-unknown-device"),
     pytest.param(["sample", "--length", "100000"], "--length 100000", id="sample-too-long"),
-    pytest.param(["sample", "--seed", "x"], "invalid int value: 'x'", id="sample-seed-not-int"),
+    pytest.param(["sample", "--seed", "x"], "argument --seed: expected an integer, got 'x'", id="sample-seed-not-int"),
     pytest.param(["sample", "--model", "{d}/ckpt", "--tokenizer", "{d}/notok"], "'{d}/notok'", id="sample-missing-tokenizer"),
     pytest.param(["sample", "--refresh-policy", "schedule", "--refresh-steps", "8,x"], "'8,x'", id="sample-refresh-steps"),
     pytest.param(["sample", "--model", "{d}/trunc"], "{d}/trunc/model.safetensors", id="sample-truncated-weights"),

@@ -192,6 +192,15 @@ def check_range(
         raise error(f"{name} must be a finite number {_range_text(low, high, low_open, high_open)}{note}, got {value}")
 
 
+SEED_MAX = 2**32 - 1  # the widest range numpy's and faiss's seeds take (torch's is wider)
+
+
+def check_seed(name: str, value: int, *, error: type[ConfigError] = ConfigError) -> None:
+    """A seed is an integer in [0, :data:`SEED_MAX`]."""
+    if not 0 <= value <= SEED_MAX:
+        raise error(f"{name} must be an integer in [0, {SEED_MAX}], got {value}")
+
+
 def _positive_int(name: str, value: int) -> None:
     if value < 1:
         raise ConfigError(f"{name} must be an integer >= 1, got {value}")
@@ -248,6 +257,7 @@ def _validate_train(train: TrainSection) -> None:
                 f"train.micro_batch_size ({train.micro_batch_size})"
             )
     check_loggers("train.loggers", train.loggers)
+    check_seed("train.seed", train.seed)
     if not train.wandb_project.strip():
         raise ConfigError("train.wandb_project must not be empty")
     check_range("train.ema", train.ema, 0, 1, high_open=True, note="(0 disables EMA)")

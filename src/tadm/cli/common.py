@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from tadm.config import SEED_MAX
 from tadm.devices import resolve_device, resolve_dtype
 from tadm.sampling import SAMPLERS, build_sampler
 from tadm.sampling.base import TIME_GRIDS
@@ -36,6 +37,19 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
+
+
+def seed_value(value: str) -> int:
+    """An argparse type for a seed: an integer in [0, SEED_MAX] (numpy and faiss take no wider)."""
+    number = int_at_least(0)(value)
+    if number > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be <= {SEED_MAX}, got {number}")
+    return number
+
+
+def seed_list(value: str) -> list[int]:
+    """An argparse type: one seed or a comma list of them (see :func:`seed_value`)."""
+    return [seed_value(str(number)) for number in int_list(0)(value)]
 nonnegative_int = int_at_least(0)
 
 

@@ -21,10 +21,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, int_list, iso_date,
+from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, iso_date,
                              nonnegative_int, optional_tokenizer, positive_float, positive_int, print_files, print_json,
                              read_text_file, refresh_arg, refresh_policies, sampler_args, sampler_from_args,
-                             steps_arg)
+                             seed_list, seed_value, steps_arg)
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME, load_evaluator, prepare_default_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
@@ -200,7 +200,7 @@ def _add_mauve(esub: argparse._SubParsersAction) -> None:
                    help="use the first N reference documents (default: as many as samples)")
     p.add_argument("--max-tokens", type=positive_int, default=1024, metavar="N", help="tokens per text (1024)")
     p.add_argument("--num-buckets", type=_buckets, default="auto", help="k-means clusters: 'auto' (n/10) or an integer")
-    p.add_argument("--seed", type=int, default=25, help="k-means seed (mauve-text's default 25)")
+    p.add_argument("--seed", type=seed_value, default=25, help="k-means seed (mauve-text's default 25)")
     p.add_argument("--min-samples", type=positive_int, default=None, metavar="N",
                    help="refuse fewer than N samples or reference texts (default 50: fewer make MAUVE meaningless)")
     p.set_defaults(func=_run_mauve)
@@ -249,7 +249,7 @@ def _bound_args(p: argparse.ArgumentParser, *, split: str, val_fraction: float) 
     p.add_argument("--schedule", default="loglinear")
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--max-blocks", type=positive_int, default=None, metavar="N")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--cache-dir", default=".tadm-cache")
     device_arg(p)
     p.add_argument("--progress", action="store_true")
@@ -420,7 +420,7 @@ def _add_throughput(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=nonnegative_int, default=1)
     dtype_arg(p, default="fp32", what="autocast dtype")
     device_arg(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print JSON (an object for one cell, else a list)")
     p.set_defaults(func=_run_throughput)
@@ -469,7 +469,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", default="loglinear")
     fidelity_args(p)
     p.add_argument("--batch-size", type=positive_int, default=16, help="samples generated per batch")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer for every model (default: each one's)")
     p.add_argument("--reference", default="brown", metavar="SOURCE", help="held-out text for MAUVE ('none': skip)")
     p.add_argument("--reference-split", choices=("val", "all"), default="val")
@@ -530,7 +530,7 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
                    "only with --allow-code-execution)")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="local DIR/<task>.jsonl files (default: the Hub)")
     refresh_arg(p, many=True, default="1,2,3")
-    p.add_argument("--seeds", type=int_list(0), nargs="+", action=FlatList, default=[0, 1, 2], metavar="S[,S]",
+    p.add_argument("--seeds", type=seed_list, nargs="+", action=FlatList, default=[0, 1, 2], metavar="S[,S]",
                    help="seeds (default: 0,1,2)")
     p.add_argument("--naive", action="store_true", help="also run naive reuse (fusion off) at every K")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="first N examples per task")

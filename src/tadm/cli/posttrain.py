@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tadm.cli.common import (CLIError, config_parser, device_arg, dtype_arg, policy_from_args, positive_int,
-                             read_text_file, refresh_arg, refresh_policy_args, steps_arg)
+                             read_text_file, refresh_arg, refresh_policy_args, seed_value, steps_arg)
 from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import load_anchored
 from tadm.posttrain.generate import encodes_prompts, generate_blocks
@@ -89,7 +89,7 @@ def _add_sample_parser(actions: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--no-self-conditioning", action="store_true")
     s.add_argument("--adaptive-stopping", action="store_true", help="stop a canvas once stable and confident")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=seed_value, default=0)
     device_arg(s)
     dtype_arg(s, what="weights dtype")
     s.add_argument("--progress", action="store_true")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from tadm.cli.common import CLIError, masked_samplers, positive_int, refresh_arg, refresh_policies, steps_arg
+from tadm.cli.common import (CLIError, masked_samplers, positive_int, refresh_arg, refresh_policies, seed_value,
+                             steps_arg)
 from tadm.config import load_config, preset_path
 from tadm.eval.evaluator import load_evaluator
 from tadm.eval.gen_ppl import gen_ppl
@@ -48,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     refresh_arg(p, many=True, default="1,2,4,8")
     p.add_argument("--sampler", default="remdm-cap",
                    help=f"one of: {', '.join(masked_samplers())} (default: remdm-cap)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT (done anyway when OUT holds a training state: a finished run is "
                         "sampled again without training)")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tadm.cli.common import (CLIError, device_arg, optional_tokenizer, policy_from_args, positive_int, refresh_arg,
-                             refresh_policy_args, sampler_args, sampler_from_args, steps_arg)
+                             refresh_policy_args, sampler_args, sampler_from_args, seed_value, steps_arg)
 from tadm.sampling import generate
 from tadm.specs import resolve_model
 
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     refresh_policy_args(p)
     p.add_argument("--length", "-L", type=positive_int, default=None, help="tokens per sample (default: model maximum)")
     p.add_argument("--batch-size", "-B", type=positive_int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--skip-unchanged", action="store_true", help="reuse the last prediction if the canvas is unchanged")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir for decoding (default: the checkpoint's, if any)")
     device_arg(p)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Optional
 
-from tadm.config import (ConfigError, OptimSection, RecipeConfig, check_loggers, check_range, list_presets,
+from tadm.config import (ConfigError, OptimSection, RecipeConfig, check_loggers, check_range, check_seed,
+                         list_presets,
                          load_structured, resolve_config_path, validate_optim)
 from tadm.diffusion import get_schedule
 from tadm.posttrain.rollout import ROLLOUT_MODES
@@ -184,6 +185,7 @@ def _validate(cfg: PosttrainConfig) -> None:
         valid = ", ".join(PRECISIONS)
         raise PosttrainConfigError(f"train.precision {cfg.train.precision!r} is unknown; valid: {valid}")
     check_loggers("train.loggers", cfg.train.loggers, error=PosttrainConfigError)
+    check_seed("train.seed", cfg.train.seed, error=PosttrainConfigError)
     if not cfg.train.wandb_project.strip():
         raise PosttrainConfigError("train.wandb_project must not be empty")
 
