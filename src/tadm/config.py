@@ -9,6 +9,7 @@ Unknown keys and values of the wrong type raise ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TypeVar, get_type_hints
@@ -154,6 +155,9 @@ def config_error(err: OmegaConfBaseException, origin: str, error: type[ConfigErr
         section = f"section '{key.rpartition('.')[0]}'" if "." in key else "the config"
         return error(f"{origin}: unknown key '{shown}'; {section} has: {_keys(schema)}")
     first = str(err).splitlines()[0]
+    empty = re.match(r"Incompatible value 'None' for field of type '(\w+)'", first)
+    if empty and key:  # `key=` in an override, or `key:` in a file
+        return error(f"{origin}: {key} is empty; it needs a value of type {empty.group(1)}")
     where = f" (key '{key}')" if key else ""
     return error(f"{origin}: {first}{where}")
 
@@ -206,9 +210,14 @@ def _positive_int(name: str, value: int) -> None:
         raise ConfigError(f"{name} must be an integer >= 1, got {value}")
 
 
+BPE_MIN_VOCAB = 258  # a byte-level BPE's 256 byte symbols, <|endoftext|> and <|mask|>
+
+
 def _validate_data(data: DataSection) -> None:
-    for name in ("seq_len", "tokenizer_vocab_size"):
-        _positive_int(f"data.{name}", getattr(data, name))
+    _positive_int("data.seq_len", data.seq_len)
+    if data.tokenizer == "bpe" and data.tokenizer_vocab_size < BPE_MIN_VOCAB:
+        raise ConfigError(f"data.tokenizer_vocab_size must be >= {BPE_MIN_VOCAB} for data.tokenizer=bpe (256 byte "
+                          f"symbols, <|endoftext|> and <|mask|>), got {data.tokenizer_vocab_size}")
     check_range("data.val_fraction", data.val_fraction, 0, 1, low_open=True, high_open=True)
 
 
@@ -476,7 +485,7 @@ def load_structured(
             merged = OmegaConf.merge(merged, loaded)
         except OmegaConfBaseException as err:
             raise config_error(err, origin, error) from None
-    bad = [o for o in overrides if "=" not in o]
+    bad = [o for o in overrides if not o.partition("=")[1] or not o.partition("=")[0].strip()]
     if bad:
         raise error(f"overrides must look like section.key=value, got {bad[0]!r}")
     if legacy:

@@ -259,3 +259,12 @@ def test_real_gpt2_matches_reference_encoder() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tokenization.load_tokenizer(GPT2_DIR)
+
+
+def test_the_config_minimum_of_a_bpe_vocabulary_is_the_trainers() -> None:
+    from tadm.config import BPE_MIN_VOCAB
+
+    tok = train_bpe_tokenizer(["a b c"] * 3, vocab_size=BPE_MIN_VOCAB)
+    assert tok.vocab_size == BPE_MIN_VOCAB
+    with pytest.raises(ValueError, match=f"needs at least {BPE_MIN_VOCAB}"):
+        train_bpe_tokenizer(["a b c"] * 3, vocab_size=BPE_MIN_VOCAB - 1)

@@ -265,7 +265,7 @@ def load_gpt2_tokenizer(path_or_name: str | os.PathLike[str] = "gpt2") -> TextTo
         raise FileNotFoundError(f"tokenizer {spec!r} is a file; give the directory that holds it "
                                 f"({TOKENIZER_FILENAME}, or {_GPT2_FILE_PAIRS[0][0]} + {_GPT2_FILE_PAIRS[0][1]})")
     if _looks_like_path(spec):
-        raise FileNotFoundError(f"GPT-2 tokenizer directory {spec!r} does not exist")
+        raise FileNotFoundError(f"tokenizer directory {spec!r} does not exist")
     repo = _GPT2_HUB_REPO.get(spec, spec)
     try:
         tokenizer_file = hf_hub_download(repo, TOKENIZER_FILENAME)
