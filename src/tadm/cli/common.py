@@ -113,6 +113,14 @@ def nonempty(value: str) -> str:
     return value
 
 
+def output_dir(value: str) -> str:
+    """An argparse type for an output directory: not empty, and not an existing file."""
+    nonempty(value)
+    if Path(value).exists() and not Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is an existing file; give a directory")
+    return value
+
+
 def iso_date(value: str) -> str:
     """An argparse type: a calendar date YYYY-MM-DD (kept as that string, which sorts as the date does)."""
     try:

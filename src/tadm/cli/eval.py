@@ -21,10 +21,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, iso_date,
-                             nonnegative_int, optional_tokenizer, positive_float, positive_int, print_files, print_json,
-                             read_text_file, refresh_arg, refresh_policies, sampler_args, sampler_from_args,
-                             seed_list, seed_value, steps_arg)
+from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, iso_date, nonnegative_int,
+                             optional_tokenizer, output_dir, positive_float, positive_int, print_files, print_json,
+                             read_text_file, refresh_arg, refresh_policies, sampler_args, sampler_from_args, seed_list,
+                             seed_value, steps_arg)
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME, load_evaluator, prepare_default_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
@@ -486,7 +486,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
                    help="compute is relative to an N-layer MDLM (default: the sweep's MDLM, else 12)")
     dtype_arg(p, default="fp32", what="autocast dtype of generation")
     p.add_argument("--cache-dir", default=".tadm-cache")
-    p.add_argument("--out", default="tadm-sweep", metavar="DIR")
+    p.add_argument("--out", type=output_dir, default="tadm-sweep", metavar="DIR")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
     p.add_argument("--allow-dirty", action="store_true",
                    help="write the tables although the tadm source tree has uncommitted changes (they say so)")
@@ -550,7 +550,7 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
                         "in tadm's sandbox (also: TADM_ALLOW_CODE_EXEC=1 or HF_ALLOW_CODE_EVAL=1)")
     p.add_argument("--allow-code-network", action="store_true",
                    help="run code tasks even where the sandbox cannot block the network (no network namespace)")
-    p.add_argument("--out", default="tadm-tasks", metavar="DIR")
+    p.add_argument("--out", type=output_dir, default="tadm-tasks", metavar="DIR")
     device_arg(p)
     dtype_arg(p)
     p.set_defaults(func=_run_tasks)
