@@ -187,6 +187,8 @@ CLI_CASES = [
                  "--baseline-layers: must be >= 1, got 0", id="compute-zero-baseline"),
     # ------------------------------------------------------------------------------- tadm eval
     pytest.param(["eval", "gen-ppl", "--samples", "{d}/missing.json"], "{d}/missing.json", id="eval-missing-samples"),
+    pytest.param(["eval", "mauve", "--texts", "brown", "--reference", "brown", "--tokenizer", "{d}/tok"],
+                 "--tokenizer decodes the token ids of --samples; --texts are already text", id="eval-texts-tokenizer"),
     pytest.param(["eval", "gen-ppl", "--samples", "{d}/bad.json"], "{d}/bad.json is neither JSON nor JSON lines",
                  id="eval-samples-not-json"),
     pytest.param(["eval", "mauve", "--texts", "brown", "--reference", "brown", "--num-buckets", "many"], "got 'many'",
@@ -206,6 +208,14 @@ CLI_CASES = [
                  id="eval-sweep-model-spec"),
     pytest.param(["eval", "sweep", "--models", "m={d}/ckpt", "-T", "4", "--out", "{d}/ids.json"],
                  "argument --out: {d}/ids.json is an existing file; give a directory", id="eval-sweep-out-a-file"),
+    pytest.param(["eval", "tasks", "--tasks", "gsm8k", "--model", "{d}/ckpt", "--data-dir", "{d}/tasks",
+                  "--judge-model", "m"], "--judge-model names the model served at a --judge URL; --judge is 'none'",
+                 id="eval-tasks-judge-model-without-url"),
+    pytest.param(["eval", "tasks", "--tasks", "gsm8k", "--model", "{d}/ckpt", "--data-dir", "{d}/tasks",
+                  "--judge", "http://localhost:1"], "--judge URL needs --judge-model", id="eval-tasks-url-no-model"),
+    pytest.param(["eval", "tasks", "--tasks", "gsm8k", "--model", "{d}/ckpt", "--data-dir", "{d}/tasks",
+                  "--code-timeout", "3", "--allow-code-network"], "--code-timeout and --allow-code-network apply to "
+                 "the code tasks (humaneval, livecodebench), and this run has none", id="eval-tasks-code-flags-unused"),
     pytest.param(["eval", "tasks", "--tasks", "gsm8k", "--model", "{d}/ckpt", "--out", "{d}/ids.json"],
                  "argument --out: {d}/ids.json is an existing file; give a directory", id="eval-tasks-out-a-file"),
     pytest.param(["eval", "sweep", "--models", "m={d}/ckpt", "-T", "4", "-K", "1", "--samples", "2",

@@ -98,6 +98,8 @@ def _read_sample_records(path: Path) -> list[dict[str, Any]]:
 def _load_samples(args: argparse.Namespace, need: str) -> tuple[list[str], list[list[int]] | None]:
     """Texts to score and, when known, their token ids in the generating model's vocabulary (never empty)."""
     if args.texts is not None:
+        if args.tokenizer is not None:
+            raise CLIError("--tokenizer decodes the token ids of --samples; --texts are already text (drop it)")
         texts = list(islice(load_texts(args.texts), args.max_texts))
         if not texts:
             raise CLIError(f"the sample set is empty: {need}")

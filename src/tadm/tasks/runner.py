@@ -104,11 +104,22 @@ class TaskRunConfig:
             raise ValueError(f"{', '.join(code)}: this machine does not allow a network namespace, so generated "
                              "code could reach the network; run in a container, or add --allow-code-network")
         self.code_limits()
+        runs_code = any(b.runs_code for b in benches)
+        unused = [flag for flag, given in (("--code-timeout", self.code_timeout != TaskRunConfig.code_timeout),
+                                           ("--allow-code-network", self.allow_code_network)) if given]
+        if unused and not runs_code:
+            raise ValueError(f"{' and '.join(unused)} apply to the code tasks (humaneval, livecodebench), and this "
+                             "run has none")
         judge = self.judge
         if judge not in (None, "", "none", "local", "local-free") and not judge.startswith(
                 ("local:", "local-free:", "http://", "https://")):
             raise ValueError(f"unknown judge {judge!r}: use none, local, local:PATH, local-free:PATH, or an "
                              "http(s):// URL with --judge-model NAME")
+        url = bool(judge) and judge.startswith(("http://", "https://"))
+        if url and not self.judge_model:
+            raise ValueError("--judge URL needs --judge-model (the model name the endpoint serves)")
+        if self.judge_model and not url:
+            raise ValueError(f"--judge-model names the model served at a --judge URL; --judge is {judge or 'none'!r}")
         if (self.model is None) == (self.base is None):
             raise ValueError("give exactly one of --base (a post-training base) and --model (a tadm model)")
         if self.model is not None and (self.adapter or self.naive or self.split or self.canvas_length is not None):
@@ -276,9 +287,7 @@ def _generate_all(cfg: TaskRunConfig, store: UnitStore, units: list[_Unit],
 
 def _judge_client(cfg: TaskRunConfig) -> Any:
     judge = cfg.judge
-    if judge.startswith(("http://", "https://")):
-        if not cfg.judge_model:
-            raise ValueError("--judge URL needs --judge-model (the model name the endpoint serves)")
+    if judge.startswith(("http://", "https://")):  # with a judge_model: TaskRunConfig.check
         return make_judge_client(url=judge, model=cfg.judge_model)
     return make_judge_client(judge)
 
