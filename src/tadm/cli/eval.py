@@ -497,7 +497,20 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_sweep)
 
 
+def _refuse_unused(args: argparse.Namespace, parser_defaults: dict[str, Any], because: str) -> None:
+    """A CLIError naming the flags (dest -> default) set away from their defaults although ``because``."""
+    given = [f"--{dest.replace('_', '-')}" for dest, default in parser_defaults.items() if getattr(args, dest) != default]
+    if given:
+        raise CLIError(f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect: {because}")
+
+
 def _run_sweep(args: argparse.Namespace) -> int:
+    if args.reference.lower() == "none":
+        _refuse_unused(args, {"reference_split": "val", "num_reference": None, "num_buckets": "auto",
+                              "mauve_min_samples": 50}, "--reference none skips MAUVE")
+    if args.throughput_generations == 0:
+        _refuse_unused(args, {"throughput_batch_size": 1, "throughput_warmup": 1, "throughput_baseline": None},
+                       "--throughput-generations 0 skips timing")
     sampling = SamplingSettings(
         steps=args.steps, refresh=[p.config() for p in refresh_policies(args)], num_samples=args.samples,
         batch_size=args.batch_size, seed=args.seed,

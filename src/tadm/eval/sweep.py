@@ -85,6 +85,9 @@ class SweepConfig:
         if len(self.sampling.evaluators) != 1:
             raise ValueError(f"a sweep scores with one evaluator, got {self.sampling.evaluators}")
         self.sampling.steps = sorted(set(self.sampling.steps))
+        if self.throughput_baseline is not None and self.throughput_baseline not in self.models:
+            raise ValueError(f"throughput baseline {self.throughput_baseline!r} is not one of the sweep's models "
+                             f"({', '.join(self.models)})")
 
     def cells(self, name: str) -> list[Cell]:
         return [Cell(label=name, model_path=self.models[name], steps=T, policy=policy)
