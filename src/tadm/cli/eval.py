@@ -497,9 +497,9 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_sweep)
 
 
-def _refuse_unused(args: argparse.Namespace, parser_defaults: dict[str, Any], because: str) -> None:
+def _refuse_unused(args: argparse.Namespace, defaults: dict[str, Any], because: str) -> None:
     """A CLIError naming the flags (dest -> default) set away from their defaults although ``because``."""
-    given = [f"--{dest.replace('_', '-')}" for dest, default in parser_defaults.items() if getattr(args, dest) != default]
+    given = [f"--{dest.replace('_', '-')}" for dest, default in defaults.items() if getattr(args, dest) != default]
     if given:
         raise CLIError(f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect: {because}")
 
