@@ -151,6 +151,11 @@ CLI_CASES = [
                  "logits (predict_logits), which TADM does not give", id="sample-entropy-bound-on-tadm"),
     pytest.param(["sample", "--model", "{d}/no/such/dir"], "{d}/no/such/dir", id="sample-missing-model"),
     pytest.param(["sample", "--steps", "0"], "must be >= 1, got 0", id="sample-zero-steps"),
+    pytest.param(["sample", "--sampler", "remdm-cap", "--time-grid", "released", "--schedule", "cosine"],
+                 "--schedule has no effect with --time-grid released", id="sample-schedule-released-grid"),
+    pytest.param(["eval", "sweep", "--models", "m={d}/ckpt", "-T", "4", "--time-grid", "released", "--schedule",
+                  "cosine"], "sweep.sampler.schedule 'cosine' has no effect with time_grid 'released'",
+                 id="eval-sweep-schedule-released-grid"),
     pytest.param(["sample", "--seed", "99999999999999999999"], "argument --seed: must be <= 4294967295, got "
                  "99999999999999999999", id="sample-seed-overflow"),
     pytest.param(["sample", "--seed", "-1"], "argument --seed: must be >= 0, got -1", id="sample-seed-negative"),

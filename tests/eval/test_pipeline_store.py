@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tadm.eval.pipeline import Cell, PipelineStore
+from tadm.eval.pipeline import Cell, PipelineStore, SamplerSection
 from tadm.sampling.refresh import parse_refresh
 
 
@@ -23,3 +23,11 @@ def test_units_of_a_relative_root_land_under_it_and_are_found_again(tmp_path, mo
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.json"))
     assert written == ["runs/study/samples/tadm-s0/T32-K8.json", "runs/study/scores/ar/data.json",
                        "runs/study/scores/ar/tadm-s0-T32-K8.json", "runs/study/throughput.json"]
+
+
+def test_a_sample_unit_records_a_noise_schedule_other_than_the_default():
+    """Samples made under the cosine schedule are not reused for log-linear ones (or the other way round); units
+    made before the schedule was recorded (all log-linear) keep their spec."""
+    default = SamplerSection().spec()
+    assert "schedule" not in default and SamplerSection(schedule="loglinear").spec() == default
+    assert SamplerSection(schedule="cosine").spec() == default | {"schedule": "cosine"}

@@ -333,6 +333,8 @@ def sampler_from_args(args: argparse.Namespace, name: str, model) -> object:
     options = {"top_p": args.top_p, "eta": args.eta, "schedule": args.schedule, "nucleus": args.nucleus,
                "time_grid": args.time_grid}
     given = {key: value for key, value in options.items() if value is not None}
+    if given.get("time_grid") == "released" and "schedule" in given:
+        raise CLIError("--schedule has no effect with --time-grid released (its alpha is 1 - t)")
     try:
         return build_sampler(name, model, **given)
     except ValueError as err:

@@ -11,8 +11,8 @@ from tadm.diffusion.losses import (TANELBOTerms, discrete_cached_nelbo, discrete
                                    masked_diffusion_loss, t_anelbo_loss, usdm_loss)
 from tadm.diffusion.posteriors import (REMDM_STRATEGIES, masked_posterior, remdm_move_probs, remdm_move_probs_scalar,
                                        remdm_posterior, remdm_sigma, remdm_sigma_max, reverse_posterior, usdm_posterior)
-from tadm.diffusion.schedules import (SCHEDULES, CosineSchedule, LinearSchedule, LogLinearSchedule, NoiseSchedule,
-                                      get_schedule)
+from tadm.diffusion.schedules import (DEFAULT_SCHEDULE, SCHEDULES, CosineSchedule, LinearSchedule, LogLinearSchedule,
+                                      NoiseSchedule, get_schedule)
 from tadm.diffusion.time_sampling import StaleAnchorTimes, last_refresh_step, sample_stale_anchor_times, sample_t
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "LinearSchedule",
     "CosineSchedule",
     "SCHEDULES",
+    "DEFAULT_SCHEDULE",
     "get_schedule",
     # forward process
     "PRIORS",

@@ -141,6 +141,7 @@ class CosineSchedule:
         return 0.5 * math.pi * torch.sin(0.5 * math.pi * t) / (2.0 * torch.sin(0.25 * math.pi * t) ** 2)
 
 
+DEFAULT_SCHEDULE = "loglinear"  # the paper's (and MDLM's) schedule; every sampler's and objective's default
 SCHEDULES: dict[str, type] = {
     "loglinear": LogLinearSchedule,
     "linear": LinearSchedule,

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from tadm.diffusion import DEFAULT_SCHEDULE
 from tadm.eval.compute import policy_layer_calls
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import load_evaluator
@@ -78,15 +79,20 @@ class SamplerSection:
 
     def spec(self) -> dict[str, Any]:
         """The settings a sample unit depends on (the keys units have always recorded: listed, so that a new
-        field does not change the spec of every finished unit)."""
-        return {"sampler": self.name, "top_p": self.top_p, "eta": self.eta, "nucleus": self.nucleus,
+        field does not change the spec of every finished unit). The noise schedule is recorded when it is not
+        the default log-linear one, which every earlier unit used."""
+        spec = {"sampler": self.name, "top_p": self.top_p, "eta": self.eta, "nucleus": self.nucleus,
                 "time_grid": self.time_grid}
+        return spec | ({"schedule": self.schedule} if self.schedule not in (None, DEFAULT_SCHEDULE) else {})
 
     def validate(self, where: str) -> None:
         masked = sorted(n for n, e in SAMPLERS.items() if e.needs == "mask_id")
         for key, valid in (("name", ["auto", *masked]), ("nucleus", NUCLEUS_RULES), ("time_grid", TIME_GRIDS)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"{where}.{key} {getattr(self, key)!r} is unknown; valid: {', '.join(valid)}")
+        if self.time_grid == "released" and self.schedule not in (None, DEFAULT_SCHEDULE):
+            raise ValueError(f"{where}.schedule {self.schedule!r} has no effect with time_grid 'released' (its "
+                             "alpha is 1 - t)")
         for name in ("remdm-cap", "remdm-loop") if self.name == "auto" else (self.name,):
             try:
                 sampler_config(name, **self.options(name))
