@@ -126,6 +126,11 @@ CLI_CASES = [
     pytest.param([*TRAIN, "data.tokenizer=bpe", "data.tokenizer_vocab_size=100", "train.out_dir={d}/r6"],
                  "data.tokenizer_vocab_size must be >= 258 for data.tokenizer=bpe (256 byte symbols, <|endoftext|> "
                  "and <|mask|>), got 100", id="train-bpe-vocab-too-small"),
+    pytest.param(["train", "adlm-tiny", "model.arch=mdlm"], "objective.gamma=0.003 has no effect on model.arch mdlm "
+                 "(its loss reads objective: schedule, eps, antithetic); remove it", id="train-objective-key-ignored"),
+    pytest.param(["train", "ar-tiny", "objective.eps=0.01", "objective.step_budgets=[8]"], "objective.eps=0.01, "
+                 "objective.step_budgets=[8] have no effect on model.arch ar (its loss reads objective: none of "
+                 "them); remove them", id="train-objective-keys-ignored-by-ar"),
     pytest.param([*TRAIN, "train.out_dir="], "overrides: train.out_dir is empty; it needs a value of type str",
                  id="train-empty-override-value"),
     pytest.param([*TRAIN, "=3"], "overrides must look like section.key=value, got '=3'", id="train-override-no-key"),

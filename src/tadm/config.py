@@ -507,6 +507,29 @@ def load_structured(
     return cfg
 
 
+# The objective keys each architecture's loss reads (tadm.training.objectives); the others are ignored by it.
+OBJECTIVE_KEYS_USED = {
+    "tadm": ("schedule", "eps", "antithetic", "gamma", "refresh_intervals", "step_budgets"),
+    "adlm": ("schedule", "eps", "antithetic", "gamma", "anchor_common_mass"),
+    "mdlm": ("schedule", "eps", "antithetic"),
+    "ar": (),
+}
+
+
+def check_objective_keys(cfg: ExperimentConfig) -> None:
+    """Refuse objective settings, changed from their defaults, that ``model.arch``'s loss ignores. ``tadm train``
+    checks the config it was given; code that shares one objective section across architectures (a study)
+    does not."""
+    default, used = ObjectiveSection(), OBJECTIVE_KEYS_USED.get(cfg.model.arch, ())
+    ignored = [f"objective.{f.name}={getattr(cfg.objective, f.name)}" for f in fields(ObjectiveSection)
+               if f.name not in used and getattr(cfg.objective, f.name) != getattr(default, f.name)]
+    if ignored:
+        reads = ", ".join(used) if used else "none of them"
+        verb, pronoun = ("has", "it") if len(ignored) == 1 else ("have", "them")
+        raise ConfigError(f"{', '.join(ignored)} {verb} no effect on model.arch {cfg.model.arch} (its loss reads "
+                          f"objective: {reads}); remove {pronoun}")
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Defaults <- YAML file or shipped preset ``path`` <- ``key=value`` overrides, validated strictly."""
     return load_structured(ExperimentConfig, path, overrides, validate=validate_experiment_config)

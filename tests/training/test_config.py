@@ -207,3 +207,15 @@ def test_one_loader_for_every_recipe(tmp_path: Path) -> None:
         message = str(caught.value)
         assert len(message.splitlines()) == 1, message
         assert message.startswith(f"{bad}: not valid YAML: ") and "(line 3, column" in message, message
+
+
+def test_every_architecture_says_which_objective_keys_its_loss_reads() -> None:
+    from dataclasses import fields
+
+    from tadm.config import ARCHITECTURES, OBJECTIVE_KEYS_USED, ObjectiveSection, check_objective_keys
+
+    assert set(OBJECTIVE_KEYS_USED) == set(ARCHITECTURES)
+    names = {f.name for f in fields(ObjectiveSection)}
+    assert set().union(*OBJECTIVE_KEYS_USED.values()) == names  # every key is read by some loss
+    for preset in ("tadm-tiny", "mdlm-tiny", "adlm-tiny", "ar-tiny", "tadm-brown-cpu", "tadm-owt-small"):
+        check_objective_keys(load_config(preset))  # the shipped presets set only what their architecture reads

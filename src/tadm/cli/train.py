@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tadm.cli.common import config_parser
-from tadm.config import load_config
+from tadm.config import check_objective_keys, load_config
 from tadm.training.checkpoint import STATE_FILENAME
 from tadm.training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
@@ -47,6 +47,8 @@ def _interrupted(args: argparse.Namespace, out_dir: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
+    if not args.resume:  # a resumed run keeps the config it was started with
+        check_objective_keys(cfg)
     try:
         train(cfg, resume=args.resume)
     except NonFiniteLossError as err:
