@@ -52,6 +52,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "latin1.yaml").write_bytes(b"train:\n  out_dir: caf\xe9\n")
     (d / "bad.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
     (d / "blank.jsonl").write_text('{"text": "   "}\n')
+    (d / "plain.txt").write_text("some plain text\n")
     (d / "bad.json").write_text("{not json")
     (d / "data.csv").write_text("a,b\n1,2\n")
     (d / "afile").write_text("user data")
@@ -329,6 +330,11 @@ CLI_CASES = [
                   "hi"], "--base {d}/mdlm (backbone MDLMBackbone) cannot encode a prompt", id="posttrain-sample-mdlm"),
     # -------------------------------------------------------------------------- tadm tokenizer
     pytest.param(["tokenizer", "train", "--vocab-size", "0", "--out", "{d}/t1"], "got 0", id="tokenizer-vocab-0"),
+    pytest.param(["tokenizer", "train", "--source", "{d}/plain.txt", "--text-field", "body", "--out", "{d}/t-tf"],
+                 "text_field 'body' applies to JSON lines, Parquet and Arrow files; '{d}/plain.txt' is plain text",
+                 id="tokenizer-text-field-on-txt"),
+    pytest.param([*TRAIN, "data.text_field=body", "data.source=brown", "train.out_dir={d}/r-tf"],
+                 "text_field 'body' does not apply to the bundled corpus 'brown'", id="train-text-field-on-brown"),
     pytest.param(["tokenizer", "train", "--vocab-size", "100", "--out", "{d}/t2"], "vocab_size=100 is too small",
                  id="tokenizer-vocab-too-small"),
     pytest.param(["tokenizer", "train", "--source", "{d}/missing.jsonl", "--out", "{d}/t3"], "'{d}/missing.jsonl'",

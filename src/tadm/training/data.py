@@ -254,7 +254,10 @@ def load_texts(
     spec = os.fspath(source)
     path = Path(spec).expanduser()
     if spec in BUNDLED_CORPORA:
-        files, text_field = [bundled_corpus_path(spec)], "text"
+        if text_field != "text":
+            raise ValueError(f"text_field {text_field!r} does not apply to the bundled corpus {spec!r} (its field is "
+                             "'text')")
+        files = [bundled_corpus_path(spec)]
     elif path.is_file():
         if _suffix(path) is None:
             raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(TEXT_SUFFIXES)}")
@@ -267,6 +270,9 @@ def load_texts(
         return _nonblank(_read_hf(_hf_rows(spec, split, path if path.is_dir() else None), spec, text_field), spec)
     else:
         raise FileNotFoundError(f"corpus file or directory {spec!r} does not exist")
+    if text_field != "text" and all(_suffix(f) in (".txt", ".txt.gz") for f in files):
+        raise ValueError(f"text_field {text_field!r} applies to JSON lines, Parquet and Arrow files; {spec!r} is "
+                         "plain text")
     if split not in (None, "train"):
         raise ValueError(
             f"split={split!r} given for local source {spec!r}, which has a single split; "
