@@ -109,9 +109,12 @@ def test_golden_losses(tmp_path: Path) -> None:
 ])
 @pytest.mark.slow
 def test_baselines_train(arch: str, extra: tuple[str, ...], tmp_path: Path, tokenizer_dir: Path,
-                         cache_dir: Path) -> None:
+                         cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = train(tiny(tmp_path, tokenizer_dir, cache_dir, f"model.arch={arch}", "train.max_steps=2", *extra))
     assert len(result.losses) == 2 and all(math.isfinite(v) for v in result.losses)
+    said = capsys.readouterr().out  # an AR model's validation loss is its exact NLL, not a bound
+    wording = ("val NLL", "perplexity ") if arch == "ar" else ("val NELBO", "perplexity bound")
+    assert all(w in said for w in wording) and ("NELBO" in said) == (arch != "ar")
     assert load_model(result.model_dir).vocab_size == 320
     if arch == "adlm":  # the rare-token table is cached beside the packed blocks
         assert list(cache_dir.glob("*/train.counts.npy"))

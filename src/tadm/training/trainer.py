@@ -11,8 +11,8 @@ One call runs a whole experiment described by an :class:`~tadm.config.Experiment
    gradient accumulation up to ``train.global_batch_size`` (none when ``train.micro_batch_size`` is
    unset: each rank then takes global / world size sequences at once), bf16 autocast on CUDA, an EMA
    copy of the weights;
-5. validation NELBO per token (and its perplexity bound ``exp``) of the EMA model on held-out
-   blocks at the start, every ``train.eval_every`` steps and at the end;
+5. validation NELBO per token (and its perplexity bound ``exp``; for ``ar`` the exact NLL and perplexity)
+   of the EMA model on held-out blocks at the start, every ``train.eval_every`` steps and at the end;
 6. files in ``out_dir``: ``metrics.jsonl`` (and TensorBoard / W&B files, see ``train.loggers``),
    ``training_state.pt`` (every ``train.save_every`` steps and at the end; ``train(cfg,
    resume=True)`` continues from it), ``final/`` (EMA model, tokenizer, config) and optionally
@@ -574,7 +574,7 @@ def _record_val(run: _Run, step: int) -> None:
     run.result.val_history.append((step, nelbo))
     if not run.metrics.holds(step, "val"):  # a run resumed at its last step evaluates it again: log it once
         run.metrics.log(step, "val", {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700.0))})
-    run.say(f"step {step}: val NELBO {nelbo:.4f} nats/token, perplexity bound {math.exp(min(nelbo, 700.0)):.2f}")
+    run.say(f"step {step}: {_val_text(run.cfg.model.arch, nelbo, math.exp(min(nelbo, 700.0)))}")
     if run.best_val is None or nelbo < run.best_val:
         run.best_val = run.result.best_val_nelbo = nelbo
         if tc.save_best and step > 0:
@@ -764,11 +764,19 @@ def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo, micro: int, accu
     result = run.result
     result.tokens_seen = result.step * run.tokens_per_step
     result.wall_time_s = time.perf_counter() - wall_start
-    _summary(run.say, result, run.start_step, run.tokens_per_step, run.ema is not None)
+    _summary(run.say, result, run.start_step, run.tokens_per_step, run.ema is not None, cfg.model.arch)
     return result
 
 
-def _summary(say: Callable[[str], None], result: TrainResult, start_step: int, tokens_per_step: int, ema: bool) -> None:
+def _val_text(arch: str, nelbo: float, ppl: float) -> str:
+    """The validation loss in words: an autoregressive model's is its exact NLL, a diffusion model's a bound."""
+    if arch == "ar":
+        return f"val NLL {nelbo:.4f} nats/token, perplexity {ppl:.2f}"
+    return f"val NELBO {nelbo:.4f} nats/token, perplexity bound {ppl:.2f}"
+
+
+def _summary(say: Callable[[str], None], result: TrainResult, start_step: int, tokens_per_step: int, ema: bool,
+             arch: str) -> None:
     ran = result.step - start_step
     rate = ran * tokens_per_step / max(result.wall_time_s, 1e-9)
     recent = result.losses[-10:]
@@ -777,7 +785,7 @@ def _summary(say: Callable[[str], None], result: TrainResult, start_step: int, t
     if recent:
         lines.append(f"  train loss (mean of last {len(recent)} steps): {sum(recent) / len(recent):.4f}")
     if result.val_nelbo is not None:
-        lines.append(f"  val NELBO {result.val_nelbo:.4f} nats/token, perplexity bound {result.val_ppl:.2f}"
+        lines.append(f"  {_val_text(arch, result.val_nelbo, result.val_ppl)}"
                      + (f" (best {result.best_val_nelbo:.4f})" if result.best_val_nelbo is not None else ""))
     lines.append(f"  model ({'EMA' if ema else 'raw'} weights + tokenizer + config): {result.model_dir}")
     lines.append(f"  training state (for --resume): {result.state_path}")
