@@ -201,3 +201,17 @@ def test_tadm_warnings_are_one_line_and_others_keep_their_form(tmp_path, capsys,
     printer(DeprecationWarning("old"), DeprecationWarning, tadm.__file__, 4)
     assert [args[2:4] for args in shown] == [("/elsewhere/mod.py", 3), (tadm.__file__, 4)]
     assert capsys.readouterr().err == ""
+
+
+def test_sample_without_a_model_says_it_samples_random_weights(capsys):
+    code, out, err = _run(capsys, "sample", "--steps", "4", "--length", "8", "--json")
+    assert code == 0 and json.loads(out)["model"] == "tadm-tiny"
+    assert err.strip() == ("tadm sample: no --model given: sampling tadm-tiny with random weights (pass --model DIR "
+                           "for a trained one)")
+    code, _, err = _run(capsys, "sample", "--model", "tadm-tiny", "--steps", "4", "--length", "8", "--json")
+    assert code == 0 and err == ""
+
+
+def test_help_states_the_default_of_T(capsys):
+    assert main(["sample", "--help"]) == 0
+    assert "reverse steps T (default: 128)" in " ".join(capsys.readouterr().out.split())

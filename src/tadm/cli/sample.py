@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 import torch
@@ -14,13 +15,17 @@ from tadm.sampling import generate
 from tadm.specs import resolve_model
 
 
+RANDOM_MODEL = "tadm-tiny"  # what `tadm sample` without --model samples
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sample",
         help="generate text with anchor-cache inference (paper Algorithm 1)",
         description="Sample from a checkpoint directory or a model builder (random weights).",
     )
-    p.add_argument("--model", default="tadm-tiny", help="checkpoint dir, hub name, or builder name (e.g. tadm-tiny)")
+    p.add_argument("--model", default=None, help="checkpoint dir, Hub id, or builder name (e.g. tadm-tiny, random "
+                                                 "weights); without it, a tadm-tiny with random weights, as a smoke test")
     sampler_args(p, default="mdlm")
     steps_arg(p, default=128)
     refresh_arg(p, default=1)
@@ -50,6 +55,8 @@ def _canvas_length(args: argparse.Namespace, model: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    random_model = args.model is None
+    args.model = RANDOM_MODEL if random_model else args.model
     model = resolve_model(args.model, device=args.device)
     length = _canvas_length(args, model)
     sampler = sampler_from_args(args, args.sampler, model)
@@ -58,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is not None and tokenizer.vocab_size != model.vocab_size:
         raise CLIError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    try:
+        policy.check_steps(args.steps)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    if random_model:  # said once every input has been checked, so that an error stays one line
+        print(f"tadm sample: no --model given: sampling {RANDOM_MODEL} with random weights (pass --model DIR for a "
+              "trained one)", file=sys.stderr)
     out = generate(
         model,
         sampler,
