@@ -215,3 +215,26 @@ def test_sample_without_a_model_says_it_samples_random_weights(capsys):
 def test_help_states_the_default_of_T(capsys):
     assert main(["sample", "--help"]) == 0
     assert "reverse steps T (default: 128)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_every_option_with_a_default_states_it():
+    import argparse
+
+    def helps(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from helps(child)
+
+    for parser in helps(build_parser()):
+        for action in parser._actions:
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS, []):
+                text = " ".join(parser._get_formatter()._expand_help(action).split())
+                assert "default" in text.lower(), (parser.prog, action.option_strings)
+
+
+def test_help_states_a_zero_default_and_list_defaults(capsys):
+    assert main(["eval", "sweep", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--seed SEED default: 0" in text and "(default: 1,2,4,8)" in text and "--top-p TOP_P default: 0.9" in text

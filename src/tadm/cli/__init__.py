@@ -33,11 +33,44 @@ DEBUG_ENV = "TADM_DEBUG"
 USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, ValueError, OSError, ImportError, SafetensorError)
 
 
+def _default_text(action: argparse.Action) -> str | None:
+    """"default: X" for an option with a default worth stating, else None."""
+    default = action.default
+    if not action.option_strings or any(default is nothing for nothing in (None, False, argparse.SUPPRESS)) \
+            or default == []:
+        return None
+    shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+    return f"default: {shown}".replace("%", "%%")
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that states each option's default, unless its text already speaks of one (or there is none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text, default = action.help or "", _default_text(action)
+        return action.help if default is None or "default" in text.lower() else f"{text} ({default})"
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line (the usage itself is behind ``--help``)."""
+    """An argument parser whose usage errors are one line (the usage itself is behind ``--help``) and whose help
+    states the defaults (:class:`DefaultsHelpFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _help_for_every_option(parser: argparse.ArgumentParser) -> None:
+    """Options given no help text get one that states their default."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _help_for_every_option(child)
+        elif action.help is None:
+            action.help = _default_text(action)
 
 
 def _add_debug_flag(parser: argparse.ArgumentParser, default: object) -> None:
@@ -57,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in SUBCOMMANDS:
         module.add_parser(sub)
     _add_debug_flag(parser, False)
+    _help_for_every_option(parser)
     return parser
 
 

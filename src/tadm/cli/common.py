@@ -296,10 +296,6 @@ def dtype_arg(p: argparse.ArgumentParser, default: str = "auto", what: str = "dt
 def steps_arg(p: argparse.ArgumentParser, *, many: bool = False, **kwargs) -> None:
     """-T/--steps: reverse steps T (one, or with ``many`` a list: comma-separated or space-separated, like -K)."""
     kwargs.setdefault("help", "reverse steps T, comma-separated (e.g. 128,256)" if many else "reverse steps T")
-    default = kwargs.get("default")
-    if default is not None and "default" not in kwargs["help"]:
-        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
-        kwargs["help"] += f" (default: {shown})"
     if many:
         p.add_argument("-T", "--steps", type=int_list(1), nargs="+", action=FlatList, metavar="T[,T]", **kwargs)
     else:

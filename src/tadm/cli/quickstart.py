@@ -38,18 +38,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "quickstart",
         help="train a small TADM on the bundled Brown corpus and sample it at K = 1, 2, 4, 8",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"Train a small TADM (the {PRESET} preset) on the bundled Brown corpus, then sample it at "
+                    "K = 1, 2, 4, 8. On 2 CPU cores it finishes in about five minutes and prints a table of measured "
+                    "tokens/s, exact Transformer-layer calls and a quality proxy per refresh interval K, next to the "
+                    "same model before training, plus sample text.",
     )
-    p.add_argument("--out", default="runs/quickstart", help="output directory (model in OUT/final)")
-    p.add_argument("--train-steps", type=positive_int, default=None, help="override the preset's training steps")
+    p.add_argument("--out", default="runs/quickstart", help="output directory, model in OUT/final (default: "
+                                                            "runs/quickstart)")
+    p.add_argument("--train-steps", type=positive_int, default=None, metavar="N",
+                   help=f"training steps (default: the {PRESET} preset's)")
     p.add_argument("--source", default=None, help="train on another corpus (file, dir, .jsonl) instead of Brown")
-    p.add_argument("--samples", type=positive_int, default=8, help="sequences generated per K")
+    p.add_argument("--samples", type=positive_int, default=8, metavar="N", help="sequences generated per K (default: 8)")
     steps_arg(p, default=128)
     refresh_arg(p, many=True, default="1,2,4,8")
     p.add_argument("--sampler", default="remdm-cap",
                    help=f"one of: {', '.join(masked_samplers())} (default: remdm-cap)")
-    p.add_argument("--seed", type=seed_value, default=0)
+    p.add_argument("--seed", type=seed_value, default=0, help="seed of sampling and of the untrained baseline (default: 0)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT (done anyway when OUT holds a training state: a finished run is "
                         "sampled again without training)")

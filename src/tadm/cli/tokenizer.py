@@ -23,11 +23,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     t.add_argument("--source", type=nonempty, default="brown",
-                   help="corpus: 'brown' (bundled), a .txt/.jsonl file or directory")
-    t.add_argument("--vocab-size", type=positive_int, default=4096, metavar="V", help="ids including the mask")
+                   help="corpus: 'brown' (bundled, the default), a .txt/.jsonl file or directory")
+    t.add_argument("--vocab-size", type=positive_int, default=4096, metavar="V", help="ids including the mask (default: 4096)")
     t.add_argument("--out", type=nonempty, required=True, metavar="DIR", help="directory to write the tokenizer into")
-    t.add_argument("--text-field", default="text", help="JSON field holding the text (.jsonl sources)")
-    t.add_argument("--min-frequency", type=positive_int, default=2, metavar="N", help="minimum count of a merge")
+    t.add_argument("--text-field", default="text", metavar="NAME",
+                   help="JSON field holding the text (.jsonl, Parquet and Arrow sources; default: text)")
+    t.add_argument("--min-frequency", type=positive_int, default=2, metavar="N", help="minimum count of a merge (default: 2)")
     t.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --out")
     t.set_defaults(func=run_train)
 
