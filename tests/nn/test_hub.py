@@ -67,6 +67,17 @@ def test_round_trip(model_type: str, tmp_path: Path) -> None:
     assert MODEL_CLASSES[model_type] is cls
 
 
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_the_model_card_says_what_the_model_is_and_how_to_load_it(model_type: str, tmp_path: Path) -> None:
+    model = build_model(TINY[model_type][0])
+    model.save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    params = f"{sum(p.numel() for p in model.parameters()):,}"
+    assert f"# A tadm `{model_type}` model" in card and f"with {params} parameters" in card
+    assert "load_model(" in card and "library_name: tadm" in card and f"- {model_type}" in card
+    assert "pushed to the Hub" not in card and "More Information Needed" not in card
+
+
 def test_round_trip_keeps_nondefault_config(tmp_path: Path) -> None:
     model = build_model("tadm-tiny", anchor_layers=3, time_conditioning=True, anchor_lm_head=False, mask_token_id=0)
     model.save_pretrained(tmp_path)

@@ -7,7 +7,8 @@ A saved model is a directory (or a Hugging Face Hub repository) holding
 * ``model.safetensors``: the state dict.
 
 Every network in :mod:`tadm.nn` inherits :class:`HubMixin` (a thin layer over
-``huggingface_hub.PyTorchModelHubMixin``, which also provides ``push_to_hub`` and a model card)
+``huggingface_hub.PyTorchModelHubMixin``, which also provides ``push_to_hub``) and gets a model card
+(``README.md``: what the model is, its size, and how to load it)
 and declares its ``model_type`` in the class statement, which files it in :data:`MODEL_CLASSES`.
 Size presets ("tadm-small", "mdlm-tiny", ...) are plain builder functions filed in
 :data:`MODEL_BUILDERS` with :func:`register_builder`; :func:`build_model` picks one by name.
@@ -47,6 +48,34 @@ _MODEL_MODULES = ("tadm.nn.tadm", "tadm.nn.baselines")
 TINY_SIZES: dict[str, Any] = dict(vocab_size=65, hidden_size=32, num_heads=2, cond_dim=16, dropout=0.0, max_seq_len=64)
 """Sizes shared by the "*-tiny" presets: 64 tokens + mask, d = 32, 2 heads, cond_dim 16, no dropout."""
 
+MODEL_CARD_TEMPLATE = """---
+{{ card_data }}
+---
+
+# A tadm `{{ model_type }}` model
+
+{{ description }} with {{ num_parameters }} parameters, saved by tadm: `config.json` holds its
+architecture and sizes, `model.safetensors` its weights. A model trained by `tadm train` also holds its
+tokenizer (`tokenizer.json`, `tadm_tokenizer.json`) and the config it was trained with (`train_config.yaml`).
+
+Load it with tadm (a directory or a Hub id):
+
+```python
+from tadm.nn import load_model
+
+model = load_model("path/to/this/model")
+```
+
+or sample from it with `tadm sample --model path/to/this/model`.
+"""
+MODEL_DESCRIPTIONS = {
+    "tadm": "A time-anchored masked diffusion language model (an anchor network whose output is cached and reused "
+            "for K reverse steps, fused with a denoiser that runs at every step)",
+    "mdlm": "A masked diffusion language model",
+    "adlm": "An anchored masked diffusion language model (anchor network and denoiser run at every step)",
+    "ar": "An autoregressive Transformer language model",
+}
+
 M = TypeVar("M", bound="HubMixin")
 F = TypeVar("F", bound=Callable[..., nn.Module])
 
@@ -66,10 +95,21 @@ class HubMixin(PyTorchModelHubMixin):
 
     def __init_subclass__(cls, *, model_type: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("library_name", "tadm")
+        kwargs.setdefault("model_card_template", MODEL_CARD_TEMPLATE)
+        if model_type is not None:
+            kwargs.setdefault("tags", ["tadm", model_type])
         super().__init_subclass__(**kwargs)
         if model_type is not None:
             cls.model_type = model_type
             MODEL_CLASSES[model_type] = cls
+
+    def generate_model_card(self, *args: Any, **kwargs: Any) -> Any:
+        """The README.md that ``save_pretrained`` writes (unless one is there): what the model is and how to load it."""
+        kwargs.setdefault("model_type", self.model_type)
+        kwargs.setdefault("description", MODEL_DESCRIPTIONS.get(self.model_type, "A model"))
+        count = sum(p.numel() for p in self.parameters())  # type: ignore[attr-defined]
+        kwargs.setdefault("num_parameters", f"{count:,}")
+        return super().generate_model_card(*args, **kwargs)
 
     def _save_pretrained(self, save_directory: Path) -> None:
         """Write ``model.safetensors`` and ``config.json`` (called by ``save_pretrained``)."""
