@@ -174,6 +174,22 @@ def test_tadm_own_model_by_prefix_infilling(tadm_model_dir):
         lm.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
+def test_a_prompt_cut_to_fit_the_canvas_is_counted_and_said_once(tadm_model_dir, caplog):
+    lm = TadmLM(model=str(tadm_model_dir), steps=4, batch_size=2, max_gen_toks=60, device="cpu")  # canvas of 64
+    long_prompt = "the jury said it " * 20
+    with caplog.at_level("WARNING"):
+        lm.generate_until(requests([long_prompt, "He"], until=[], max_gen_toks=None))
+        lm.generate_until(requests([long_prompt], until=[], max_gen_toks=None))
+    n = len(lm.generator.encode(long_prompt))
+    by_prompt = sorted((s.prompt_tokens, s.prompt_tokens_dropped) for s in lm.request_stats)
+    assert by_prompt == [(len(lm.generator.encode("He")), 0), (n, n - 4), (n, n - 4)]  # 4 = 64 - 60 kept
+    assert lm.summary()["prompts_cut"] == 2
+    warnings = [r.getMessage() for r in caplog.records if "lost its first" in r.getMessage()]
+    assert warnings == [f"tadm model: a prompt of {n} tokens lost its first {n - 4} to fit the model's canvas beside "
+                        "max_gen_toks=60; a lower --max-gen-toks keeps more of each prompt (the results count these "
+                        "as prompts_cut)"]
+
+
 def test_prefix_stays_fixed_under_a_remasking_sampler(tadm_model_dir):
     import torch
 

@@ -85,6 +85,7 @@ class BatchOutput:
     encoder_layer_calls: int  # prompt encoder layer calls of the batch (0 for tadm's own models)
     decoder_forward_passes: list[int]  # per row, denoising passes it took part in
     seconds: float  # wall time of the batch, device synchronised
+    prompt_tokens_dropped: list[int] = field(default_factory=list)  # per row, prompt tokens cut to fit (empty: none)
 
 
 def cut_at_eos(row: Sequence[int], eos_ids: Sequence[int], budget: int) -> tuple[list[int], bool]:
@@ -311,14 +312,15 @@ class PrefixGenerator:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  generator: torch.Generator | None = None, stop: StopCheck | None = None) -> BatchOutput:
         """Denoise ``min(max_new_tokens, max_seq_len - 1)`` positions after each prompt (one canvas, so
-        ``stop`` has nothing to end early and is not used)."""
+        ``stop`` has nothing to end early and is not used). A prompt longer than the rest of the canvas keeps
+        its last tokens; the output counts the tokens each row lost."""
         budget = max(1, min(int(max_new_tokens), self.max_seq_len - 1))
         z, context, starts = self._canvas(prompts, budget, generator)
         (z, calls), seconds = _timed(self.device, lambda: self._denoise(z, context, generator))
         rows = [cut_at_eos(z[n, s:s + budget].tolist(), self.eos_ids, budget) for n, s in enumerate(starts)]
         return BatchOutput(tokens=[r[0] for r in rows], ended=[r[1] for r in rows], layer_calls=calls.as_dict(),
                            encoder_layer_calls=0, decoder_forward_passes=[calls.denoiser_calls] * len(rows),
-                           seconds=seconds)
+                           seconds=seconds, prompt_tokens_dropped=[len(p) - s for p, s in zip(prompts, starts)])
 
     def describe(self) -> dict[str, Any]:
         """Settings as written to results files."""

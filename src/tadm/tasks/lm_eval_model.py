@@ -96,6 +96,7 @@ class TadmLM(LM):
         self.request_stats: list[RequestStats] = []
         self.batch_stats: list[BatchStats] = []
         self._warned_gen_kwargs = False
+        self._warned_prompt_cut = False
 
     # ------------------------------------------------------------------ construction by lm-eval
     @staticmethod
@@ -184,7 +185,13 @@ class TadmLM(LM):
                            seconds=out.seconds, generated_tokens=sum(len(t) for t in out.tokens),
                            layer_calls=out.layer_calls, encoder_layer_calls=out.encoder_layer_calls)
         self.batch_stats.append(stats)
-        texts, passes = [], out.decoder_forward_passes
+        texts, passes, dropped = [], out.decoder_forward_passes, out.prompt_tokens_dropped or [0] * len(batch)
+        if any(dropped) and not self._warned_prompt_cut:
+            self._warned_prompt_cut = True
+            worst = dropped.index(max(dropped))
+            log.warning(f"tadm model: a prompt of {len(batch[worst].ids)} tokens lost its first {dropped[worst]} to "
+                        f"fit the model's canvas beside max_gen_toks={budget}; a lower --max-gen-toks keeps more of "
+                        "each prompt (the results count these as prompts_cut)")
         for row, job in enumerate(batch):
             text, cut = truncate_at_stops(self.generator.decode(out.tokens[row]), job.until)
             texts.append(text)
@@ -193,7 +200,8 @@ class TadmLM(LM):
                 batch=stats.index, batch_size=stats.size, prompt_tokens=len(job.ids),
                 generated_tokens=len(out.tokens[row]), seconds=out.seconds, layer_calls=dict(out.layer_calls),
                 encoder_layer_calls=out.encoder_layer_calls, decoder_forward_passes=int(passes[row]) if passes else 0,
-                stop="until" if cut else ("eos" if out.ended[row] else "length")))
+                stop="until" if cut else ("eos" if out.ended[row] else "length"),
+                prompt_tokens_dropped=int(dropped[row])))
         return texts
 
     def _stop(self, batch: list[_Job]) -> Any:

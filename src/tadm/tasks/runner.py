@@ -279,8 +279,10 @@ def _generate_all(cfg: TaskRunConfig, store: UnitStore, units: list[_Unit],
         for unit in todo:
             result = run_unit(_generator_for(generator, cfg, unit.method), cfg, unit.bench, unit.data, unit.seed)
             store.save(unit.path, unit.spec, result)
+            cut = result["stats"].get("prompts_cut", 0)
             log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: accuracy {result['accuracy']:.3f} "
-                f"({result['correct']}/{result['n']}), {result['stats']['tokens_per_second']:.1f} tok/s")
+                f"({result['correct']}/{result['n']}), {result['stats']['tokens_per_second']:.1f} tok/s"
+                + (f"; {cut} prompts cut to fit the canvas (lower --max-gen-toks to keep them whole)" if cut else ""))
             ran += 1
     return ran
 

@@ -54,6 +54,7 @@ class RequestStats:
     encoder_layer_calls: int  # of the batch
     decoder_forward_passes: int  # denoising passes this row took part in
     stop: str  # "eos", "until" (a stop string cut the text) or "length"
+    prompt_tokens_dropped: int = 0  # cut from the prompt's start to fit the canvas (tadm's own models)
 
     @property
     def tokens_per_second(self) -> float:
@@ -85,4 +86,5 @@ def summarize(requests: Iterable[RequestStats], batches: Iterable[BatchStats]) -
         "encoder_layer_calls": sum(b.encoder_layer_calls for b in batches),
         "layer_calls_per_request": sum(r.layer_calls.get("total", 0) for r in requests) / n if n else 0.0,
         "stops": stops,
+        "prompts_cut": sum(r.prompt_tokens_dropped > 0 for r in requests),
     }
