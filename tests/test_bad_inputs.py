@@ -169,6 +169,11 @@ CLI_CASES = [
                  "4294967295, got 4294967296", id="eval-tasks-seed-overflow"),
     pytest.param(["train", "tadm-tiny", "train.seed=99999999999999999999999"], "train.seed must be an integer in "
                  "[0, 4294967295], got 99999999999999999999999", id="train-seed-overflow"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "loss.ce_weight=0", "loss.kd_weight=0"],
+                 "loss.ce_weight and loss.kd_weight are both 0: nothing would be trained", id="posttrain-no-loss"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "rollout.cache_ages=[0,1]", "rollout.cache_age_probs=[1,0]"],
+                 "rollout.cache_age_probs [1.0, 0.0] give ages > 0 no probability, and at age 0 (a fresh anchor) the "
+                 "fusion returns the anchor unchanged: nothing would be trained", id="posttrain-only-fresh-anchors"),
     pytest.param(["posttrain", "train", "posttrain-tiny", "train.seed=-3"], "train.seed must be an integer in "
                  "[0, 4294967295], got -3", id="posttrain-seed-negative"),
     pytest.param(["sample", "--model", "{d}/ckpt", "-K", "adaptive:tau=0.1:skip_unchanged=false", "--skip-unchanged"],

@@ -107,21 +107,30 @@ def test_posttrain_train_gives_one_line(bases, case, tmp_path, capsys):
     assert needle in err and str(path) in err
 
 
-def test_a_tadm_base_without_a_chat_tokenizer_is_one_line(tmp_path, capsys):
+def test_a_tokenizer_without_a_chat_template_and_a_mask_prior_base_are_one_line(tmp_path, capsys):
     from tadm.nn import mdlm_tiny
     from tadm.training.tokenization import train_bpe_tokenizer
 
-    base = tmp_path / "mdlm"
+    plain = tmp_path / "plain"
     tokenizer = train_bpe_tokenizer(["the cat sat on the mat"] * 20, vocab_size=280)
-    mdlm_tiny(vocab_size=tokenizer.vocab_size).save_pretrained(base)
-    tokenizer.save(base)
+    tokenizer.save(plain)
     chat = tmp_path / "chat.jsonl"
     chat.write_text(json.dumps({"prompt": "hello", "response": "the cat sat"}) + "\n")
-    code = main(["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), "base.backbone=mdlm",
-                 f"base.path={base}", f"data.train_file={chat}", f"train.out_dir={tmp_path / 'run'}"])
+    build_tiny_gemma().save_pretrained(tmp_path / "gemma")
+    code = main(["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), f"base.path={tmp_path / 'gemma'}",
+                 f"data.tokenizer={plain}", f"data.train_file={chat}", f"train.out_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert f"the tokenizer of {base} has no chat template" in err.strip().splitlines()[-1]
+    assert f"the tokenizer of {plain} has no chat template" in err.strip().splitlines()[-1]
+    # tadm's own MDLM has the mask prior, which the rollouts cannot use: said before anything else is read
+    mdlm_tiny(vocab_size=tokenizer.vocab_size).save_pretrained(tmp_path / "mdlm")
+    code = main(["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), "base.backbone=mdlm",
+                 f"base.path={tmp_path / 'mdlm'}", f"data.tokenizer={plain}", f"data.train_file={chat}",
+                 f"train.out_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "tadm posttrain train: error: base.backbone mdlm cannot be post-trained: the rollouts corrupt canvases with "
+        "uniform noise (DiffusionGemma's prior), and this backbone's prior is 'mask'")
 
 
 def test_an_unreachable_hub_id_names_it(monkeypatch):

@@ -143,3 +143,37 @@ def test_resume_with_a_changed_fusion_is_refused_in_one_line(files, tmp_path, ca
     monkeypatch.chdir(files)
     assert main([*argv[:3], "base.path=base", *argv[4:], "fusion.rank=8"]) == 0
     assert load_training_state(out / "adapter" / "training_state.pt")["step"] == 4
+
+
+def test_a_finished_run_is_not_silently_shortened_overwritten_or_written_over_a_file(files, tmp_path, capsys):
+    from tadm.cli import main
+
+    out = tmp_path / "run"
+    run_posttrain(_config(files, out, "train.max_steps=2"), log=lambda m: None)
+    before = (out / "adapter" / "training_state.pt").read_bytes()
+    capsys.readouterr()
+    argv = ["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), f"base.path={files / 'base'}",
+            f"data.train_file={files / 'chat.jsonl'}", "train.micro_batch_size=2", "train.grad_accum_steps=2",
+            "rollout.sampler.num_steps=6", "data.canvases_per_example=1", "optim.warmup_steps=1", "fusion.rank=8"]
+    (tmp_path / "afile").write_text("user data")
+    for extra, message in (
+        (["train.max_steps=1"], f"the run in '{out}' has done 2 steps, more than train.max_steps=1"),
+        (["train.resume=false"], f"train.out_dir '{out}' already holds a post-training run and train.resume=false "
+                                 "would overwrite it"),
+    ):
+        assert main([*argv, f"train.out_dir={out}", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert (out / "adapter" / "training_state.pt").read_bytes() == before
+    assert main([*argv, f"train.out_dir={tmp_path / 'afile'}"]) == 2
+    assert capsys.readouterr().err.strip() == (f"tadm posttrain train: error: train.out_dir '{tmp_path / 'afile'}' is "
+                                               "an existing file; choose another train.out_dir")
+
+
+def test_a_pad_id_outside_the_vocabulary_is_one_line(files, tmp_path, capsys):
+    from tadm.cli import main
+
+    code = main(["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), f"base.path={files / 'base'}",
+                 f"data.train_file={files / 'chat.jsonl'}", f"train.out_dir={tmp_path / 'run'}", "data.pad_id=99999"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "Loading weights" not in line]
+    assert code == 2 and len(err) == 1 and "data.pad_id 99999 is not a token id of the tokenizer (0.." in err[0]

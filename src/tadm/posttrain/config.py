@@ -169,8 +169,13 @@ def _validate(cfg: PosttrainConfig) -> None:
         get_schedule(cfg.rollout.schedule)
     except ValueError as err:
         raise PosttrainConfigError(f"rollout.schedule: {err}") from None
+    if sum(p for a, p in zip(ages, probs) if a > 0) <= 0:
+        raise PosttrainConfigError(f"rollout.cache_age_probs {probs} give ages > 0 no probability, and at age 0 (a "
+                                   "fresh anchor) the fusion returns the anchor unchanged: nothing would be trained")
     for name in ("ce_weight", "kd_weight"):
         check_range(f"loss.{name}", getattr(cfg.loss, name), 0.0, error=PosttrainConfigError)
+    if cfg.loss.ce_weight + cfg.loss.kd_weight <= 0:
+        raise PosttrainConfigError("loss.ce_weight and loss.kd_weight are both 0: nothing would be trained")
     check_range("loss.kd_temperature", cfg.loss.kd_temperature, 0.0, low_open=True, error=PosttrainConfigError)
     for name in ("rank", "num_heads"):
         positive(f"fusion.{name}", getattr(cfg.fusion, name))

@@ -140,8 +140,8 @@ class _RolloutContext(LoopContext):
 def _check_rollout(model: AnchoredBackbone, self_conditioning_prob: float) -> None:
     if model.backbone.prior != "uniform":
         raise ValueError(
-            f"on-policy rollouts use the uniform-noise entropy-bound sampler; backbone "
-            f"{type(model.backbone).__name__} has prior {model.backbone.prior!r}"
+            f"post-training rollouts (both modes) corrupt canvases with uniform noise and sample with the "
+            f"entropy-bound sampler; backbone {type(model.backbone).__name__} has prior {model.backbone.prior!r}"
         )
     if not 0.0 <= self_conditioning_prob <= 1.0:
         raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")

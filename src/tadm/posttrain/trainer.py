@@ -252,6 +252,8 @@ def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasD
     pad_id = d.pad_id if d.pad_id is not None else tokenizer.pad_token_id
     if pad_id is None:
         raise PosttrainConfigError("the tokenizer has no pad token; set data.pad_id")
+    if not 0 <= pad_id < len(tokenizer):
+        raise PosttrainConfigError(f"data.pad_id {pad_id} is not a token id of the tokenizer (0..{len(tokenizer) - 1})")
     canvas_length = d.canvas_length or getattr(backbone, "canvas_length", None)
     if canvas_length is None:
         raise PosttrainConfigError("data.canvas_length is required for backbones without a canvas length")
@@ -268,6 +270,10 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo) -> tuple[PosttrainTr
     if not config.data.train_file:
         raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
     backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
+    if backbone.prior != "uniform":
+        raise PosttrainConfigError(
+            f"base.backbone {config.base.backbone} cannot be post-trained: the rollouts corrupt canvases with uniform "
+            f"noise (DiffusionGemma's prior), and this backbone's prior is {backbone.prior!r}")
     dataset, pad_id = _canvas_dataset(config, backbone)
     model = AnchoredBackbone(backbone, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
     model.fusion.to(info.device)
@@ -298,6 +304,12 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
     out_dir = Path(t.out_dir)
     adapter_dir = out_dir / "adapter"
     state_path = adapter_dir / STATE_FILENAME
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PosttrainConfigError(f"train.out_dir {str(out_dir)!r} is an existing file; choose another train.out_dir")
+    if not t.resume and state_path.is_file():
+        raise PosttrainConfigError(f"train.out_dir {str(out_dir)!r} already holds a post-training run and "
+                                   f"train.resume=false would overwrite it; delete {adapter_dir} to start afresh, or "
+                                   "choose another train.out_dir")
     info = init_distributed(t.device)
     try:
         # Refused before anything is built when it holds anything but tensors and plain values (UnsafeStateError).
@@ -306,6 +318,10 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
         if state is not None and saved_config.is_file():
             check_resumable(OmegaConf.to_container(OmegaConf.load(saved_config)), config.to_dict(), RESUME_FIXED,
                             state_path, PosttrainConfigError, "; start over with another train.out_dir")
+        if state is not None and int(state.get("step", 0)) > t.max_steps:
+            raise PosttrainConfigError(f"the run in {str(out_dir)!r} has done {int(state['step'])} steps, more than "
+                                       f"train.max_steps={t.max_steps}; its adapter is in {adapter_dir} (to continue, "
+                                       "raise train.max_steps)")
         trainer, dataset, pad_id = _build_trainer(config, info)
         if state is not None:
             trainer.load_state_dict(state)
