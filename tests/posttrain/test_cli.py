@@ -8,6 +8,7 @@ from tadm.config import PRESET_DIR
 
 from tadm.cli import main
 from tadm.posttrain.adapter_io import ADAPTER_WEIGHTS_NAME
+from tadm.training.tokenization import train_bpe_tokenizer
 
 from .conftest import build_tiny_gemma, tiny_chat_tokenizer
 
@@ -63,9 +64,24 @@ def test_sample_without_adapter_and_user_errors(base_dir, capsys):
     argv = ["posttrain", "sample", "--base", str(base_dir / "base"), "--prompt", "the cat", "--split", "1,3",
             "--steps", "3", "--max-new-tokens", "8"]
     assert main(argv) == 0
-    assert "denoiser layer calls: total=18" in capsys.readouterr().out
+    assert "layer calls: total=18 (shared=" in capsys.readouterr().out
     assert main(argv[:-6] + ["--split", "1,9"]) == 2
     assert "exceeds the backbone's 6 layers" in capsys.readouterr().err
+    # the default split (the paper's 2,20) does not fit a 6-layer base: the message names --split
+    assert main(argv[:5] + argv[7:]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "2 + 20 = 22 exceeds the backbone's 6 layers" in err[-1] and err[-1].endswith(
+        ": without --adapter the split is --split SHARED,ANCHOR (default 2,20, the paper's for 30 layers); give one "
+        "that fits this base")
+    # contradicting refresh policies, and a tokenizer without a chat template
+    assert main(argv + ["-K", "adaptive:tau=0.3", "--refresh-policy", "fixed"]) == 2
+    assert "and --refresh-policy fixed name two policies" in capsys.readouterr().err
+    plain = base_dir / "plain-tokenizer"
+    train_bpe_tokenizer(["the cat sat on the mat"] * 20, vocab_size=270).save(plain)
+    assert main(argv + ["--tokenizer", str(plain)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"tadm posttrain sample: error: the tokenizer of {plain} has no chat template: pass --raw to encode prompts "
+        "as plain text, or --tokenizer DIR with a chat tokenizer")
     assert main(["posttrain", "sample", "--base", str(base_dir / "base")]) == 2
     assert "--prompt" in capsys.readouterr().err
     assert main(["posttrain", "train", str(CONFIGS / "posttrain-tiny.yaml"), "train.nope=1"]) == 2

@@ -189,7 +189,7 @@ def fidelity_args(p: argparse.ArgumentParser, *, unset: bool = False) -> None:
 def refresh_policy_args(p: argparse.ArgumentParser) -> None:
     """The long form of one refresh policy (``-K adaptive:tau=0.2`` is the short one): --refresh-policy and its
     parameters, turned into the same refresh spec by :func:`refresh_policies`."""
-    p.add_argument("--refresh-policy", choices=("fixed", "schedule", "adaptive"), default="fixed",
+    p.add_argument("--refresh-policy", choices=("fixed", "schedule", "adaptive"), default=None,
                    help="when to recompute the anchor: 'fixed' (every K steps, Algorithm 1; default), "
                         "'schedule' (at --refresh-steps) or 'adaptive' (when the canvas drifted by --tau)")
     p.add_argument("--refresh-steps", default=None, metavar="I,I,...",
@@ -203,7 +203,7 @@ def refresh_policy_args(p: argparse.ArgumentParser) -> None:
 
 def _long_form(args: argparse.Namespace) -> str | None:
     """The refresh spec of the --refresh-policy flags, or None when they are not used."""
-    name = getattr(args, "refresh_policy", "fixed")
+    name = getattr(args, "refresh_policy", None) or "fixed"
     given = {flag for flag, value in (("--refresh-steps", getattr(args, "refresh_steps", None)),
                                       ("--tau", getattr(args, "tau", None)),
                                       ("--max-interval", getattr(args, "max_interval", None))) if value is not None}
@@ -232,6 +232,9 @@ def refresh_policies(args: argparse.Namespace) -> list:
     """The refresh policies of -K/--refresh (each value one spec or a comma list; tadm.sampling.refresh), or of the
     --refresh-policy flags, with --skip-unchanged where a command has it."""
     given = list(args.refresh)
+    if getattr(args, "refresh_policy", None) == "fixed" and any(p.name != "fixed" for p in given):
+        raise CLIError(f"-K/--refresh {','.join(p.key for p in given)} and --refresh-policy fixed name two policies; "
+                       "give one")
     long_form = _long_form(args)
     if long_form is not None:
         if [p.key for p in given] != ["1"]:

@@ -142,13 +142,23 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 def run_sample(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
-    model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
-                                split=_parse_split(args.split), naive=args.naive, dtype=args.dtype, device=args.device)
+    try:
+        model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
+                                    split=_parse_split(args.split), naive=args.naive, dtype=args.dtype,
+                                    device=args.device)
+    except ValueError as err:
+        if args.adapter is None and args.split is None and "split" in str(err):
+            raise CLIError(f"{err}: without --adapter the split is --split SHARED,ANCHOR (default 2,20, the paper's "
+                           "for 30 layers); give one that fits this base") from None
+        raise
     if not encodes_prompts(model.backbone):
         raise CLIError(f"--base {args.base} (backbone {type(model.backbone).__name__}) cannot encode a prompt: "
                        f"posttrain sample continues prompts of a DiffusionGemma-class base; sample tadm's own models "
                        f"with tadm sample")
     tokenizer = load_hf_tokenizer(args.tokenizer or args.base)
+    if not args.raw and not getattr(tokenizer, "chat_template", None):
+        raise CLIError(f"the tokenizer of {args.tokenizer or args.base} has no chat template: pass --raw to encode "
+                       "prompts as plain text, or --tokenizer DIR with a chat tokenizer")
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw)
     options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,
                "temperature_min": args.temperature_min}
@@ -198,6 +208,6 @@ def _print_samples(args: argparse.Namespace, prompts: list[str], tokenizer: Any,
         print(f"--- sample {n}: {prompt!r} ---")
         print(text)
     print(
-        f"denoiser layer calls: total={calls.total} (shared={calls.shared}, anchor={calls.anchor}, "
+        f"layer calls: total={calls.total} (shared={calls.shared}, anchor={calls.anchor}, "
         f"denoiser={calls.denoiser}); anchor refreshes={calls.anchor_refreshes}; {out.seconds:.2f}s"
     )
