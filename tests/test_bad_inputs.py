@@ -43,7 +43,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory of bad (and a few good) inputs."""
-    from tadm.nn import ar_tiny, mdlm_tiny, tadm_tiny
+    from tadm.nn import adlm_tiny, ar_tiny, mdlm_tiny, tadm_tiny
     from tadm.training.checkpoint import STATE_FORMAT
     from tadm.training.tokenization import train_bpe_tokenizer
 
@@ -66,7 +66,9 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "tasks" / "aime.jsonl").write_bytes(b'{"problem": "p", "answer": 1}\n{"problem": "caf\xe9", "answer": 2}\n')
     (d / "tasks" / "gsm8k.jsonl").write_text('{"question": "q", "answer": "1"}\n' * 6)
     docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
-    train_bpe_tokenizer(docs, vocab_size=300, save_dir=d / "tok")
+    tokenizer = train_bpe_tokenizer(docs, vocab_size=300, save_dir=d / "tok")
+    adlm_tiny(vocab_size=300).save_pretrained(d / "adlm")
+    tokenizer.save(d / "adlm")
     (d / "tiny.yaml").write_text(
         f"model: {{preset: tiny}}\ndata: {{source: {FIXTURE}, tokenizer: {d / 'tok'}, seq_len: 32, "
         f"val_fraction: 0.1, cache_dir: {d / 'cache'}}}\n"
@@ -214,6 +216,25 @@ CLI_CASES = [
     pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--val-fraction", "nan"], "got nan",
                  id="eval-staleness-val-fraction-nan"),
     pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--max-age", "-1"], "got -1", id="eval-staleness-age"),
+    pytest.param(["eval", "staleness", "--model", "{d}/adlm", "--naive"], "--naive bypasses a TADM's fusion; model "
+                 "'adlm' is ADLM, which has none", id="eval-staleness-naive-without-fusion"),
+    pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--split", "all", "--val-fraction", "0.5"],
+                 "--val-fraction holds out documents for --split val; --split all reads every document",
+                 id="eval-staleness-val-fraction-with-all"),
+    pytest.param(["eval", "likelihood", "--model", "{d}/ckpt", "--data", "brown", "--discrete-steps", "5",
+                  "--t-samples", "3"], "--t-samples draws continuous times t; --discrete-steps sums the bound over T "
+                 "discrete steps instead (no t is drawn): give one", id="eval-likelihood-discrete-and-t-samples"),
+    pytest.param(["eval", "likelihood", "--model", "{d}/ckpt", "{d}/r-trunc/../ckpt", "--data", "brown"],
+                 "two paths end in 'ckpt', which names them both; name each as NAME=PATH",
+                 id="eval-likelihood-same-last-path-part"),
+    pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--plot", "{d}"], "argument --plot: {d} is a "
+                 "directory; give a file name", id="eval-staleness-plot-a-directory"),
+    pytest.param(["eval", "likelihood", "--model", "{d}/ckpt", "--data", "brown", "--cache-dir", "{d}/afile"],
+                 "argument --cache-dir: {d}/afile is an existing file; give a directory",
+                 id="eval-likelihood-cache-dir-a-file"),
+    pytest.param(["eval", "convert-livecodebench", "{d}/bad.jsonl", "--out", "{d}/afile/x.jsonl"],
+                 "argument --out: {d}/afile/x.jsonl: a parent of it is an existing file",
+                 id="convert-livecodebench-out-under-a-file"),
     pytest.param(["eval", "likelihood", "--model", "{d}/nomodel", "--data", "brown"], "'{d}/nomodel'",
                  id="eval-likelihood-missing-model"),
     pytest.param(["eval", "likelihood", "--model", "{d}/ckpt", "--data", "brown", "--tokenizer", "{d}/notok"],
@@ -302,8 +323,8 @@ CLI_CASES = [
     pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "gsm8k,", "--data-dir", "{d}/tasks"],
                  "task list 'gsm8k,' has an empty item", id="tasks-trailing-comma"),
     pytest.param(["eval", "likelihood", "--model", "{d}/ar", "--tokenizer", "{d}/tok", "--data", str(FIXTURE),
-                  "--discrete-steps", "8", "--t-samples", "2"], "--discrete-steps, --t-samples set(s) the diffusion "
-                 "bound, and every --model is autoregressive", id="likelihood-ar-with-bound-flags"),
+                  "--discrete-steps", "8", "--schedule", "cosine"], "--discrete-steps, --schedule set(s) the "
+                 "diffusion bound, and every --model is autoregressive", id="likelihood-ar-with-bound-flags"),
     pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--no-cached", "-K", "2"],
                  "-K/--refresh set(s) the cached-process bound, which --no-cached skips", id="staleness-no-cached-K"),
     pytest.param(["eval", "staleness", "--model", "{d}/ckpt", "--no-cached", "--discrete-steps", "8"],

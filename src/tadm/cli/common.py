@@ -114,10 +114,24 @@ def nonempty(value: str) -> str:
 
 
 def output_dir(value: str) -> str:
-    """An argparse type for an output directory: not empty, and not an existing file."""
+    """An argparse type for an output directory: not empty, and neither it nor a parent an existing file."""
     nonempty(value)
-    if Path(value).exists() and not Path(value).is_dir():
+    path = Path(value)
+    if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{value} is an existing file; give a directory")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise argparse.ArgumentTypeError(f"{value}: a parent of it is an existing file")
+    return value
+
+
+def output_file(value: str) -> str:
+    """An argparse type for a file to write: not empty, not an existing directory, and its parent not a file."""
+    nonempty(value)
+    path = Path(value)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a directory; give a file name")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise argparse.ArgumentTypeError(f"{value}: a parent of it is an existing file")
     return value
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, iso_date, nonnegative_int,
-                             optional_tokenizer, output_dir, positive_float, positive_int, print_files, print_json,
-                             read_text_file, refresh_arg, refresh_policies, sampler_args, sampler_from_args, seed_list,
-                             seed_value, steps_arg)
+                             optional_tokenizer, output_dir, output_file, positive_float, positive_int, print_files,
+                             print_json, read_text_file, refresh_arg, refresh_policies, sampler_args, sampler_from_args,
+                             seed_list, seed_value, steps_arg)
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME, load_evaluator, prepare_default_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
@@ -57,6 +57,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # ----------------------------------------------------------------------------------------- shared
+LIKELIHOOD_VAL_FRACTION = 0.01  # eval likelihood's --val-fraction (used with --split val)
+STALENESS_VAL_FRACTION = 0.02  # eval staleness's: the held-out share tadm train uses by default
+
+
 def _evaluator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--evaluator", default=None, metavar="PATH",
                    help="HF causal-LM dir or hub id, or a tadm AR checkpoint (default: prepared smollm2-135m)")
@@ -233,7 +237,7 @@ def _add_likelihood(esub: argparse._SubParsersAction) -> None:
                    help="checkpoint dirs, hub ids, or builder names (with --tokenizer)")
     p.add_argument("--data", nargs="+", required=True, metavar="[NAME=]SOURCE",
                    help="text sources: file, directory, 'brown', HF dataset name")
-    _bound_args(p, split="all", val_fraction=0.01)
+    _bound_args(p, split="all", val_fraction=LIKELIHOOD_VAL_FRACTION)
     p.add_argument("--discrete-steps", type=positive_int, default=None, metavar="T",
                    help="use the discrete-time bound with T steps instead")
     p.add_argument("--json", action="store_true", help="print JSON (an object for one pair, else a list)")
@@ -252,7 +256,7 @@ def _bound_args(p: argparse.ArgumentParser, *, split: str, val_fraction: float) 
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--max-blocks", type=positive_int, default=None, metavar="N")
     p.add_argument("--seed", type=seed_value, default=0)
-    p.add_argument("--cache-dir", default=".tadm-cache")
+    p.add_argument("--cache-dir", type=output_dir, default=".tadm-cache")
     device_arg(p)
     p.add_argument("--progress", action="store_true")
 
@@ -277,12 +281,26 @@ def _named(specs: list[str]) -> list[tuple[str, str]]:
         if not name or not value:
             raise CLIError(f"{spec!r} must look like NAME=VALUE or VALUE")
         if any(name == n for n, _ in out):
+            if not sep:
+                raise CLIError(f"two paths end in {name!r}, which names them both; name each as NAME=PATH")
             raise CLIError(f"name {name!r} is given twice")
         out.append((name, value))
     return out
 
 
+def _check_bound_args(args: argparse.Namespace, val_fraction: float) -> None:
+    """--val-fraction only with --split val; within (0, 1)."""
+    if args.split == "all" and args.val_fraction != val_fraction:
+        raise CLIError("--val-fraction holds out documents for --split val; --split all reads every document")
+    if not 0.0 < args.val_fraction < 1.0:
+        raise CLIError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+
+
 def _run_likelihood(args: argparse.Namespace) -> int:
+    _check_bound_args(args, LIKELIHOOD_VAL_FRACTION)
+    if args.discrete_steps is not None and args.t_samples != 1:
+        raise CLIError("--t-samples draws continuous times t; --discrete-steps sums the bound over T discrete steps "
+                       "instead (no t is drawn): give one")
     models, sources = _named(args.model), _named(args.data)
     bound_flags = [flag for flag, given in (("--discrete-steps", args.discrete_steps is not None),
                                             ("--t-samples", args.t_samples != 1),
@@ -336,8 +354,8 @@ def _add_staleness(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--naive", action="store_true",
                    help="also evaluate each TADM with its fusion bypassed (naive reuse of the cached denoiser input)")
     p.add_argument("--no-uninformative", action="store_true", help="skip the fully-masked-anchor bound")
-    _bound_args(p, split="val", val_fraction=0.02)
-    p.add_argument("--plot", default=None, metavar="PNG", help="write the NELBO-vs-k plot here")
+    _bound_args(p, split="val", val_fraction=STALENESS_VAL_FRACTION)
+    p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write the NELBO-vs-k plot here")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per model)")
     p.set_defaults(func=_run_staleness)
 
@@ -362,8 +380,7 @@ def staleness_text(record: dict[str, Any]) -> str:
 
 
 def _run_staleness(args: argparse.Namespace) -> int:
-    if not 0.0 < args.val_fraction < 1.0:
-        raise CLIError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    _check_bound_args(args, STALENESS_VAL_FRACTION)
     intervals = [p.fixed_interval for p in refresh_policies(args)]
     unused = [flag for flag, given in (("-K/--refresh", intervals != [1, 2, 4, 8]),
                                        ("--discrete-steps", args.discrete_steps is not None)) if given]
@@ -382,6 +399,9 @@ def _run_staleness(args: argparse.Namespace) -> int:
         loaded.append((name, spec, model, tokenizer))
         if args.naive and isinstance(model, TADM):
             loaded.append((f"{name} (naive reuse)", spec, NaiveReuse(model), tokenizer))
+        elif args.naive:
+            raise CLIError(f"--naive bypasses a TADM's fusion; model {name!r} is {type(model).__name__}, which has "
+                           "none")
     for name, spec, model, tokenizer in loaded:
         blocks, seq_len = _eval_blocks(args, name, model, tokenizer, args.data)
         common = dict(schedule=args.schedule, batch_size=args.batch_size, seed=args.seed, max_blocks=args.max_blocks,
@@ -487,7 +507,7 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline-layers", type=positive_int, default=None, metavar="N",
                    help="compute is relative to an N-layer MDLM (default: the sweep's MDLM, else 12)")
     dtype_arg(p, default="fp32", what="autocast dtype of generation")
-    p.add_argument("--cache-dir", default=".tadm-cache")
+    p.add_argument("--cache-dir", type=output_dir, default=".tadm-cache")
     p.add_argument("--out", type=output_dir, default="tadm-sweep", metavar="DIR")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
     p.add_argument("--allow-dirty", action="store_true",
@@ -596,7 +616,7 @@ def _add_convert_livecodebench(esub: argparse._SubParsersAction) -> None:
                                     "`tadm eval tasks --data-dir` reads; compressed private tests are decoded "
                                     "as plain data only.")
     p.add_argument("files", nargs="+", metavar="FILE", help="released JSONL file(s), e.g. test6.jsonl")
-    p.add_argument("--out", required=True, metavar="PATH", help="the livecodebench.jsonl to write")
+    p.add_argument("--out", type=output_file, required=True, metavar="PATH", help="the livecodebench.jsonl to write")
     p.add_argument("--since", type=iso_date, default=None, metavar="YYYY-MM-DD",
                    help="keep problems of contests on or after")
     p.add_argument("--until", type=iso_date, default=None, metavar="YYYY-MM-DD",
