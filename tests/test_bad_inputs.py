@@ -159,6 +159,11 @@ CLI_CASES = [
                  "logits (predict_logits), which TADM does not give", id="sample-entropy-bound-on-tadm"),
     pytest.param(["sample", "--model", "{d}/no/such/dir"], "{d}/no/such/dir", id="sample-missing-model"),
     pytest.param(["sample", "--steps", "0"], "must be >= 1, got 0", id="sample-zero-steps"),
+    pytest.param(["eval", "throughput", "--model", "{d}/mdlm", "-T", "4", "-K", "1,2"], "-K/--refresh: model "
+                 "'{d}/mdlm' has no anchor network (0 anchor layers), so every refresh policy runs the same layers",
+                 id="eval-throughput-K-without-anchor"),
+    pytest.param(["sample", "--model", "mdlm-tiny", "-K", "adaptive:tau=0.1"], "model 'mdlm-tiny' has no anchor "
+                 "network", id="sample-K-without-anchor"),
     pytest.param(["sample", "--sampler", "remdm-cap", "--time-grid", "released", "--schedule", "cosine"],
                  "--schedule has no effect with --time-grid released", id="sample-schedule-released-grid"),
     pytest.param(["eval", "sweep", "--models", "m={d}/ckpt", "-T", "4", "--time-grid", "released", "--schedule",

@@ -21,10 +21,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from tadm.cli.common import (CLIError, FlatList, device_arg, dtype_arg, fidelity_args, iso_date, nonnegative_int,
-                             optional_tokenizer, output_dir, output_file, positive_float, positive_int, print_files,
-                             print_json, read_text_file, refresh_arg, refresh_policies, sampler_args, sampler_from_args,
-                             seed_list, seed_value, steps_arg)
+from tadm.cli.common import (CLIError, FlatList, check_refresh_applies, device_arg, dtype_arg, fidelity_args, iso_date,
+                             nonnegative_int, optional_tokenizer, output_dir, output_file, positive_float, positive_int,
+                             print_files, print_json, read_text_file, refresh_arg, refresh_policies, sampler_args,
+                             sampler_from_args, seed_list, seed_value, steps_arg)
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import DEFAULT_EVALUATOR, MARKER_FILENAME, load_evaluator, prepare_default_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
@@ -456,9 +456,11 @@ def _run_throughput(args: argparse.Namespace) -> int:
     length = args.length or max_len
     if length > max_len:
         raise CLIError(f"--length {length} exceeds the model's maximum {max_len}")
+    policies = refresh_policies(args)
+    check_refresh_applies(model, policies, args.model)
     results = []
     for T in args.steps:
-        for policy in refresh_policies(args):
+        for policy in policies:
             sampler = sampler_from_args(args, args.sampler, model)
             results.append(measure_throughput(model, sampler, seq_len=length, num_steps=T, policy=policy,
                                               num_generations=args.generations, batch_size=args.batch_size,

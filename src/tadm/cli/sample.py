@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from tadm.cli.common import (CLIError, device_arg, optional_tokenizer, policy_from_args, positive_int, refresh_arg,
-                             refresh_policy_args, sampler_args, sampler_from_args, seed_value, steps_arg)
+from tadm.cli.common import (CLIError, check_refresh_applies, device_arg, optional_tokenizer, policy_from_args,
+                             positive_int, refresh_arg, refresh_policy_args, sampler_args, sampler_from_args,
+                             seed_value, steps_arg)
 from tadm.sampling import generate
 from tadm.specs import resolve_model
 
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     length = _canvas_length(args, model)
     sampler = sampler_from_args(args, args.sampler, model)
     policy = policy_from_args(args)
+    check_refresh_applies(model, [policy], args.model)
     tokenizer = optional_tokenizer(args.model, args.tokenizer)  # None: token ids are printed
     if tokenizer is not None and tokenizer.vocab_size != model.vocab_size:
         raise CLIError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")
