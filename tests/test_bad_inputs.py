@@ -311,6 +311,8 @@ CLI_CASES = [
     pytest.param(["eval", "tasks", "--model", "{d}/ckpt", "--seeds", "0", "0"], "argument --seeds: 0 is listed twice",
                  id="tasks-seed-twice"),
     pytest.param(["tokenizer", "train", "--out", ""], "argument --out: must not be empty", id="tokenizer-empty-out"),
+    pytest.param(["tokenizer", "train", "--out", "{d}/afile/sub"], "argument --out: {d}/afile/sub: a parent of it is "
+                 "an existing file", id="tokenizer-out-under-a-file"),
     pytest.param(["tokenizer", "train", "--out", "{d}/tk", "--source", " "], "argument --source: must not be empty",
                  id="tokenizer-empty-source"),
     pytest.param(["study", "study-tiny", "seeds=[0,0]", "out_dir={d}/st"], "seeds lists 0 twice",
@@ -376,7 +378,7 @@ CLI_CASES = [
                  id="tokenizer-csv-source"),
     pytest.param(["tokenizer", "train", "--out", "{d}/tok"], "--out '{d}/tok' already holds a tokenizer",
                  id="tokenizer-out-holds-one"),
-    pytest.param(["tokenizer", "train", "--out", "{d}/afile"], "--out '{d}/afile' is an existing file",
+    pytest.param(["tokenizer", "train", "--out", "{d}/afile"], "argument --out: {d}/afile is an existing file; give a directory",
                  id="tokenizer-out-is-a-file"),
     pytest.param(["tokenizer", "train", "--min-frequency", "0", "--out", "{d}/t6"], "got 0", id="tokenizer-min-frequency"),
     pytest.param(["tokenizer", "frobnicate"], "invalid choice: 'frobnicate'", id="tokenizer-unknown-action"),

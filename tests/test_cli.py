@@ -191,7 +191,8 @@ def test_tadm_warnings_are_one_line_and_others_keep_their_form(tmp_path, capsys,
     corpus = tmp_path / "small.txt"
     corpus.write_text("the cat sat on the mat\n" * 20)
     assert main(["tokenizer", "train", "--source", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / "t")]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert out.startswith(f"saved bpe-270 tokenizer to {tmp_path / 't'}: vocab_size 270")  # named by its real size
     assert err.splitlines() == ["tadm tokenizer train: warning: the corpus only supports 270 tokens (asked for 300); "
                                 "use a larger corpus or a smaller min_frequency"]
     shown = []

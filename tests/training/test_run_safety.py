@@ -345,7 +345,7 @@ def test_tokenizer_train_refuses_to_overwrite(tmp_path: Path, capsys: pytest.Cap
     assert json.loads((out / PROVENANCE_FILENAME).read_text())["vocab_size"] == 290
     (tmp_path / "file").write_text("x")
     code, _, err = _run_cli(capsys, *args[:-1], str(tmp_path / "file"))
-    assert code == 2 and "is an existing file, not a directory" in _one_line(err)
+    assert code == 2 and "is an existing file; give a directory" in _one_line(err)
 
 
 def _bpe_run(out_dir: Path, cache_dir: Path, source: Path, vocab: int, *extra: str) -> ExperimentConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tadm.cli.common import CLIError, nonempty, positive_int
+from tadm.cli.common import CLIError, nonempty, output_dir, positive_int
 from tadm.training.provenance import read_provenance, train_recorded_tokenizer
 from tadm.training.tokenization import META_FILENAME, TOKENIZER_FILENAME
 
@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--source", type=nonempty, default="brown",
                    help="corpus: 'brown' (bundled, the default), a .txt/.jsonl file or directory")
     t.add_argument("--vocab-size", type=positive_int, default=4096, metavar="V", help="ids including the mask (default: 4096)")
-    t.add_argument("--out", type=nonempty, required=True, metavar="DIR", help="directory to write the tokenizer into")
+    t.add_argument("--out", type=output_dir, required=True, metavar="DIR", help="directory to write the tokenizer into")
     t.add_argument("--text-field", default="text", metavar="NAME",
                    help="JSON field holding the text (.jsonl, Parquet and Arrow sources; default: text)")
     t.add_argument("--min-frequency", type=positive_int, default=2, metavar="N", help="minimum count of a merge (default: 2)")
@@ -34,9 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
-    """Refuse a file as --out, and a directory holding a tokenizer unless --overwrite."""
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out {str(out)!r} is an existing file, not a directory")
+    """Refuse a directory holding a tokenizer as --out unless --overwrite (a file is refused by its type)."""
     if overwrite or not any((out / name).exists() for name in (TOKENIZER_FILENAME, META_FILENAME)):
         return
     record = read_provenance(out)

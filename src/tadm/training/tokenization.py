@@ -212,7 +212,7 @@ def train_bpe_tokenizer(
     )
     backend.train_from_iterator(texts, trainer=trainer)
     backend.add_special_tokens([MASK_TOKEN])
-    tok = TextTokenizer(backend, name=f"bpe-{vocab_size}")
+    tok = TextTokenizer(backend, name=f"bpe-{backend.get_vocab_size()}")  # the size it has, maybe below vocab_size
     if tok.vocab_size < vocab_size:
         warnings.warn(
             f"the corpus only supports {tok.vocab_size} tokens (asked for {vocab_size}); "
