@@ -72,3 +72,16 @@ def test_training_devices_use_the_same_names():
         assert training_device("auto", local_rank=1) == torch.device("cpu")
         with pytest.raises(ValueError, match="CUDA is not available"):
             training_device("cuda", local_rank=1)
+
+
+@pytest.mark.parametrize("builder", ["tadm-tiny", "mdlm-tiny", "ar-tiny"])
+def test_a_builder_name_is_sized_to_the_tokenizer_given(builder, tmp_path):
+    from tadm.specs import load_model_and_tokenizer
+
+    tiny_tokenizer().save(tmp_path / "tok")
+    model, tok = load_model_and_tokenizer(builder, tmp_path / "tok")
+    assert model.vocab_size == tok.vocab_size != build_model(builder).vocab_size
+    if model.mask_token_id is not None:
+        assert model.mask_token_id == tok.mask_id
+    with pytest.raises(FileNotFoundError):
+        load_model_and_tokenizer(builder)  # random weights need a tokenizer to be sized to

@@ -95,10 +95,15 @@ def load_model_and_tokenizer(
     """The model ``spec`` names (:func:`resolve_model`) and its tokenizer (:func:`find_tokenizer`), vocabularies checked.
 
     A masked model's vocabulary must hold the tokenizer's tokens and mask id; the AR baseline has no
-    mask token, so its vocabulary may be the tokenizer's without the mask.
+    mask token, so its vocabulary may be the tokenizer's without the mask. A builder name (random weights)
+    is built with the tokenizer's vocabulary.
     """
-    model = resolve_model(spec, device=device)
-    tok = find_tokenizer(spec, tokenizer)
+    if check_model_source(spec) is None:  # a builder name: random weights, sized to the tokenizer given
+        tok = find_tokenizer(spec, tokenizer)
+        model = build_model(os.fspath(spec), vocab_size=tok.vocab_size).to(device).eval()
+    else:
+        model = resolve_model(spec, device=device)
+        tok = find_tokenizer(spec, tokenizer)
     if model.mask_token_id is None:
         if model.vocab_size not in (tok.vocab_size, tok.vocab_size - 1):
             raise ValueError(f"vocabulary mismatch: the tokenizer has {tok.vocab_size} tokens but the AR model "

@@ -307,3 +307,9 @@ def test_a_schedule_needs_one_step_index_per_step():
 ])
 def test_labels_say_what_every_policy_does(spec, label):
     assert parse_refresh(spec).label() == label
+
+
+def test_the_short_form_of_K_takes_parameters_too():
+    assert parse_refresh("4:skip_unchanged=true").config() == parse_refresh("fixed:K=4:skip_unchanged=true").config()
+    with pytest.raises(ValueError, match="gives 'interval' twice"):
+        parse_refresh("4:K=3")

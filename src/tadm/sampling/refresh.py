@@ -348,6 +348,8 @@ def parse_refresh(spec: Any) -> RefreshPolicy:
         return FixedRefresh(int(text))
     name, _, rest = text.partition(":")
     params: dict[str, Any] = {}
+    if name.strip().lstrip("-").isdigit():  # ``4:skip_unchanged=true``: the short form of K with parameters
+        name, params["interval"] = "fixed", int(name)
     for item in (part for part in rest.split(":") if part.strip()):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
