@@ -29,4 +29,13 @@ def test_quickstart_end_to_end_on_the_fixture(tmp_path, capsys, monkeypatch):
     assert rows[("trained", 1)]["layer_calls"] == 48 and rows[("trained", 4)]["layer_calls"] == 24
     assert (out / "final" / "model.safetensors").is_file()
     printed = capsys.readouterr().out
-    assert "| trained   |  4 |" in printed
+    assert "| trained   |  4 |" in printed and "trained 3 steps in" in printed
+    # run again: the finished run is sampled, not trained, and the line says so
+    assert main(["quickstart", "--out", str(out), "--source", str(FIXTURE), "--train-steps", "3", "--samples", "2",
+                 "--steps", "8", "--refresh", "1"]) == 0
+    assert "trained 0 more steps (3 in all) in" in capsys.readouterr().out
+    # errors name this command's flags, not the preset's keys
+    assert main(["quickstart", "--out", str(out), "--train-steps", "3"]) == 2  # another --source than the run's
+    err = capsys.readouterr().err.strip()
+    assert "(--source: saved" in err and "train.out_dir" not in err and "data.source" not in err
+    assert err.endswith("a run in --out continues with its own settings: choose another --out to change them")

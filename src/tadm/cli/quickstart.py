@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from tadm.cli.common import (CLIError, masked_samplers, positive_int, refresh_arg, refresh_policies, seed_value,
-                             steps_arg)
-from tadm.config import load_config, preset_path
+from tadm.cli.common import (CLIError, masked_samplers, output_dir, positive_int, refresh_arg, refresh_policies,
+                             seed_value, steps_arg)
+from tadm.config import ConfigError, load_config, preset_path
 from tadm.eval.evaluator import load_evaluator
 from tadm.eval.gen_ppl import gen_ppl
 from tadm.nn import load_model
@@ -31,6 +31,7 @@ from tadm.training.tokenization import TextTokenizer
 from tadm.training.trainer import build_training_model, train
 
 PRESET = "tadm-brown-cpu"
+QUICKSTART_FLAGS = {"train.out_dir": "--out", "data.source": "--source", "train.max_steps": "--train-steps"}
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "tokens/s, exact Transformer-layer calls and a quality proxy per refresh interval K, next to the "
                     "same model before training, plus sample text.",
     )
-    p.add_argument("--out", default="runs/quickstart", help="output directory, model in OUT/final (default: "
+    p.add_argument("--out", type=output_dir, default="runs/quickstart", help="output directory, model in OUT/final (default: "
                                                             "runs/quickstart)")
     p.add_argument("--train-steps", type=positive_int, default=None, metavar="N",
                    help=f"training steps (default: the {PRESET} preset's)")
@@ -130,7 +131,14 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     print(f"[1/3] training {PRESET} for {cfg.train.max_steps} steps on {cfg.data.source!r} -> {out_dir}")
-    result = train(cfg, resume=args.resume or (out_dir / "training_state.pt").exists())
+    try:
+        result = train(cfg, resume=args.resume or (out_dir / "training_state.pt").exists())
+    except ConfigError as err:  # in the words of this command's flags, not of the preset's keys
+        text = str(err)
+        for key, flag in QUICKSTART_FLAGS.items():
+            text = text.replace(key, flag)
+        raise CLIError(text + ("; a run in --out continues with its own settings: choose another --out to change "
+                               "them" if "cannot resume" in text else "")) from None
     train_seconds = time.perf_counter() - started
 
     print("[2/3] sampling the trained model and the same architecture before training")
@@ -145,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
 
     print("[3/3] results")
     val = result.best_val_nelbo
-    print(f"trained {result.step} steps in {train_seconds / 60:.1f} min; "
+    ran = result.step - result.start_step
+    done = f"trained {ran} steps" if ran == result.step else f"trained {ran} more steps ({result.step} in all)"
+    print(f"{done} in {train_seconds / 60:.1f} min; "
           f"validation NELBO {val:.3f} nats/token (perplexity bound {math.exp(val):.1f})" if val is not None else "")
     print(f"sampler {args.sampler}, T = {args.steps}, {args.samples} x {model.config.max_seq_len} tokens per row")
     print("| model     |  K | tokens/s | layer calls | anchor refreshes | words in corpus | entropy | Gen PPL |")
