@@ -176,6 +176,10 @@ CLI_CASES = [
                  "4294967295, got 4294967296", id="eval-tasks-seed-overflow"),
     pytest.param(["train", "tadm-tiny", "train.seed=99999999999999999999999"], "train.seed must be an integer in "
                  "[0, 4294967295], got 99999999999999999999999", id="train-seed-overflow"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "fusion.gate_bias=nan"], "fusion.gate_bias must be a "
+                 "finite number, got nan", id="posttrain-gate-bias-nan"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "fusion.eps=-1"], "fusion.eps must be a finite number > 0, "
+                 "got -1", id="posttrain-fusion-eps"),
     pytest.param(["posttrain", "train", "posttrain-tiny", "loss.ce_weight=0", "loss.kd_weight=0"],
                  "loss.ce_weight and loss.kd_weight are both 0: nothing would be trained", id="posttrain-no-loss"),
     pytest.param(["posttrain", "train", "posttrain-tiny", "rollout.cache_ages=[0,1]", "rollout.cache_age_probs=[1,0]"],

@@ -167,7 +167,9 @@ def _range_text(low: float | None, high: float | None, low_open: bool, high_open
         return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if low is not None:
         return f"{'>' if low_open else '>='} {low:g}"
-    return f"{'<' if high_open else '<='} {high:g}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return ""
 
 
 def check_range(
@@ -193,7 +195,8 @@ def check_range(
         ok = value < high if high_open else value <= high
     if not ok:
         note = f" {note}" if note else ""
-        raise error(f"{name} must be a finite number {_range_text(low, high, low_open, high_open)}{note}, got {value}")
+        bounds = _range_text(low, high, low_open, high_open)
+        raise error(f"{name} must be a finite number{' ' + bounds if bounds else ''}{note}, got {value}")
 
 
 SEED_MAX = 2**32 - 1  # the widest range numpy's and faiss's seeds take (torch's is wider)

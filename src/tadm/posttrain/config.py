@@ -179,6 +179,8 @@ def _validate(cfg: PosttrainConfig) -> None:
     check_range("loss.kd_temperature", cfg.loss.kd_temperature, 0.0, low_open=True, error=PosttrainConfigError)
     for name in ("rank", "num_heads"):
         positive(f"fusion.{name}", getattr(cfg.fusion, name))
+    check_range("fusion.gate_bias", cfg.fusion.gate_bias, error=PosttrainConfigError)  # any finite number
+    check_range("fusion.eps", cfg.fusion.eps, 0.0, low_open=True, error=PosttrainConfigError)
     if cfg.fusion.rank % cfg.fusion.num_heads:
         raise PosttrainConfigError(f"fusion.rank {cfg.fusion.rank} must be divisible by fusion.num_heads {cfg.fusion.num_heads}")
     for name in ("max_prompt_tokens", "max_response_tokens", "canvases_per_example"):
