@@ -267,10 +267,9 @@ def refresh_policies(args: argparse.Namespace) -> list:
 
 
 def check_refresh_applies(model: Any, policies: list, name: str) -> None:
-    """A CLIError when a model without an anchor network (MDLM: 0 anchor layers) is given a refresh policy other
-    than K = 1: every policy would run the same layers, and their timings would differ by noise only."""
-    split = getattr(model, "layer_split", None)
-    if split is not None and split.anchor == 0 and any(p.key != "1" for p in policies):
+    """A CLIError when a masked model without an anchor network (MDLM: 0 anchor layers) is given a refresh policy
+    other than K = 1: every policy would run the same layers, and their timings would differ by noise only."""
+    if model.layer_split.anchor == 0 and any(p.key != "1" for p in policies):
         raise CLIError(f"-K/--refresh: model {name!r} has no anchor network (0 anchor layers), so every refresh "
                        "policy runs the same layers; leave -K at 1")
 

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -116,6 +117,26 @@ def _sample_table(model, tokenizer, args, policies, vocabulary, label: str, eval
     return rows
 
 
+def _train(cfg: Any, resume: bool) -> Any:
+    """:func:`train`, its config errors in the words of this command's flags rather than the preset's keys."""
+    try:
+        return train(cfg, resume=resume)
+    except ConfigError as err:
+        text = str(err)
+        for key, flag in QUICKSTART_FLAGS.items():
+            text = text.replace(key, flag)
+        raise CLIError(text + ("; a run in --out continues with its own settings: choose another --out to change "
+                               "them" if "cannot resume" in text else "")) from None
+
+
+def _training_line(result: Any, seconds: float) -> str:
+    """What training did (0 more steps when the run in --out was finished) and its best validation bound."""
+    ran, val = result.step - result.start_step, result.best_val_nelbo
+    done = f"trained {ran} steps" if ran == result.step else f"trained {ran} more steps ({result.step} in all)"
+    bound = f"; validation NELBO {val:.3f} nats/token (perplexity bound {math.exp(val):.1f})" if val is not None else ""
+    return f"{done} in {seconds / 60:.1f} min{bound}"
+
+
 def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     overrides = [f"train.out_dir={out_dir}"]
@@ -131,14 +152,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     print(f"[1/3] training {PRESET} for {cfg.train.max_steps} steps on {cfg.data.source!r} -> {out_dir}")
-    try:
-        result = train(cfg, resume=args.resume or (out_dir / "training_state.pt").exists())
-    except ConfigError as err:  # in the words of this command's flags, not of the preset's keys
-        text = str(err)
-        for key, flag in QUICKSTART_FLAGS.items():
-            text = text.replace(key, flag)
-        raise CLIError(text + ("; a run in --out continues with its own settings: choose another --out to change "
-                               "them" if "cannot resume" in text else "")) from None
+    result = _train(cfg, resume=args.resume or (out_dir / "training_state.pt").exists())
     train_seconds = time.perf_counter() - started
 
     print("[2/3] sampling the trained model and the same architecture before training")
@@ -152,11 +166,7 @@ def run(args: argparse.Namespace) -> int:
     rows += _sample_table(model, tokenizer, args, policies, vocabulary, "trained", evaluator)
 
     print("[3/3] results")
-    val = result.best_val_nelbo
-    ran = result.step - result.start_step
-    done = f"trained {ran} steps" if ran == result.step else f"trained {ran} more steps ({result.step} in all)"
-    print(f"{done} in {train_seconds / 60:.1f} min; "
-          f"validation NELBO {val:.3f} nats/token (perplexity bound {math.exp(val):.1f})" if val is not None else "")
+    print(_training_line(result, train_seconds))
     print(f"sampler {args.sampler}, T = {args.steps}, {args.samples} x {model.config.max_seq_len} tokens per row")
     print("| model     |  K | tokens/s | layer calls | anchor refreshes | words in corpus | entropy | Gen PPL |")
     print("|-----------|---:|---------:|------------:|-----------------:|----------------:|--------:|--------:|")
@@ -173,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "train_steps": result.step,
         "train_seconds": train_seconds,
-        "best_val_nelbo": val,
+        "best_val_nelbo": result.best_val_nelbo,
         "model_dir": str(result.model_dir),
         "sampler": args.sampler,
         "steps": args.steps,
