@@ -37,19 +37,6 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
-
-
-def seed_value(value: str) -> int:
-    """An argparse type for a seed: an integer in [0, SEED_MAX] (numpy and faiss take no wider)."""
-    number = int_at_least(0)(value)
-    if number > SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be <= {SEED_MAX}, got {number}")
-    return number
-
-
-def seed_list(value: str) -> list[int]:
-    """An argparse type: one seed or a comma list of them (see :func:`seed_value`)."""
-    return [seed_value(str(number)) for number in int_list(0)(value)]
 nonnegative_int = int_at_least(0)
 
 
@@ -64,6 +51,19 @@ def int_list(minimum: int) -> Callable[[str], list[int]]:
         return [check(part) for part in parts]
 
     return parse
+
+
+def seed_value(value: str) -> int:
+    """An argparse type for a seed: an integer in [0, SEED_MAX] (numpy and faiss take no wider)."""
+    number = int_at_least(0)(value)
+    if number > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be <= {SEED_MAX}, got {number}")
+    return number
+
+
+def seed_list(value: str) -> list[int]:
+    """An argparse type: one seed or a comma list of them (see :func:`seed_value`)."""
+    return [seed_value(str(number)) for number in int_list(0)(value)]
 
 
 class FlatList(argparse.Action):
