@@ -11,10 +11,10 @@ its defaults are kept (``num_buckets="auto"`` = max(2, round(min(n_p, n_q) / 10)
 Small sample sets make MAUVE meaningless: with 16 texts per side "auto" falls back to 2 clusters
 and scores barely move between very different sets. :func:`mauve_from_features` therefore refuses
 fewer than ``min_samples`` texts on either side (default :data:`MAUVE_MIN_SAMPLES`, which gives at
-least 5 clusters), and every result carries its sample and cluster counts for reports. Below 39 points
-per cluster (any set under about 2,000 texts), faiss's k-means prints "WARNING clustering N points to
-K centroids" on every call; tadm drops that one line, since the counts are in every result, and passes
-anything else written to standard error through.
+least 5 clusters), and every result carries its sample and cluster counts for reports. "auto" gives
+each cluster about 20 points (10 texts per side), below the 39 that faiss's k-means asks for, so faiss
+prints "WARNING clustering N points to K centroids" on every call; tadm drops that one line, since the
+counts are in every result, and passes anything else written to standard error through.
 """
 
 from __future__ import annotations
