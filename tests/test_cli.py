@@ -239,3 +239,17 @@ def test_help_states_a_zero_default_and_list_defaults(capsys):
     assert main(["eval", "sweep", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--seed SEED default: 0" in text and "(default: 1,2,4,8)" in text and "--top-p TOP_P default: 0.9" in text
+
+
+def test_refresh_on_a_model_without_an_anchor_network():
+    from tadm.cli.common import CLIError, check_refresh_applies
+    from tadm.nn import build_model
+    from tadm.sampling.refresh import parse_refresh
+
+    mdlm, model = build_model("mdlm-tiny"), build_model("tadm-tiny")
+    check_refresh_applies(mdlm, [parse_refresh(1)], "m")
+    check_refresh_applies(mdlm, [parse_refresh("1:skip_unchanged=true")], "m")  # skipping does change what runs
+    check_refresh_applies(model, [parse_refresh(4), parse_refresh("adaptive:tau=0.1")], "t")
+    for spec in ("4", "adaptive:tau=0.1", "schedule:steps=8/4"):
+        with pytest.raises(CLIError, match="model 'm' has no anchor network"):
+            check_refresh_applies(mdlm, [parse_refresh(1), parse_refresh(spec)], "m")

@@ -119,9 +119,14 @@ def output_dir(value: str) -> str:
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{value} is an existing file; give a directory")
+    _no_file_above(path, value)
+    return value
+
+
+def _no_file_above(path: Path, value: str) -> None:
+    """An ArgumentTypeError when a parent of ``path`` is an existing file (it could not be created)."""
     if any(parent.exists() and not parent.is_dir() for parent in path.parents):
         raise argparse.ArgumentTypeError(f"{value}: a parent of it is an existing file")
-    return value
 
 
 def output_file(value: str) -> str:
@@ -130,8 +135,7 @@ def output_file(value: str) -> str:
     path = Path(value)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{value} is a directory; give a file name")
-    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
-        raise argparse.ArgumentTypeError(f"{value}: a parent of it is an existing file")
+    _no_file_above(path, value)
     return value
 
 
@@ -268,8 +272,9 @@ def refresh_policies(args: argparse.Namespace) -> list:
 
 def check_refresh_applies(model: Any, policies: list, name: str) -> None:
     """A CLIError when a masked model without an anchor network (MDLM: 0 anchor layers) is given a refresh policy
-    other than K = 1: every policy would run the same layers, and their timings would differ by noise only."""
-    if model.layer_split.anchor == 0 and any(p.key != "1" for p in policies):
+    other than K = 1: every policy would run the same layers, and their timings would differ by noise only.
+    Skipping unchanged canvases (skip_unchanged) does change what runs, and is allowed."""
+    if model.layer_split.anchor == 0 and any(p.key != "1" and not p.skip_unchanged for p in policies):
         raise CLIError(f"-K/--refresh: model {name!r} has no anchor network (0 anchor layers), so every refresh "
                        "policy runs the same layers; leave -K at 1")
 
