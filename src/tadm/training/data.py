@@ -46,7 +46,7 @@ __all__ = ["TEXT_SUFFIXES", "BlockSampler", "PackedSplits", "PackedTokens", "bui
 # File types a local source may hold; ".gz" means gzip-compressed. Parquet and Arrow files are what the
 # Hugging Face dataset loader downloads and caches (e.g. OpenWebText's train-000NN-of-000MM.parquet shards).
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".parquet", ".arrow")
-_PATHLIKE_SUFFIXES = TEXT_SUFFIXES + (".json", ".gz", ".csv", ".parquet", ".arrow")
+_PATHLIKE_SUFFIXES = TEXT_SUFFIXES + (".json", ".gz", ".csv")
 # Files written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`.
 _HF_DISK_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 _PACK_FORMAT = 1
@@ -450,29 +450,20 @@ def _pack_split(
     return n_blocks
 
 
-def _hold_out(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
-    """Sorted ids of the validation documents: a seeded random ``val_fraction`` of ``n_docs >= 2`` (none for 0)."""
-    if val_fraction == 0:
-        return np.zeros(0, dtype=np.int64)
-    n_val = min(n_docs - 1, max(1, round(n_docs * val_fraction)))
-    gen = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(n_docs, generator=gen)
-    return np.sort(perm[:n_val].numpy()).astype(np.int64)
-
-
 def _split_units(lengths: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Token offsets (n_units + 1,) of the units the splits are made of, and each split's unit ids.
 
-    The units are the documents, held out by :func:`_hold_out`. A corpus of ONE document (e.g. a
-    single ``.txt`` file) is cut into two spans instead: its last ``val_fraction`` of tokens (at
-    least one, EOS included) is the validation split, the rest the training split.
+    The units are the documents, or the two token spans of a one-document corpus (the validation
+    span holds at least one token, EOS included); see :func:`build_packed_dataset`.
     """
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    if lengths.size == 1 and val_fraction > 0:
-        total = int(offsets[-1])
-        n_val = min(total - 1, max(1, round(total * val_fraction)))
-        return np.array([0, total - n_val, total], dtype=np.int64), {"train": np.array([0]), "val": np.array([1])}
-    val_ids = _hold_out(lengths.size, val_fraction, seed)
+    by_tokens = lengths.size == 1 and val_fraction > 0
+    n = int(offsets[-1]) if by_tokens else lengths.size  # tokens or documents
+    n_val = min(n - 1, max(1, round(n * val_fraction))) if val_fraction else 0
+    if by_tokens:
+        return np.array([0, n - n_val, n], dtype=np.int64), {"train": np.array([0]), "val": np.array([1])}
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    val_ids = np.sort(perm[:n_val].numpy()).astype(np.int64)
     is_val = np.zeros(lengths.size, dtype=bool)
     is_val[val_ids] = True
     return offsets, {"train": np.flatnonzero(~is_val), "val": val_ids}
