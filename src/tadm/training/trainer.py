@@ -764,7 +764,7 @@ def _train(cfg: ExperimentConfig, resume: bool, info: DistInfo, micro: int, accu
     result = run.result
     result.tokens_seen = result.step * run.tokens_per_step
     result.wall_time_s = time.perf_counter() - wall_start
-    _summary(run.say, result, run.start_step, run.tokens_per_step, run.ema is not None, cfg.model.arch)
+    _summary(run)
     return result
 
 
@@ -775,18 +775,19 @@ def _val_text(arch: str, nelbo: float, ppl: float) -> str:
     return f"val NELBO {nelbo:.4f} nats/token, perplexity bound {ppl:.2f}"
 
 
-def _summary(say: Callable[[str], None], result: TrainResult, start_step: int, tokens_per_step: int, ema: bool,
-             arch: str) -> None:
-    ran = result.step - start_step
-    rate = ran * tokens_per_step / max(result.wall_time_s, 1e-9)
+def _summary(run: _Run) -> None:
+    result = run.result
+    ran = result.step - run.start_step
+    rate = ran * run.tokens_per_step / max(result.wall_time_s, 1e-9)
     recent = result.losses[-10:]
     lines = [f"done: {result.step} steps ({ran} in this run) in {_fmt_time(result.wall_time_s)}, "
              f"{result.tokens_seen:,} tokens seen, {rate:,.0f} tok/s overall"]
     if recent:
         lines.append(f"  train loss (mean of last {len(recent)} steps): {sum(recent) / len(recent):.4f}")
     if result.val_nelbo is not None:
-        lines.append(f"  {_val_text(arch, result.val_nelbo, result.val_ppl)}"
+        lines.append(f"  {_val_text(run.cfg.model.arch, result.val_nelbo, result.val_ppl)}"
                      + (f" (best {result.best_val_nelbo:.4f})" if result.best_val_nelbo is not None else ""))
-    lines.append(f"  model ({'EMA' if ema else 'raw'} weights + tokenizer + config): {result.model_dir}")
+    weights = "EMA" if run.ema is not None else "raw"
+    lines.append(f"  model ({weights} weights + tokenizer + config): {result.model_dir}")
     lines.append(f"  training state (for --resume): {result.state_path}")
-    say("\n".join(lines))
+    run.say("\n".join(lines))
