@@ -1,17 +1,14 @@
 """Result records on disk, one way for every experiment: JSON-ready values, atomic writes, provenance, unit stores.
 
 * :func:`json_ready`, :func:`write_json`, :func:`read_json`, :func:`read_json_lines`, :func:`write_csv`:
-  values and files as every result writer needs them (NaN and inf become ``null``; files are written
-  to a temporary name and renamed, so a reader never sees half a file);
-* :func:`replace_atomically`, :func:`replace_directory`: how a file or a directory is put in place,
-  through a temporary sibling named after the writing process (:func:`temporary_path`), which
-  ``tadm.training.rundir.remove_stale_temporaries`` cleans up after a kill;
+  values and files as every result writer needs them;
+* :func:`replace_atomically`, :func:`replace_directory`: how a file or a directory is put in place, through
+  a temporary sibling (:func:`temporary_path`) that ``tadm.training.rundir.remove_stale_temporaries``
+  cleans up after a kill;
 * :func:`git_commit`, :func:`machine_info`: where a result came from;
-* :class:`UnitStore`: the resumable units of a sweep, a study or a task run. A unit is one JSON
-  file holding the *spec* that produced it, its payload and its provenance (commit, and whether the
-  source tree had local changes). A unit whose file holds the same spec is done and is skipped;
-* :func:`check_publishable`: a table written from a source tree with local changes needs an explicit
-  ``allow_dirty`` (``--allow-dirty``, or ``TADM_ALLOW_DIRTY=1``), and says so.
+* :class:`UnitStore`: the resumable units of a sweep, a study or a task run, each one JSON file holding
+  the *spec* that produced it, its payload and its provenance; a unit holding the same spec is skipped;
+* :func:`check_publishable`: a table from a source tree with local changes needs ``allow_dirty``.
 """
 
 from __future__ import annotations

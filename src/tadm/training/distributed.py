@@ -3,11 +3,8 @@
 A run is distributed when ``WORLD_SIZE`` > 1 in the environment (set by ``torchrun``): the process
 group is opened with NCCL on CUDA and gloo on CPU, each process drives one device
 (``cuda:LOCAL_RANK``), and only rank 0 logs and writes files. Without ``WORLD_SIZE`` every helper
-here degrades to a no-op on a single process.
-
-The global batch is split over ranks by :func:`split_global_batch`: with no micro-batch size given,
-each rank takes ``global / world size`` sequences in one micro-batch (as accelerate-based trainers
-do), so the same preset runs on any world size that divides its global batch.
+here degrades to a no-op on a single process. The global batch is split over ranks by
+:func:`split_global_batch` (as accelerate-based trainers do, when no micro-batch size is given).
 """
 
 from __future__ import annotations

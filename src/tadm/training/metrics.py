@@ -105,12 +105,9 @@ class MetricsLogger:
     Args:
         out_dir: run directory.
         enabled: False on every rank but 0.
-        loggers: names from :data:`tadm.config.LOGGERS`. ``metrics.jsonl`` is written whether
-            ``"jsonl"`` is listed or not (it is the source of truth the other two mirror).
-            ``"tensorboard"``: scalars ``SPLIT/KEY`` in ``out_dir/tensorboard`` event files;
-            ``"wandb"``: a Weights & Biases run (files in ``out_dir/wandb``, mode from the
-            ``WANDB_MODE`` environment variable, e.g. ``offline``). A missing package warns and
-            that logger is skipped.
+        loggers: names from :data:`tadm.config.LOGGERS`, as ``train.loggers`` of
+            :class:`tadm.config.TrainSection` describes them (TensorBoard scalars are ``SPLIT/KEY``).
+            A missing package warns and that logger is skipped.
         resume_step: when resuming, records of later steps (written after the checkpoint the run
             resumes from) are dropped first, so the file holds one history; TensorBoard hides its
             events of those steps too (``purge_step``), and a fresh run (None) hides all earlier ones.

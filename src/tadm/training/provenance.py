@@ -4,9 +4,8 @@ A tokenizer trained by tadm (``tadm tokenizer train``, or a run's ``out_dir/toke
 its corpus: the source's canonical name and its files (sizes, modification times, see
 :func:`tadm.training.data.source_identity`), a SHA-256 of the training text, the text field, the
 requested vocabulary size and the merge threshold. A run that finds a tokenizer in its
-``out_dir`` reuses it only if that record fits its config (:func:`check_provenance`); when the
-source's name or files changed, the text is hashed again and the tokenizer is kept if it is the
-same text (a moved or touched corpus).
+``out_dir`` reuses it only if that record fits its config (:func:`check_provenance`), which lets a
+moved or touched corpus with the same text pass.
 """
 
 from __future__ import annotations
