@@ -98,6 +98,12 @@ def _schedule_mask_and_t(model: nn.Module, x: Tensor, generator: torch.Generator
     return schedule, mask_id, sample_t(x.shape[0], cfg.eps, cfg.antithetic, generator, device=x.device)
 
 
+def _anchored_output(total: Tensor, diffusion: Tensor, anchor: Tensor, x: Tensor, **tensors: Tensor) -> LossOutput:
+    """The output of an objective with an anchor term, from its (B, L) total, diffusion and anchor losses."""
+    parts = {"diffusion": _per_token_mean(diffusion).detach(), "anchor": _per_token_mean(anchor).detach()}
+    return LossOutput(loss=_per_token_mean(total), num_tokens=x.numel(), parts=parts, tensors=tensors)
+
+
 def tadm_objective(
     model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig
 ) -> LossOutput:
@@ -139,15 +145,8 @@ def tadm_objective(
         t_anchor=times.t_anchor,
         gamma=cfg.gamma,
     )
-    return LossOutput(
-        loss=_per_token_mean(terms.total),
-        num_tokens=x.numel(),
-        parts={
-            "diffusion": _per_token_mean(terms.diffusion).detach(),
-            "anchor": _per_token_mean(terms.anchor).detach(),
-        },
-        tensors={"z_t": z_t, "z_tp": z_tp, "t": times.t, "t_anchor": times.t_anchor, "cache_age": times.cache_age},
-    )
+    return _anchored_output(terms.total, terms.diffusion, terms.anchor, x, z_t=z_t, z_tp=z_tp, t=times.t,
+                            t_anchor=times.t_anchor, cache_age=times.cache_age)
 
 
 def mdlm_objective(
@@ -194,12 +193,7 @@ def adlm_objective(
         is_anchor = cfg.anchor_token_mask.to(x.device)[x]  # (B, L)
         anchor = torch.where(is_anchor, anchor, torch.zeros((), dtype=anchor.dtype, device=anchor.device))
     total = diffusion + cfg.gamma * anchor if cfg.gamma > 0 else diffusion
-    return LossOutput(
-        loss=_per_token_mean(total),
-        num_tokens=x.numel(),
-        parts={"diffusion": _per_token_mean(diffusion).detach(), "anchor": _per_token_mean(anchor).detach()},
-        tensors={"z_t": z_t, "t": t},
-    )
+    return _anchored_output(total, diffusion, anchor, x, z_t=z_t, t=t)
 
 
 def ar_objective(
