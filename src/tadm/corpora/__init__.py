@@ -18,15 +18,13 @@ BUNDLED_CORPORA: dict[str, tuple[str, str]] = {
 }
 
 
-def _entry(name: str) -> tuple[str, str]:
+def _package_file(name: str, which: int) -> Path:
+    """File ``which`` (0: data, 1: licence) of the bundled corpus ``name``."""
     try:
-        return BUNDLED_CORPORA[name]
+        filename = BUNDLED_CORPORA[name][which]
     except KeyError:
         valid = ", ".join(sorted(BUNDLED_CORPORA))
         raise ValueError(f"unknown bundled corpus {name!r}; valid names: {valid}") from None
-
-
-def _package_file(filename: str) -> Path:
     path = Path(str(resources.files(__name__).joinpath(filename)))
     if not path.is_file():
         raise FileNotFoundError(
@@ -38,9 +36,9 @@ def _package_file(filename: str) -> Path:
 
 def bundled_corpus_path(name: str = "brown") -> Path:
     """Path of the gzipped JSON-lines file of a bundled corpus (``"brown"``)."""
-    return _package_file(_entry(name)[0])
+    return _package_file(name, 0)
 
 
 def bundled_license_path(name: str = "brown") -> Path:
     """Path of the licence / attribution text of a bundled corpus."""
-    return _package_file(_entry(name)[1])
+    return _package_file(name, 1)
