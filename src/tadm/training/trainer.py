@@ -672,31 +672,27 @@ def _log_step(run: _Run, done: int, stats: _StepStats, tokens_per_s: float, quie
                 f"eta {_fmt_time(eta)}")
 
 
-class _StopRequest:
-    """While active, the first Ctrl-C (SIGINT) asks the loop to stop after the current step; a second one
-    interrupts at once. Inactive (Ctrl-C interrupts at once) off the main thread and when ``enabled`` is
-    False (a distributed run, whose ranks would not agree on the step to stop at)."""
+@contextlib.contextmanager
+def _stop_request(enabled: bool) -> Iterator[threading.Event]:
+    """While active, the first Ctrl-C (SIGINT) sets the event, asking the loop to stop after the current step; a
+    second one interrupts at once. Inactive (Ctrl-C interrupts at once) off the main thread and when ``enabled``
+    is False (a distributed run, whose ranks would not agree on the step to stop at)."""
+    requested = threading.Event()
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and threading.current_thread() is threading.main_thread()
-        self.requested = False
-        self._previous: Any = None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
+    def handle(signum: int, frame: Any) -> None:
+        if requested.is_set():
             raise KeyboardInterrupt
-        self.requested = True
+        requested.set()
         tqdm.write("Ctrl-C: stopping after this step and saving the training state (Ctrl-C again to abort now)",
                    file=sys.stderr)
 
-    def __enter__(self) -> _StopRequest:
-        if self.enabled:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous is None else self._previous)
+    active = enabled and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, handle) if active else None
+    try:
+        yield requested
+    finally:
+        if active:
+            signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
@@ -711,7 +707,7 @@ def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
         run.model.train()
         window_start, window_steps = time.perf_counter(), 0  # tokens/s are over the steps since the last log line
         last_eval = run.start_step if fresh else -1
-        with _StopRequest(enabled=not run.info.distributed) as stop:
+        with _stop_request(enabled=not run.info.distributed) as stop:
             for done in range(run.start_step + 1, tc.max_steps + 1):
                 stats = _train_step(run, done - 1)
                 window_steps += 1
@@ -726,7 +722,7 @@ def _run_steps(run: _Run, fresh: bool, wall_start: float) -> None:
                     last_eval = done
                 if done % tc.save_every == 0:
                     _save_state(run, done)
-                if stop.requested and done < tc.max_steps:
+                if stop.is_set() and done < tc.max_steps:
                     if run.last_saved != done:
                         _save_state(run, done)
                     raise TrainingInterrupted(f"interrupted at step {done}/{tc.max_steps}; training state saved to "
