@@ -268,11 +268,10 @@ class TimeAnchoredDiffusionGemma(nn.Module):
         )
 
         policy = resolve_refresh(refresh_interval, refresh_policy) or self.refresh_policy
-        for name, value in (("streamer", streamer), ("past_key_values", past_key_values)):
+        for name, value, hint in (("streamer", streamer, "decode the returned sequences"),
+                                  ("past_key_values", past_key_values, "pass the whole conversation as input_ids")):
             if value is not None:
-                raise ValueError(f"{name} is not supported by the time-anchored generate; "
-                                 + ("decode the returned sequences" if name == "streamer"
-                                    else "pass the whole conversation as input_ids"))
+                raise ValueError(f"{name} is not supported by the time-anchored generate; {hint}")
         for name, value in (("logits_processor", logits_processor), ("stopping_criteria", stopping_criteria)):
             if value:
                 raise ValueError(f"a custom {name} is not supported by the time-anchored generate")
@@ -316,11 +315,6 @@ class TimeAnchoredDiffusionGemma(nn.Module):
                                               tokens_per_forward=valid / out.decoder_forward_passes)
 
     # ---------------------------------------------------------------- saving and sharing the adapter
-    def _adapter(self) -> AdapterConfig:
-        if self.adapter_config is None:
-            raise ValueError("this model has no adapter to save (it was built with a split and no fusion)")
-        return self.adapter_config
-
     def save_pretrained(
         self,
         save_directory: str | os.PathLike[str],
@@ -336,7 +330,9 @@ class TimeAnchoredDiffusionGemma(nn.Module):
         into the model card; ``base_model`` overrides the base recorded in the adapter (e.g. the Hub id
         of the base it was trained on from a local copy).
         """
-        config = self._adapter()
+        config = self.adapter_config
+        if config is None:
+            raise ValueError("this model has no adapter to save (it was built with a split and no fusion)")
         return save_adapter_pretrained(
             save_directory, self.anchored, base_model=base_model or config.base_model, extra=config.extra,
             card_results=card_results, license=license, repo_id=repo_id,
@@ -355,7 +351,6 @@ class TimeAnchoredDiffusionGemma(nn.Module):
         commit_message: str | None = None,
     ) -> Any:
         """Upload the adapter (:meth:`save_pretrained`'s three files) to ``repo_id``; returns the commit info."""
-        self._adapter()
         with tempfile.TemporaryDirectory(prefix="tadm-adapter-") as folder:
             self.save_pretrained(folder, card_results=card_results, license=license, base_model=base_model,
                                  repo_id=repo_id)
