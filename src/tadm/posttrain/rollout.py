@@ -153,11 +153,8 @@ def _self_conditioning(
     model: AnchoredBackbone, sampler: EntropyBoundSampler, z: Tensor, prompt: PromptCache | None, k: Tensor,
     i_a: Tensor, probability: float, generator: torch.Generator | None,
 ) -> _RolloutContext:
-    """The rollout's per-pass context: which rows self-condition, bootstrapped from a fresh pass on z_t'.
-
-    A row with self-conditioning whose anchor step is not the first (i_a < T) gets the signal of
-    the step before it, approximated by the frozen model's fresh prediction on z_t'.
-    """
+    """The rollout's per-pass context: which rows self-condition, bootstrapped from a fresh pass on z_t' (module
+    docstring)."""
     B, T = z.shape[0], sampler.num_steps
     where = generator.device if generator is not None else z.device
     sc_rows = (torch.rand(B, generator=generator, device=where) < probability).to(z.device)  # (B,)
@@ -238,10 +235,8 @@ def draw_rollout(
     _check_rollout(model, self_conditioning_prob)
     T = sampler.num_steps
     B, device = x0.shape[0], x0.device
-    if cache_age is None:
-        k = sample_cache_ages(B, cache_ages, cache_age_probs, generator, device)
-    else:
-        k = cache_age.to(device)
+    k = (sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None
+         else cache_age.to(device))
     if t_anchor is None:
         t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
     t_anchor = t_anchor.to(device)
