@@ -10,15 +10,9 @@ the split needs from a backbone is the small :class:`LayerStackBackbone` protoco
     logits = backbone.logits(h, prepared)                              # final norm + output head
     log_probs = backbone.log_probs(logits, z)                          # the model's output parameterisation
 
-Two adapters are provided:
-
-* :class:`DiffusionGemmaBackbone` wraps ``transformers``' ``DiffusionGemmaForBlockDiffusion`` (a
-  uniform-state block-diffusion LM). It calls the model's own modules: its scaled token embedding,
-  self-conditioning block, rotary embeddings (per layer type, sliding or full), decoder-mask builder
-  and layers, final norm, tied LM head and logit soft-capping; the prompt is encoded by the model's
-  own causal encoder into its KV cache (:meth:`DiffusionGemmaBackbone.prefill`), which the decoder
-  layers read. Running all layers in order reproduces the model's ``forward`` bit for bit.
-* :class:`MDLMBackbone` wraps tadm's own MDLM DiT stack (:class:`tadm.nn.MDLM`).
+Two adapters are provided: :class:`DiffusionGemmaBackbone` wraps ``transformers``'
+``DiffusionGemmaForBlockDiffusion`` (a uniform-state block-diffusion LM) through the model's own
+modules, and :class:`MDLMBackbone` wraps tadm's own MDLM DiT stack (:class:`tadm.nn.MDLM`).
 
 Other layer-stack diffusion LMs (LLaDA- or Dream-style bidirectional Transformers) plug in by
 implementing the same five methods; nothing else in :mod:`tadm.posttrain` looks inside a backbone.
@@ -146,7 +140,7 @@ def load_diffusion_gemma(path: str | Path, **kwargs: Any) -> nn.Module:
         raise FileNotFoundError(f"could not load base model {str(path)!r}: {first_line(err)}") from None
 
 
-def _check_tokens(z: Tensor, vocab_size: int) -> None:
+def _check_tokens(z: Tensor) -> None:
     if z.dim() != 2 or z.dtype != torch.long:
         raise ValueError(f"canvas must be a LongTensor of token ids (B, L); got {z.dtype} of shape {tuple(z.shape)}")
 
@@ -165,10 +159,12 @@ class _GemmaPass:
 class DiffusionGemmaBackbone(nn.Module):
     """``DiffusionGemmaForBlockDiffusion`` as a :class:`LayerStackBackbone` (weights frozen).
 
-    The decoder pass over a canvas is embedding + self-conditioning, ``num_layers`` decoder layers
-    reading the prompt KV cache, final RMSNorm, the tied LM head and tanh soft-capping, exactly as the
-    model's ``forward``. The prompt (and every finished canvas) is encoded by the model's causal
-    encoder, which shares the decoder's weights, into a ``transformers`` ``DynamicCache``.
+    The decoder pass over a canvas is the model's scaled embedding + self-conditioning block,
+    ``num_layers`` decoder layers (rotary tables and masks per layer type, sliding or full) reading the
+    prompt KV cache, final RMSNorm, the tied LM head and tanh soft-capping: run in order, the layers
+    reproduce the model's ``forward`` bit for bit. The prompt (and every finished canvas) is encoded by
+    the model's causal encoder, which shares the decoder's weights, into a ``transformers``
+    ``DynamicCache`` (:meth:`prefill`, :meth:`append`).
     """
 
     prior = "uniform"
@@ -243,7 +239,7 @@ class DiffusionGemmaBackbone(nn.Module):
         # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import DynamicCache
 
-        _check_tokens(prompt_ids, self.vocab_size)
+        _check_tokens(prompt_ids)
         if prompt_ids.shape[1] < 1:
             raise ValueError("DiffusionGemma needs a prompt of at least one token (e.g. BOS) to condition on")
         mask = (torch.ones_like(prompt_ids, dtype=torch.bool) if attention_mask is None
@@ -256,7 +252,7 @@ class DiffusionGemmaBackbone(nn.Module):
 
     def append(self, prompt: PromptCache, canvas: Tensor) -> PromptCache:
         """Encode a finished canvas (B, L) after the context; returns the extended context (cache updated in place)."""
-        _check_tokens(canvas, self.vocab_size)
+        _check_tokens(canvas)
         start = prompt.length
         mask = F.pad(prompt.attention_mask, (0, canvas.shape[1]), value=True)  # (B, P + L)
         self._encode_into(prompt.past_key_values, canvas, mask, start=start)
@@ -302,7 +298,7 @@ class DiffusionGemmaBackbone(nn.Module):
 
     def embed(self, z: Tensor, prepared: _GemmaPass) -> Tensor:
         """Scaled token embedding plus the self-conditioning block: (B, L) -> (B, L, d)."""
-        _check_tokens(z, self.vocab_size)
+        _check_tokens(z)
         inputs = self.decoder.embed_tokens(z)  # (B, L, d)
         return self.decoder.self_conditioning(inputs, self.self_conditioning_embeddings(inputs, prepared.context))
 
