@@ -174,20 +174,16 @@ def load_adapter_config(directory: str | os.PathLike[str]) -> AdapterConfig:
 
 
 def load_adapter_state(directory: str | os.PathLike[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """The fusion's state dict from ``adapter_model.safetensors`` (or the older ``adapter.safetensors``).
-
-    ``directory``: a directory or Hub id.
-    """
+    """The fusion's state dict from ``adapter_model.safetensors`` (or the older ``adapter.safetensors``) of
+    ``directory``, a directory or Hub id."""
     return load_file(str(adapter_weights_file(resolve_adapter(directory))), device=str(device))
 
 
 def attach_adapter(
     backbone: nn.Module, directory: str | os.PathLike[str], *, fusion_mode: str = "paired"
 ) -> AnchoredBackbone:
-    """Split ``backbone`` as the adapter says and load its fusion weights (strict, shape-checked).
-
-    ``directory``: a directory or Hub id.
-    """
+    """Split ``backbone`` as the adapter in ``directory`` (a directory or Hub id) says and load its fusion
+    weights (strict, shape-checked)."""
     directory = resolve_adapter(directory)
     config = load_adapter_config(directory)
     num_layers = getattr(backbone, "num_layers", None)
