@@ -233,9 +233,8 @@ class PosttrainPlan:
             fits = ["yes" if estimate.fits(g) else "no" for g in sizes]
             lines.append(f"| {estimate.what} | " + " | ".join(cells) + f" | **{estimate.total / _GB:.1f}** | "
                          + " | ".join(fits) + " |")
-        lines.append("")
-        lines.append("GB = 1e9 bytes, estimated (tadm.posttrain.plan); the CUDA context (about 0.5-1 GB) and allocator "
-                     "slack come on top.")
+        lines += ["", "GB = 1e9 bytes, estimated (tadm.posttrain.plan); the CUDA context (about 0.5-1 GB) and "
+                  "allocator slack come on top."]
         return "\n".join(lines)
 
 
