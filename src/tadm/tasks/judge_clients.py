@@ -152,6 +152,11 @@ LOCAL_DECODINGS = ("labels", "free")
 LABEL_CHOICES = ("true", "false", "null")
 
 
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` have in common."""
+    return next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 class LocalChatClient:
     """A local ``transformers`` causal LM directory answering through its chat template.
 
@@ -198,17 +203,14 @@ class LocalChatClient:
         """
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         full = self.tokenizer(text + continuation, add_special_tokens=False)["input_ids"]
-        start = next((n for n, (a, b) in enumerate(zip(ids, full)) if a != b), min(len(ids), len(full)))
-        return self._logprob(full, max(start, 1))
+        return self._logprob(full, max(_shared_prefix(ids, full), 1))
 
     def _logprob(self, full: list[int], start: int) -> float:
         """Sum of log p(full[n] | full[:n]) for n >= start, reusing the cached prefix of ``full``."""
         # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import DynamicCache
 
-        shared = next((n for n, (a, b) in enumerate(zip(self._cached_ids, full)) if a != b),
-                      min(len(self._cached_ids), len(full)))
-        keep = min(shared, start - 1)
+        keep = min(_shared_prefix(self._cached_ids, full), start - 1)
         if keep == 0 or self._cache is None:
             self._cache, keep = DynamicCache(), 0
         elif self._cache.get_seq_length() > keep:
@@ -256,13 +258,13 @@ def make_judge_client(judge: str | None = None, *, url: str | None = None, model
     """
     if judge is not None and judge.startswith(("local:", "local-free:")):
         kind, path = judge.split(":", 1)
-        return LocalChatClient(path, **{"decoding": "free" if kind == "local-free" else "labels", **options})
-    if url is not None:
+    elif url is not None:
         if judge not in (None, "openai"):
             raise ValueError(f"give --judge local:PATH or --judge URL with --judge-model, not both ({judge!r})")
         return OpenAIChatClient(url, model or "", **options)
-    if judge in (None, "local", "local-free"):
-        decoding = "free" if judge == "local-free" else "labels"
-        return LocalChatClient(default_evaluator_path(), **{"decoding": decoding, **options})
-    raise ValueError(f"unknown judge {judge!r}: use none, local, local:PATH, local-free:PATH, or an "
-                     "http(s):// URL with --judge-model NAME")
+    elif judge in (None, "local", "local-free"):
+        kind, path = judge or "local", default_evaluator_path()
+    else:
+        raise ValueError(f"unknown judge {judge!r}: use none, local, local:PATH, local-free:PATH, or an "
+                         "http(s):// URL with --judge-model NAME")
+    return LocalChatClient(path, **{"decoding": "free" if kind == "local-free" else "labels", **options})
