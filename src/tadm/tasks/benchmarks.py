@@ -304,8 +304,7 @@ def check_stdio(example: Example, response: str, *, limits: CodeLimits) -> Score
     """LiveCodeBench: every test passes - a ``stdin`` test prints the expected output for its input and
     ends normally (``SystemExit`` 0 included), a ``functional`` one returns the expected JSON value from
     ``Solution().<entry_point>(*args)`` with the driver run to its end."""
-    code = extract_code(response)
-    code = response if code is None else code
+    code = extract_code(response) or response  # a block found is never empty
     for n, test in enumerate(example.tests or []):
         functional = test.get("testtype") == "functional"
         program = functional_program(code, example.entry_point) if functional else code

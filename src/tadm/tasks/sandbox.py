@@ -449,10 +449,9 @@ def _run(code: str, *, stdin: str, timeout: float, memory_mb: int, max_output: i
         if completed and err.endswith(sentinel):
             err = err[: -len(sentinel)]
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        if timed_out:
-            return SandboxResult("timeout", None, stdout, stderr, seconds, False, level.describe())
-        return SandboxResult(_status(process.returncode, stderr, completed), process.returncode, stdout, stderr,
-                             seconds, completed, level.describe())
+        status = "timeout" if timed_out else _status(process.returncode, stderr, completed)  # completed: not timed out
+        return SandboxResult(status, None if timed_out else process.returncode, stdout, stderr, seconds, completed,
+                             level.describe())
     finally:
         for fd in (read_end, write_end):
             if fd >= 0:
