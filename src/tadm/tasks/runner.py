@@ -170,11 +170,6 @@ def methods(cfg: TaskRunConfig) -> list[Method]:
 
 
 # ------------------------------------------------------------------------------------------ units
-def unit_path(task: str, method: Method, seed: int) -> Path:
-    """A unit's file, relative to the run's directory."""
-    return Path("units") / task / f"{method.key}-seed{seed}.json"
-
-
 def _data_hash(data: TaskData) -> str:
     payload = json.dumps([[asdict(e) for e in data.examples], [asdict(e) for e in data.shots]], sort_keys=True)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
@@ -241,8 +236,8 @@ def run_unit(generator: Any, cfg: TaskRunConfig, bench: Benchmark, data: TaskDat
         checked = score(bench, ex, text, limits=cfg.code_limits())
         records.append({"id": ex.id, "prompt": prompt, "response": text, "gold": ex.answer,
                         "correct": checked.correct, "extracted": checked.extracted, "detail": checked.detail})
-    accuracy = sum(r["correct"] for r in records) / len(records)
-    return {"accuracy": accuracy, "correct": sum(r["correct"] for r in records), "n": len(records),
+    correct = sum(r["correct"] for r in records)
+    return {"accuracy": correct / len(records), "correct": correct, "n": len(records),
             "stats": lm.summary(), "records": records}
 
 
@@ -253,7 +248,7 @@ class _Unit:
     method: Method
     seed: int
     spec: dict[str, Any]
-    path: Path
+    path: Path  # relative to the run's directory
 
 
 def _units(cfg: TaskRunConfig, benches: list[Benchmark]) -> list[_Unit]:
@@ -263,7 +258,7 @@ def _units(cfg: TaskRunConfig, benches: list[Benchmark]) -> list[_Unit]:
         for method in methods(cfg):
             for seed in cfg.seeds:
                 units.append(_Unit(bench, data, method, seed, unit_spec(cfg, bench, data, method, seed),
-                                   unit_path(bench.name, method, seed)))
+                                   Path("units") / bench.name / f"{method.key}-seed{seed}.json"))
     return units
 
 

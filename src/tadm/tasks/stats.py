@@ -18,6 +18,7 @@ batch: every request records its batch's wall time and layer calls, and its own 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -69,10 +70,9 @@ def summarize(requests: Iterable[RequestStats], batches: Iterable[BatchStats]) -
     requests, batches = list(requests), list(batches)
     seconds = sum(b.seconds for b in batches)
     tokens = sum(r.generated_tokens for r in requests)
-    calls: dict[str, int] = {}
+    calls: Counter[str] = Counter()
     for b in batches:
-        for key, value in b.layer_calls.items():
-            calls[key] = calls.get(key, 0) + int(value)
+        calls.update({key: int(value) for key, value in b.layer_calls.items()})
     n = len(requests)
     stops = {kind: sum(r.stop == kind for r in requests) for kind in ("eos", "until", "length")}
     return {
@@ -82,7 +82,7 @@ def summarize(requests: Iterable[RequestStats], batches: Iterable[BatchStats]) -
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
         "mean_generated_tokens": tokens / n if n else 0.0,
-        "layer_calls": calls,
+        "layer_calls": dict(calls),
         "encoder_layer_calls": sum(b.encoder_layer_calls for b in batches),
         "layer_calls_per_request": sum(r.layer_calls.get("total", 0) for r in requests) / n if n else 0.0,
         "stops": stops,
