@@ -1,17 +1,12 @@
 """The ``tadm`` model of EleutherAI's lm-evaluation-harness: generation tasks on tadm's diffusion LMs.
 
-Importing this module registers :class:`TadmLM` under the name ``tadm`` in lm-eval's model
-registry. lm-eval 0.4.13 discovers no models through entry points, so the command line goes
-through :mod:`tadm.tasks.lm_eval_cli`, which imports this module and hands over to lm-eval's own
-CLI (``tadm-lm-eval --model tadm --model_args base=DIR,adapter=DIR,K=2 --tasks gsm8k``). From
-Python, ``import tadm.tasks.lm_eval_model`` before ``lm_eval.simple_evaluate(model="tadm", ...)``.
-
-It covers tadm's own models (``model=``) and post-training bases with or without a fusion adapter
-(``base=``, ``adapter=``, ``naive=true`` for the naive-reuse baseline), any refresh policy, the
-entropy-bound sampler's settings (paper: canvas 256, 48 steps), batching and seeds (see
-:class:`~tadm.tasks.model_args.TadmModelArgs`). Only ``generate_until`` requests are answered (the
-paper's post-training benchmarks are all generation tasks); per-request tokens, wall time, tokens/s
-and layer calls are kept in :attr:`TadmLM.request_stats` and summed by :meth:`TadmLM.summary`.
+Importing this module registers :class:`TadmLM` as ``tadm`` in lm-eval's model registry (the command
+line: :mod:`tadm.tasks.lm_eval_cli`); from Python, ``import tadm.tasks.lm_eval_model`` before
+``lm_eval.simple_evaluate(model="tadm", ...)``. Its settings (model or base + adapter, refresh policy,
+sampler; paper: canvas 256, 48 steps) are :class:`~tadm.tasks.model_args.TadmModelArgs`. Only
+``generate_until`` requests are answered (the paper's post-training benchmarks are all generation
+tasks); per-request tokens, wall time, tokens/s and layer calls are kept in :attr:`TadmLM.request_stats`
+and summed by :meth:`TadmLM.summary`.
 """
 
 from __future__ import annotations
