@@ -17,8 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tadm.tasks import register_lm_eval_model
-from tadm.tasks.lm_eval_model import TadmLM
+from tadm.tasks.lm_eval_model import TadmLM  # importing it registers ``tadm`` with lm-eval
 from tadm.tasks.model_args import TadmModelArgs
 
 __all__ = ["check_tadm_model_args", "main"]
@@ -39,7 +38,6 @@ def check_tadm_model_args(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``lm-eval`` with ``argv`` (default: the process's arguments) after registering ``tadm``."""
-    register_lm_eval_model()
     # deferred: lm-eval is an optional dependency (the tasks extra)
     from lm_eval._cli.harness import HarnessCLI
     from lm_eval.utils import setup_logging
