@@ -3,11 +3,8 @@
 Both take chat messages (``[{"role": "user", "content": ...}]``) and return the answer's text, and
 have a ``judge_id`` that names the judge in cache keys.
 
-* :class:`OpenAIChatClient` - ``POST {base_url}/chat/completions`` (any server speaking that
-  protocol: OpenAI, vLLM, SGLang, llama.cpp, ...), greedy (temperature 0), the API key read from an
-  environment variable whose name is configurable, a timeout per request, and retries with
-  exponential backoff on connection errors, timeouts, HTTP 429 and 5xx (``Retry-After`` honoured).
-  Standard library only (``urllib``).
+* :class:`OpenAIChatClient` - ``POST {base_url}/chat/completions`` of any server speaking that protocol
+  (OpenAI, vLLM, SGLang, llama.cpp, ...), greedy (temperature 0), with retries; standard library only.
 * :class:`LocalChatClient` - a ``transformers`` causal LM directory, loaded without running code
   shipped with it and prompted through its chat template. The offline default is
   SmolLM2-135M-Instruct as prepared by ``tadm eval prepare-evaluator``. Two ways to answer:
@@ -94,9 +91,9 @@ class OpenAIChatClient:
     Args:
         api_key_env: environment variable holding the API key (sent as a Bearer token when set).
         timeout: seconds per request (connect and read).
-        max_attempts: tries per request (>= 1); waits ``backoff * 2**(n-1)`` seconds (at most
-            ``max_backoff``) between them, or what the server's ``Retry-After`` asks, if shorter
-            than ``max_backoff``.
+        max_attempts: tries per request (>= 1) on connection errors, timeouts, HTTP 429 and 5xx; waits
+            ``backoff * 2**(n-1)`` seconds (at most ``max_backoff``) between them, or what the server's
+            ``Retry-After`` asks, if shorter than ``max_backoff``.
         max_tokens: the answer's token budget.
     """
 
