@@ -63,24 +63,17 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _help_for_every_option(parser: argparse.ArgumentParser) -> None:
-    """Options given no help text get one that states their default."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                _help_for_every_option(child)
-        elif action.help is None:
-            action.help = _default_text(action)
-
-
-def _add_debug_flag(parser: argparse.ArgumentParser, default: object) -> None:
-    """--debug on ``parser`` and on every (nested) subcommand parser, so that it may stand anywhere."""
-    parser.add_argument("--debug", action="store_true", default=default,
+def _finish_options(parser: argparse.ArgumentParser, debug_default: object) -> None:
+    """--debug on ``parser`` and on every (nested) subcommand parser, so that it may stand anywhere; options given
+    no help text get one that states their default."""
+    parser.add_argument("--debug", action="store_true", default=debug_default,
                         help=f"show the full traceback of an error (also: {DEBUG_ENV}=1)")
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
-                _add_debug_flag(child, argparse.SUPPRESS)
+                _finish_options(child, argparse.SUPPRESS)
+        elif action.help is None:
+            action.help = _default_text(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,8 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(sub)
-    _add_debug_flag(parser, False)
-    _help_for_every_option(parser)
+    _finish_options(parser, False)
     return parser
 
 
