@@ -113,30 +113,28 @@ def nonempty(value: str) -> str:
     return value
 
 
-def output_dir(value: str) -> str:
-    """An argparse type for an output directory: not empty, and neither it nor a parent an existing file."""
+def _output_path(value: str, directory: bool) -> str:
+    """``value`` as a path to write: not empty, not an existing file (``directory``) or directory (else), and no
+    parent an existing file (it could not be created)."""
     nonempty(value)
     path = Path(value)
-    if path.exists() and not path.is_dir():
+    if directory and path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{value} is an existing file; give a directory")
-    _no_file_above(path, value)
+    if not directory and path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a directory; give a file name")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise argparse.ArgumentTypeError(f"{value}: a parent of it is an existing file")
     return value
 
 
-def _no_file_above(path: Path, value: str) -> None:
-    """An ArgumentTypeError when a parent of ``path`` is an existing file (it could not be created)."""
-    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
-        raise argparse.ArgumentTypeError(f"{value}: a parent of it is an existing file")
+def output_dir(value: str) -> str:
+    """An argparse type for an output directory: not empty, and neither it nor a parent an existing file."""
+    return _output_path(value, directory=True)
 
 
 def output_file(value: str) -> str:
     """An argparse type for a file to write: not empty, not an existing directory, and its parent not a file."""
-    nonempty(value)
-    path = Path(value)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{value} is a directory; give a file name")
-    _no_file_above(path, value)
-    return value
+    return _output_path(value, directory=False)
 
 
 def iso_date(value: str) -> str:
@@ -222,11 +220,8 @@ def refresh_policy_args(p: argparse.ArgumentParser) -> None:
 def _long_form(args: argparse.Namespace) -> str | None:
     """The refresh spec of the --refresh-policy flags, or None when they are not used."""
     name = getattr(args, "refresh_policy", None) or "fixed"
-    given = {flag for flag, value in (("--refresh-steps", getattr(args, "refresh_steps", None)),
-                                      ("--tau", getattr(args, "tau", None)),
-                                      ("--max-interval", getattr(args, "max_interval", None))) if value is not None}
-    if getattr(args, "min_interval", 1) != 1:
-        given.add("--min-interval")
+    unset = {"--refresh-steps": None, "--tau": None, "--min-interval": 1, "--max-interval": None}
+    given = {flag for flag, default in unset.items() if getattr(args, flag[2:].replace("-", "_"), default) != default}
     own = {"fixed": set(), "schedule": {"--refresh-steps"}, "adaptive": {"--tau", "--min-interval", "--max-interval"}}[name]
     if given - own:
         raise CLIError(f"{', '.join(sorted(given - own))} do(es) not apply to --refresh-policy {name}")
@@ -250,14 +245,14 @@ def refresh_policies(args: argparse.Namespace) -> list:
     """The refresh policies of -K/--refresh (each value one spec or a comma list; tadm.sampling.refresh), or of the
     --refresh-policy flags, with --skip-unchanged where a command has it."""
     given = list(args.refresh)
+    keys = ",".join(p.key for p in given)
     if getattr(args, "refresh_policy", None) == "fixed" and any(p.name != "fixed" for p in given):
-        raise CLIError(f"-K/--refresh {','.join(p.key for p in given)} and --refresh-policy fixed name two policies; "
-                       "give one")
+        raise CLIError(f"-K/--refresh {keys} and --refresh-policy fixed name two policies; give one")
     long_form = _long_form(args)
     if long_form is not None:
-        if [p.key for p in given] != ["1"]:
-            raise CLIError(f"-K/--refresh {','.join(p.key for p in given)} and --refresh-policy "
-                           f"{args.refresh_policy} name two policies; give one (e.g. -K {long_form})")
+        if keys != "1":
+            raise CLIError(f"-K/--refresh {keys} and --refresh-policy {args.refresh_policy} name two policies; "
+                           f"give one (e.g. -K {long_form})")
         given = [parse_refresh(long_form)]
     try:
         if getattr(args, "skip_unchanged", False):
