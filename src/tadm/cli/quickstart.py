@@ -139,11 +139,8 @@ def _training_line(result: Any, seconds: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
-    overrides = [f"train.out_dir={out_dir}"]
-    if args.train_steps is not None:
-        overrides.append(f"train.max_steps={args.train_steps}")
-    if args.source is not None:
-        overrides.append(f"data.source={args.source}")
+    given = (("train.out_dir", out_dir), ("train.max_steps", args.train_steps), ("data.source", args.source))
+    overrides = [f"{key}={value}" for key, value in given if value is not None]
     cfg = load_config(preset_path(PRESET), overrides)
     policies = refresh_policies(args)  # a bad -K or --sampler is reported before training, not after it
     masked = masked_samplers()

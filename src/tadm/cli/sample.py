@@ -48,9 +48,7 @@ def _canvas_length(args: argparse.Namespace, model: Any) -> int:
         raise CLIError(f"model {args.model!r} has no mask token: it is not a masked diffusion model")
     max_len = model.max_seq_len
     length = args.length if args.length is not None else max_len
-    if length is None:
-        raise CLIError("--length is required for this model")
-    if length < 1 or (max_len is not None and length > max_len):
+    if length < 1 or length > max_len:
         raise CLIError(f"--length {length} does not fit the model (1..{max_len})")
     return length
 
