@@ -114,8 +114,7 @@ def nonempty(value: str) -> str:
 
 
 def _output_path(value: str, directory: bool) -> str:
-    """``value`` as a path to write: not empty, not an existing file (``directory``) or directory (else), and no
-    parent an existing file (it could not be created)."""
+    """The checks of :func:`output_dir` (``directory``) or :func:`output_file` on ``value``."""
     nonempty(value)
     path = Path(value)
     if directory and path.exists() and not path.is_dir():

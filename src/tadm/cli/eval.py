@@ -112,8 +112,7 @@ def _load_samples(args: argparse.Namespace, need: str) -> tuple[list[str], list[
     records = _read_sample_records(Path(args.samples))
     ids = [row for r in records for row in (r.get("token_ids") or [])]
     texts = [t for r in records for t in (r.get("texts") or [])]
-    if args.max_texts is not None:
-        ids, texts = ids[: args.max_texts], texts[: args.max_texts]
+    ids, texts = ids[: args.max_texts], texts[: args.max_texts]  # None: all
     if ids:
         model = records[0].get("model")
         tokenizer = optional_tokenizer(model if isinstance(model, str) else None, args.tokenizer)
