@@ -13,6 +13,7 @@ from tadm.eval.likelihood import (
     anchored_log_probs,
     cached_process_nelbo,
     diffusion_nelbo,
+    packed_eval_blocks,
     stale_anchor_nelbo,
 )
 from tadm.nn import NaiveReuse, adlm_tiny
@@ -212,3 +213,24 @@ def test_bad_input_names_the_value():
         stale_anchor_nelbo(tiny_diffusion("mdlm"), x)
     with pytest.raises(ValueError, match="ARTransformer is not a masked diffusion model with an anchor"):
         cached_process_nelbo(tiny_ar(), x, num_steps=4)
+
+
+def test_bad_block_sets_and_lists_name_the_problem():
+    model, x = tiny_diffusion("tadm"), blocks(n=2)
+    with pytest.raises(ValueError, match="refresh intervals K: 2 is listed twice"):
+        cached_process_nelbo(model, x, num_steps=4, refresh_intervals=(1, 2, 2))
+    with pytest.raises(ValueError, match="step budgets T: 8 is listed twice"):
+        stale_anchor_nelbo(model, x, steps=(8, 8), max_age=1)
+    with pytest.raises(ValueError, match="step budgets T must be a list of integers >= 1, got 8"):
+        stale_anchor_nelbo(model, x, steps=8, max_age=1)
+    with pytest.raises(ValueError, match="got a torch.float32 tensor of shape"):
+        stale_anchor_nelbo(model, x.float(), steps=(8,), max_age=1)
+    with pytest.raises(ValueError, match="got an iterable of list"):
+        stale_anchor_nelbo(model, x.tolist(), steps=(8,), max_age=1)
+    with pytest.raises(ValueError, match="blocks must be .*, got int"):
+        stale_anchor_nelbo(model, 3, steps=(8,), max_age=1)
+    with pytest.raises(ValueError, match="tokenizer must be a tadm TextTokenizer .*got NoneType"):
+        packed_eval_blocks("brown", None, 32)
+    # the same intervals, listed once each, still agree with each other
+    once = cached_process_nelbo(model, x, num_steps=4, refresh_intervals=(1, 2)).bounds
+    assert set(once) == {1, 2} and all(math.isfinite(v) for v in once.values())

@@ -100,12 +100,27 @@ def packed_eval_blocks(
     """
     if split not in ("all", "val"):
         raise ValueError(f"split must be 'all' or 'val', got {split!r}")
+    if not all(hasattr(tokenizer, name) for name in ("encode", "vocab_size", "eos_id", "fingerprint")):
+        raise ValueError(f"tokenizer must be a tadm TextTokenizer (TextTokenizer.load(model_dir)), "
+                         f"got {type(tokenizer).__name__}")
     fraction = 0.0 if split == "all" else val_fraction
     splits = build_packed_dataset(source, tokenizer, seq_len, cache_dir, val_fraction=fraction, seed=seed, progress=progress)
     blocks = splits.train if split == "all" else splits.val
     if len(blocks) == 0:
         raise ValueError(f"{source!r} gives no block of {seq_len} tokens in split {split!r}")
     return blocks
+
+
+_BLOCK_KINDS = "(N, L) token ids, a PackedTokens, or an iterable of (L,) / (B, L) id tensors"
+
+
+def _check_block_tensor(item: Any) -> Any:
+    """``item`` unchanged; a ValueError unless it is a 1-D or 2-D tensor of integer ids (or a PackedTokens)."""
+    if not isinstance(item, Tensor) and not hasattr(item, "get_batch"):
+        raise ValueError(f"blocks must be {_BLOCK_KINDS}; got an iterable of {type(item).__name__}")
+    if isinstance(item, Tensor) and (item.is_floating_point() or item.is_complex() or item.dim() not in (1, 2)):
+        raise ValueError(f"blocks must be {_BLOCK_KINDS}; got a {item.dtype} tensor of shape {tuple(item.shape)}")
+    return item
 
 
 def _batches(blocks: Any, batch_size: int, max_blocks: int | None) -> Iterator[Tensor]:
@@ -115,14 +130,16 @@ def _batches(blocks: Any, batch_size: int, max_blocks: int | None) -> Iterator[T
     if isinstance(blocks, Tensor) and blocks.dim() != 2:
         raise ValueError(f"blocks must have shape (N, L), got {tuple(blocks.shape)}")
     if isinstance(blocks, Tensor) or (hasattr(blocks, "get_batch") and hasattr(blocks, "__len__")):
+        _check_block_tensor(blocks)
         n = len(blocks) if max_blocks is None else min(max_blocks, len(blocks))
         for s in range(0, n, batch_size):
             end = min(n, s + batch_size)
             yield blocks[s:end].long() if isinstance(blocks, Tensor) else blocks.get_batch(range(s, end))
         return
-    if not isinstance(blocks, Iterable):
-        return
-    rows = islice(chain.from_iterable(item.unsqueeze(0) if item.dim() == 1 else item for item in blocks), max_blocks)
+    if not isinstance(blocks, Iterable) or isinstance(blocks, (str, bytes)):
+        raise ValueError(f"blocks must be {_BLOCK_KINDS}, got {type(blocks).__name__}")
+    rows = islice(chain.from_iterable(item.unsqueeze(0) if _check_block_tensor(item).dim() == 1 else item
+                                      for item in blocks), max_blocks)
     while pending := list(islice(rows, batch_size)):
         yield torch.stack(pending).long()
 
@@ -299,12 +316,18 @@ def anchored_log_probs(
 
 
 def _check_steps(values: Sequence[int], name: str, minimum: int) -> list[int]:
+    """``values`` as a list of distinct integers >= ``minimum`` (a value listed twice would be counted twice)."""
+    if not isinstance(values, Iterable) or isinstance(values, str):
+        raise ValueError(f"{name} must be a list of integers >= {minimum}, got {values!r}")
     values = list(values)
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             raise ValueError(f"{name} must be integers >= {minimum}, got {v!r}")
     if not values:
         raise ValueError(f"{name} must not be empty")
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise ValueError(f"{name}: {', '.join(map(str, dict.fromkeys(twice)))} is listed twice")
     return values
 
 
