@@ -413,6 +413,39 @@ def dotlist_config(overrides: Sequence[str], error: type[ConfigError] = ConfigEr
     return merged
 
 
+def _container_mismatch(base: Any, new: Any, key: str = "") -> str | None:
+    """Where ``new`` puts a mapping on a list of ``base``, or a list on a mapping, said in words (OmegaConf's merge
+    only says "incompatible container types"); None when there is no such key."""
+    if OmegaConf.is_config(new):
+        new = OmegaConf.to_container(new)
+    if isinstance(new, dict) and OmegaConf.is_list(base):
+        indexed = " (an override cannot set one item of a list: give the whole list)" if all(
+            str(k).isdigit() for k in new) else ""
+        return f"{key} must be a list, got a mapping {new!r}{indexed}"
+    if isinstance(new, list) and OmegaConf.is_dict(base):
+        return f"{key} must be a mapping of its keys, got a list {new!r}"
+    if isinstance(new, dict) and OmegaConf.is_dict(base):
+        for name, value in new.items():
+            try:
+                child = base[name]
+            except Exception:  # a missing or unknown key: the merge's other checks name it
+                continue
+            found = _container_mismatch(child, value, f"{key}.{name}" if key else str(name))
+            if found:
+                return found
+    return None
+
+
+def _merge(merged: Any, new: Any, origin: str, error: type[ConfigError]) -> Any:
+    """``OmegaConf.merge(merged, new)``, its errors as ``error`` naming the key and ``origin``."""
+    try:
+        return OmegaConf.merge(merged, new)
+    except OmegaConfBaseException as err:
+        raise config_error(err, origin, error) from None
+    except TypeError as err:  # a mapping merged onto a list, or the reverse
+        raise error(f"{origin}: {_container_mismatch(merged, new) or err}") from None
+
+
 def _check_sections(loaded: Any, schema: type, origin: str, error: type[ConfigError], prefix: str = "") -> None:
     """Each section of ``schema`` that ``loaded`` holds must be a mapping of its keys (OmegaConf would report a
     scalar, a list or an empty section without naming the section)."""
@@ -484,19 +517,16 @@ def load_structured(
         if legacy:
             loaded = _migrate(loaded, legacy)
         _check_sections(loaded, schema, origin, error)
-        try:  # the file's own errors come before those of the overrides
-            merged = OmegaConf.merge(merged, loaded)
-        except OmegaConfBaseException as err:
-            raise config_error(err, origin, error) from None
+        merged = _merge(merged, loaded, origin, error)  # the file's own errors come before those of the overrides
     bad = [o for o in overrides if not o.partition("=")[1] or not o.partition("=")[0].strip()]
     if bad:
         raise error(f"overrides must look like section.key=value, got {bad[0]!r}")
     if legacy:
         overrides = [_migrate_override(o, legacy) for o in overrides]
+    if overrides:
+        origin = "overrides"
+        merged = _merge(merged, dotlist_config(overrides, error), origin, error)
     try:
-        if overrides:
-            origin = "overrides"
-            merged = OmegaConf.merge(merged, dotlist_config(overrides, error))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise config_error(err, origin, error) from None

@@ -219,3 +219,15 @@ def test_every_architecture_says_which_objective_keys_its_loss_reads() -> None:
     assert set().union(*OBJECTIVE_KEYS_USED.values()) == names  # every key is read by some loss
     for preset in ("tadm-tiny", "mdlm-tiny", "adlm-tiny", "ar-tiny", "tadm-brown-cpu", "tadm-owt-small"):
         check_objective_keys(load_config(preset))  # the shipped presets set only what their architecture reads
+
+
+def test_a_mapping_where_a_list_belongs_names_the_key(tmp_path):
+    # OmegaConf's merge raises a bare TypeError ("incompatible container types") for these
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {arch: tadm, preset: tiny}\nobjective: {refresh_intervals: {a: 1}}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: objective\.refresh_intervals must be a list, got a mapping"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"^overrides: objective\.refresh_intervals must be a list, got a mapping"):
+        load_config(PRESET_DIR / "tadm-tiny.yaml", ["objective.refresh_intervals={a: 1}"])
+    with pytest.raises(ConfigError, match=r"cannot set one item of a list: give the whole list"):
+        load_config(PRESET_DIR / "tadm-tiny.yaml", ["objective.refresh_intervals[0]=3"])
