@@ -206,6 +206,10 @@ def test_what_generate_cannot_honour_is_refused(saved):
     for kwargs, match in refused:
         with pytest.raises(ValueError, match=match):
             model.generate(_prompt(), **kwargs)
+    for ids, got in ((_prompt()[0], r"got shape \(5,\), torch.int64"), (_prompt().float(), "got shape .*torch.float32"),
+                     (_prompt().tolist(), "got list")):
+        with pytest.raises(ValueError, match=rf"input_ids must be a \(B, P\) tensor of token ids, {got}"):
+            model.generate(ids, max_new_tokens=L)
     # Text-only token types are accepted.
     model.generate(_prompt(), token_type_ids=torch.zeros(2, 5, dtype=torch.long), max_new_tokens=L,
                    max_denoising_steps=2)

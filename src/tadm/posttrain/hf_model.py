@@ -277,6 +277,11 @@ class TimeAnchoredDiffusionGemma(nn.Module):
                 raise ValueError(f"a custom {name} is not supported by the time-anchored generate")
         if input_ids is None:
             raise ValueError("generate needs input_ids (B, P), e.g. **tokenizer(text, return_tensors='pt')")
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+            got = f"shape {tuple(input_ids.shape)}, {input_ids.dtype}" if isinstance(input_ids, Tensor) else (
+                type(input_ids).__name__)
+            raise ValueError(f"input_ids must be a (B, P) tensor of token ids, got {got}; a single prompt is "
+                             "input_ids[None] or tokenizer(text, return_tensors='pt')")
         base = self.base_model
         # The base's own rules merge kwargs > generation_config > the model's config > its defaults, and
         # turn max_length into a token budget, so that K = 1 reproduces its generate.
