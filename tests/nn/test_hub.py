@@ -173,3 +173,10 @@ def test_a_preset_refuses_an_unknown_override_naming_the_valid_keys(name):
     with pytest.raises(ValueError, match=expected):
         build_model(name, nosuch=1)
     assert build_model(name, hidden_size=32, num_heads=2).config.hidden_size == 32
+
+
+def test_a_size_preset_name_is_not_looked_up_on_the_hub() -> None:
+    # "tadm-tiny" is also a valid Hub id: without this check it meant about 25 s of offline retries
+    with pytest.raises(ValueError, match=r"'tadm-tiny' is a size preset, not a saved model: build it with "
+                                         r"tadm\.nn\.build_model\('tadm-tiny'\)"):
+        load_model("tadm-tiny")

@@ -270,6 +270,10 @@ def load_model(name_or_path: str | Path, **kwargs: Any) -> nn.Module:
     if not isinstance(name_or_path, (str, os.PathLike)) or not os.fspath(name_or_path):
         raise TypeError(f"load_model needs a checkpoint directory or a Hub id (owner/name), got {name_or_path!r}")
     _import_models()
+    if os.fspath(name_or_path) in MODEL_BUILDERS and not Path(name_or_path).expanduser().exists():
+        raise ValueError(f"{os.fspath(name_or_path)!r} is a size preset, not a saved model: build it with "
+                         f"tadm.nn.build_model({os.fspath(name_or_path)!r}) (random weights), or load a checkpoint "
+                         "directory or Hub id (owner/name)")
     config_file = resolve_file(name_or_path, CONFIG_NAME, **{k: kwargs[k] for k in HUB_OPTIONS if k in kwargs})
     model_type = read_config(config_file).get(MODEL_TYPE_KEY)
     if model_type not in MODEL_CLASSES:
