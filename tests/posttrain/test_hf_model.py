@@ -222,6 +222,9 @@ def test_a_split_without_adapter_is_the_base_at_k1_and_naive_reuse_beyond(saved)
         TimeAnchoredDiffusionGemma.from_pretrained(base_dir)
     with pytest.raises(ValueError, match="not both"):
         TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, split=(SHARED, ANCHOR))
+    for bad in ("1:2", (1,), 3):
+        with pytest.raises(ValueError, match=r"split must be \(shared, anchor\) layer counts, e\.g\. split=\(2, 20\)"):
+            TimeAnchoredDiffusionGemma.from_pretrained(base_dir, split=bad)
     plain = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, split=(SHARED, ANCHOR))
     fused = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter)
     base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()

@@ -145,6 +145,10 @@ class TimeAnchoredDiffusionGemma(nn.Module):
         if adapter is None and split is None:
             raise ValueError("no adapter given: pass adapter=DIR_OR_HUB_ID, or split=(shared, anchor) layer counts "
                              "to run the base split with naive reuse of the cached anchor (no fusion)")
+        if split is not None and not isinstance(split, SplitSpec) and (
+                not isinstance(split, (tuple, list)) or len(split) not in (2, 3)):
+            raise ValueError(f"split must be (shared, anchor) layer counts, e.g. split=(2, 20), or a SplitSpec; "
+                             f"got {split!r}")
         backbone = DiffusionGemmaBackbone(_load_base(base, dict(base_kwargs)))
         if adapter is not None:
             directory = resolve_adapter(adapter, **(adapter_kwargs or {}))
