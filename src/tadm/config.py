@@ -525,7 +525,9 @@ def load_structured(
         overrides = [_migrate_override(o, legacy) for o in overrides]
     if overrides:
         origin = "overrides"
-        merged = _merge(merged, dotlist_config(overrides, error), origin, error)
+        given = dotlist_config(overrides, error)
+        _check_sections(given, schema, origin, error)
+        merged = _merge(merged, given, origin, error)
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:

@@ -231,3 +231,8 @@ def test_a_mapping_where_a_list_belongs_names_the_key(tmp_path):
         load_config(PRESET_DIR / "tadm-tiny.yaml", ["objective.refresh_intervals={a: 1}"])
     with pytest.raises(ConfigError, match=r"cannot set one item of a list: give the whole list"):
         load_config(PRESET_DIR / "tadm-tiny.yaml", ["objective.refresh_intervals[0]=3"])
+
+
+def test_an_override_that_replaces_a_section_with_a_value_names_the_section():
+    with pytest.raises(ConfigError, match=r"^overrides: section 'model' must be a mapping of its keys \(arch, preset"):
+        load_config(PRESET_DIR / "tadm-tiny.yaml", ["model=[1, 2]"])
