@@ -7,11 +7,13 @@ interval K grows. A study file is YAML with these sections (every key optional e
 * ``name``, ``out_dir``, ``seeds`` (training seeds; every model is trained once per seed unless it
   names its own ``seeds``);
 * ``models``: a list of ``{name, kind, seeds?, overrides?}``; ``kind`` is one of :data:`MODEL_KINDS`
-  and ``overrides`` are ``section.key=value`` strings applied to that model's training config;
+  and ``overrides`` are ``section.key=value`` strings applied to that model's training config (not the
+  keys the study sets for every unit: :data:`STUDY_SET_KEYS`);
 * ``size``: width and depth shared by every model (MDLM and AR get ``anchor_layers +
   denoiser_layers`` blocks);
 * ``data``, ``objective``, ``optim``, ``train``: the sections of a ``tadm train`` config
-  (:mod:`tadm.config`), shared by every model (``train.out_dir`` and ``train.seed`` are set per unit);
+  (:mod:`tadm.config`), shared by every model (``train.out_dir`` and ``train.seed`` are set per unit, and
+  ``objective.gamma`` per kind for tadm and adlm: giving them here is refused);
 * ``staleness``: the stale-anchor likelihood curves (:func:`tadm.eval.likelihood.stale_anchor_nelbo`)
   and the cached-process bound (:func:`~tadm.eval.likelihood.cached_process_nelbo`);
 * ``sampling``: the K x T sampling sweep, its evaluators, MAUVE reference and throughput timing;
@@ -64,6 +66,9 @@ MODEL_KINDS: dict[str, tuple[str, str]] = {
     "mdlm": ("mdlm", "MDLM: one DiT stack of anchor_layers + denoiser_layers blocks, no anchor"),
     "ar": ("ar", "autoregressive Transformer of anchor_layers + denoiser_layers causal blocks"),
 }
+# Training keys the study sets for every unit, and where a study gives them instead.
+STUDY_SET_KEYS = {"train.out_dir": "the study's out_dir", "train.seed": "seeds or models[].seeds",
+                  "model.arch": "models[].kind", "model.preset": "size"}
 IN_DOMAIN_EVALUATOR = "ar"  # evaluator name that means "the study's own AR model"
 ADLM_GAMMA = 3e-3  # ADLM's anchor-loss weight unless a model overrides objective.gamma
 
@@ -188,6 +193,13 @@ def _validate_study(cfg: StudyConfig) -> None:
         bad = [o for o in m.overrides if "=" not in o]
         if bad:
             raise ConfigError(f"models[{n}].overrides must look like section.key=value, got {bad[0]!r}")
+        for override in m.overrides:
+            key = override.partition("=")[0].strip().lstrip("+~")
+            taken = next((k for k in STUDY_SET_KEYS if k == key or k.startswith(f"{key}.")), None)
+            if taken is not None:
+                raise ConfigError(f"models[{n}].overrides sets {taken}, which the study sets for every unit; "
+                                  f"use {STUDY_SET_KEYS[taken]} instead")
+    _refuse_replaced_keys(cfg)
     _check_size(cfg.size)
     st = cfg.staleness
     _positive_ints("staleness.steps", st.steps)
@@ -211,6 +223,21 @@ def _validate_study(cfg: StudyConfig) -> None:
                           "kind 'ar'")
     for m in cfg.models:
         model_experiment_config(cfg, m, cfg.seeds_of(m)[0])  # every derived training config must validate
+
+
+def _refuse_replaced_keys(cfg: StudyConfig) -> None:
+    """Study-wide training keys that :func:`model_experiment_config` replaces for every unit (or, for
+    ``objective.gamma``, for every model of kind tadm or adlm) must keep their defaults."""
+    train = TrainSection()
+    for key, value, default in (("train.out_dir", cfg.train.out_dir, train.out_dir),
+                                ("train.seed", cfg.train.seed, train.seed)):
+        if value != default:
+            raise ConfigError(f"{key} is set by the study for every unit, got {value!r}; use "
+                              f"{STUDY_SET_KEYS[key]} instead")
+    replaced = [m.kind for m in cfg.models if m.kind in ("tadm", "adlm")]
+    if replaced and cfg.objective.gamma != ObjectiveSection().gamma:
+        raise ConfigError(f"objective.gamma is set by model kind {replaced[0]!r} (tadm: 0, adlm: {ADLM_GAMMA}), got "
+                          f"{cfg.objective.gamma}; use models[].overrides: [objective.gamma=...] instead")
 
 
 def _width(size: StudySize) -> dict[str, Any]:
