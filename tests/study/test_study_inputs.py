@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tadm.config import ConfigError
-from tadm.study import load_study_config
+from tadm.study import load_study_config, run_study
 from tests.study.test_study import write_config
+
+QUIET = {"progress": False, "log": lambda m: None}
 
 
 def _load(tmp_path, *overrides, **changes):
@@ -48,3 +50,31 @@ def test_study_level_keys_replaced_for_every_unit_are_refused(tmp_path, override
 def test_study_level_gamma_is_kept_where_no_kind_sets_it(tmp_path):
     models = [{"name": "fresh", "kind": "tadm-fresh"}, {"name": "ar", "kind": "ar"}]
     assert _load(tmp_path, "objective.gamma=0.1", models=models).objective.gamma == 0.1
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"staleness.refresh": [1, {"policy": "adaptive", "tau": 0.2}]},
+     "staleness.refresh lists the fixed intervals K .* refresh policies belong in sampling.refresh"),
+    ({"staleness.refresh": [2, 4]}, ("staleness.refresh must include K = 1 \\(the reference of every comparison\\), "
+                                     "got \\[2, 4\\]")),
+    ({"sampling.steps": [4, 4]}, "sampling.steps lists 4 twice, got \\[4, 4\\]"),
+    ({"sampling.model_seeds": [5]}, ("sampling.model_seeds names seed 5, which no diffusion model is trained "
+                                     "with; trained seeds: \\[0, 1\\]")),
+    ({"sampling.mauve_num_buckets": "abc"}, "sampling.mauve_num_buckets must be 'auto' or an integer >= 1, got 'abc'"),
+    ({"sampling.mauve_num_buckets": 0}, "sampling.mauve_num_buckets must be 'auto' or an integer >= 1, got 0"),
+])
+def test_bad_sweep_lists_are_refused_when_loaded(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, **changes)
+
+
+def test_good_sweep_lists_load(tmp_path):
+    cfg = _load(tmp_path, **{"sampling.mauve_num_buckets": 3, "sampling.model_seeds": [1], "sampling.steps": [4, 8]})
+    assert cfg.sampling.mauve_num_buckets == 3 and cfg.sampling.model_seeds == [1]
+
+
+def test_missing_reference_is_refused_before_any_unit(tmp_path):
+    cfg = _load(tmp_path, **{"sampling.reference": str(tmp_path / "nope.txt")})
+    with pytest.raises(ConfigError, match="sampling.reference: corpus file or directory '.*nope.txt' does not exist"):
+        run_study(cfg, **QUIET)
+    assert not (tmp_path / "out").exists()

@@ -15,7 +15,8 @@ interval K grows. A study file is YAML with these sections (every key optional e
   (:mod:`tadm.config`), shared by every model (``train.out_dir`` and ``train.seed`` are set per unit, and
   ``objective.gamma`` per kind for tadm and adlm: giving them here is refused);
 * ``staleness``: the stale-anchor likelihood curves (:func:`tadm.eval.likelihood.stale_anchor_nelbo`)
-  and the cached-process bound (:func:`~tadm.eval.likelihood.cached_process_nelbo`);
+  and the cached-process bound (:func:`~tadm.eval.likelihood.cached_process_nelbo`), whose ``refresh`` entries
+  are fixed intervals K and must include K = 1;
 * ``sampling``: the K x T sampling sweep, its evaluators, MAUVE reference and throughput timing;
   ``sampling.refresh`` entries are a fixed interval K or a refresh-policy mapping
   (``{policy: adaptive, tau: 0.3, max_interval: 16}``, :mod:`tadm.sampling.refresh`), and must include K = 1.
@@ -203,10 +204,16 @@ def _validate_study(cfg: StudyConfig) -> None:
     _check_size(cfg.size)
     st = cfg.staleness
     _positive_ints("staleness.steps", st.steps)
-    try:  # a list of ints by the schema: the fixed intervals K of the cached-process bound
+    if any(isinstance(k, bool) or not isinstance(k, int) for k in st.refresh):
+        raise ConfigError(f"staleness.refresh lists the fixed intervals K of the cached-process bound (integers >= 1), "
+                          f"got {list(st.refresh)!r}; refresh policies belong in sampling.refresh")
+    try:  # the fixed intervals K of the cached-process bound
         parse_refresh_list(list(st.refresh))
     except ValueError as err:
         raise ConfigError(f"staleness.refresh: {err}") from None
+    if 1 not in st.refresh:
+        raise ConfigError(f"staleness.refresh must include K = 1 (the reference of every comparison), got "
+                          f"{list(st.refresh)}")
     _positive_ints("staleness.eval_seeds", st.eval_seeds, minimum=0)
     _at_least(st, "staleness", ["max_age"], minimum=0)
     _at_least(st, "staleness", ["discrete_steps", "t_samples", "batch_size", "max_blocks"])
@@ -215,8 +222,17 @@ def _validate_study(cfg: StudyConfig) -> None:
         sp.validate("sampling")
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    _positive_ints("sampling.steps", sp.steps)  # a T listed twice would give each of its cells twice
+    buckets = sp.mauve_num_buckets
+    if buckets != "auto" and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
+        raise ConfigError(f"sampling.mauve_num_buckets must be 'auto' or an integer >= 1, got {buckets!r}")
     if sp.model_seeds is not None:
         _positive_ints("sampling.model_seeds", sp.model_seeds, minimum=0)
+        trained = sorted({s for m in cfg.models if MODEL_KINDS[m.kind][0] != "ar" for s in cfg.seeds_of(m)})
+        unknown = [s for s in sp.model_seeds if s not in trained]
+        if unknown:
+            raise ConfigError(f"sampling.model_seeds names seed {unknown[0]}, which no diffusion model is trained "
+                              f"with; trained seeds: {trained}")
     kinds = {m.kind for m in cfg.models}
     if IN_DOMAIN_EVALUATOR in sp.evaluators and "ar" not in kinds:
         raise ConfigError(f"sampling.evaluators names {IN_DOMAIN_EVALUATOR!r} (the in-domain AR) but no model has "

@@ -44,6 +44,7 @@ from tadm.sampling.refresh import parse_refresh
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, StudyModel, model_experiment_config
 from tadm.study.report import write_report
 from tadm.training.checkpoint import STATE_FILENAME
+from tadm.training.data import TEXT_SUFFIXES
 from tadm.training.provenance import check_provenance, train_recorded_tokenizer
 from tadm.training.rundir import RunDirLock, prepare_run_dir
 from tadm.training.tokenization import META_FILENAME, load_tokenizer
@@ -215,6 +216,13 @@ class _Study:
                 raise ConfigError(f"model {missing[0]}{more} is not trained in {self.layout.root}; "
                                   "run the train stage first")
         if "score" in stages:
+            reference = self.cfg.sampling.reference
+            path_like = reference is not None and (reference.startswith((".", "/", "~"))
+                                                   or reference.lower().endswith(TEXT_SUFFIXES))
+            if path_like and not Path(reference).expanduser().exists():
+                raise ConfigError(f"sampling.reference: corpus file or directory {reference!r} does not exist; give "
+                                  "an existing file or directory, a bundled corpus such as 'brown', or a Hugging Face "
+                                  "dataset name")
             for name in self.cfg.sampling.evaluators:
                 if name != IN_DOMAIN_EVALUATOR:
                     try:
