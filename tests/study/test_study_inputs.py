@@ -73,6 +73,19 @@ def test_good_sweep_lists_load(tmp_path):
     assert cfg.sampling.mauve_num_buckets == 3 and cfg.sampling.model_seeds == [1]
 
 
+def test_flat_and_nested_sampler_options_that_disagree_are_refused(tmp_path):
+    sampling = {"steps": [4], "refresh": [1, 2], "num_samples": 4, "batch_size": 4, "evaluators": ["ar"],
+                "sampler": {"name": "mdlm", "top_p": 0.9}, "top_p": 0.5, "device": "cpu"}
+    with pytest.raises(ConfigError, match="sampling.top_p \\(0.5\\) and sampling.sampler.top_p \\(0.9\\) disagree; "
+                                          "give it once, as sampling.sampler.top_p"):
+        _load(tmp_path, sampling=sampling)
+    sampling["top_p"] = 0.9  # the same value twice is no conflict
+    assert _load(tmp_path, sampling=sampling).sampling.sampler.top_p == 0.9
+    del sampling["sampler"]["top_p"]  # the flat form alone is an earlier schema's
+    sampling["top_p"] = 0.5
+    assert _load(tmp_path, sampling=sampling).sampling.sampler.top_p == 0.5
+
+
 def test_missing_reference_is_refused_before_any_unit(tmp_path):
     cfg = _load(tmp_path, **{"sampling.reference": str(tmp_path / "nope.txt")})
     with pytest.raises(ConfigError, match="sampling.reference: corpus file or directory '.*nope.txt' does not exist"):

@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -308,6 +309,8 @@ def model_experiment_config(cfg: StudyConfig, model: StudyModel, seed: int) -> E
 def load_study_config(path: str | Path, overrides: Sequence[str] = ()) -> StudyConfig:
     """Defaults <- YAML file or shipped preset (``study-brown-cpu``) <- ``key=value`` overrides, validated."""
     resolve = partial(resolve_config_path, preset=study_preset_path, presets=list_study_presets, kind="study")
+    if path is not None:
+        _refuse_legacy_conflicts(resolve(path))
     return load_structured(StudyConfig, path, overrides, validate=_validate_study, resolve=resolve, legacy=LEGACY_KEYS)
 
 
@@ -315,3 +318,25 @@ def load_study_config(path: str | Path, overrides: Sequence[str] = ()) -> StudyC
 LEGACY_KEYS = {"sampling.sampler": "sampling.sampler.name", "sampling.top_p": "sampling.sampler.top_p",
                "sampling.eta": "sampling.sampler.eta", "sampling.nucleus": "sampling.sampler.nucleus",
                "sampling.time_grid": "sampling.sampler.time_grid"}
+
+
+def _refuse_legacy_conflicts(path: Path) -> None:
+    """A study file that gives a sampler option both flat (``sampling.top_p``) and in the nested section
+    (``sampling.sampler.top_p``) with different values is refused: the flat one would silently win."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # the loader reports it
+    for old, new in LEGACY_KEYS.items():
+        *parents, leaf = old.split(".")
+        holder, nested = data, data
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        for part in new.split(".")[:-1]:
+            nested = nested.get(part) if isinstance(nested, dict) else None
+        new_leaf = new.split(".")[-1]
+        if (not isinstance(holder, dict) or leaf not in holder or isinstance(holder[leaf], dict)
+                or not isinstance(nested, dict) or new_leaf not in nested or nested[new_leaf] == holder[leaf]):
+            continue
+        raise ConfigError(f"{path}: {old} ({holder[leaf]!r}) and {new} ({nested[new_leaf]!r}) disagree; give it once, "
+                          f"as {new}")
