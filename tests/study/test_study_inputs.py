@@ -3,10 +3,15 @@ right when a run is refused or the study is named by another path."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+import tadm.study.runner as runner_mod
 from tadm.config import ConfigError
-from tadm.study import load_study_config, run_study
+from tadm.study import load_study_config, model_experiment_config, run_study
+from tadm.study.runner import UNIT_MARKER, _training_identity
 from tests.study.test_study import write_config
 
 QUIET = {"progress": False, "log": lambda m: None}
@@ -91,3 +96,45 @@ def test_missing_reference_is_refused_before_any_unit(tmp_path):
     with pytest.raises(ConfigError, match="sampling.reference: corpus file or directory '.*nope.txt' does not exist"):
         run_study(cfg, **QUIET)
     assert not (tmp_path / "out").exists()
+
+
+def _mark_trained(cfg) -> None:
+    """Write each unit's record as a finished training would (no training: the records are what is checked)."""
+    for m in cfg.models:
+        for seed in cfg.seeds_of(m):
+            exp = model_experiment_config(cfg, m, seed)
+            exp.data.tokenizer = str(Path(cfg.out_dir) / "tokenizer")  # the study's shared BPE
+            marker = Path(exp.train.out_dir) / UNIT_MARKER
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(json.dumps({"spec": {"kind": m.kind, "config": exp.to_dict()}, "step": 3}))
+
+
+def _train_stage(cfg, monkeypatch):
+    monkeypatch.setattr(runner_mod, "train", lambda *a, **k: pytest.fail("trained again"))
+    return run_study(cfg, stages=("train",), **QUIET)
+
+
+def test_a_study_named_by_another_path_is_the_same_study(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    models = [{"name": "tadm", "kind": "tadm"}, {"name": "ar", "kind": "ar"}]
+    relative = load_study_config(write_config(tmp_path / "s.yaml", "rel-study", models=models, seeds=[0]))
+    _mark_trained(relative)
+    assert _train_stage(relative, monkeypatch).ran == ["tokenizer"]
+    for out_dir in (tmp_path / "rel-study", "./rel-study"):
+        out = _train_stage(load_study_config(tmp_path / "s.yaml", [f"out_dir={out_dir}"]), monkeypatch)
+        assert out.ran == [] and "train tadm seed 0" in out.skipped
+    # moved: the records written under the old path still count
+    moved = tmp_path / "moved"
+    (tmp_path / "rel-study").rename(moved)
+    out = _train_stage(load_study_config(tmp_path / "s.yaml", [f"out_dir={moved}"]), monkeypatch)
+    assert out.ran == [] and "train ar seed 0" in out.skipped
+
+
+def test_training_identity_keeps_a_tokenizer_outside_the_study():
+    def spec(out_dir, tokenizer):
+        return {"kind": "tadm", "config": {"train": {"out_dir": out_dir, "global_batch_size": 4},
+                                           "data": {"tokenizer": tokenizer}}}
+    a, b = spec("/a/models/t-s0", "/a/tokenizer"), spec("b/models/t-s0", "b/tokenizer")
+    assert _training_identity(a) == _training_identity(b)
+    assert _training_identity(spec("/a/models/t-s0", "/tok/x")) != _training_identity(spec("/a/models/t-s0", "/tok/y"))
+    assert _training_identity(spec("/a/models/t-s0", "gpt2"))["config"]["data"]["tokenizer"] == "gpt2"

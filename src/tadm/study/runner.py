@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from tadm.config import ConfigError
@@ -98,14 +98,27 @@ WATCH_KEYS = ("loggers", "wandb_project", "tensorboard", "log_every", "overwrite
 
 def _training_identity(spec: Any) -> Any:
     """A training unit's spec as compared for "done": watch keys dropped, a derived micro-batch (None) written
-    as the global batch it is on the study's one process."""
+    as the global batch it is on the study's one process, and the paths inside the study's out_dir (the unit's
+    own directory, the shared tokenizer) written relative to it, so that the same study named by another path
+    (relative or absolute, from another working directory, or moved) is the same study."""
     spec = json.loads(json.dumps(spec))
-    train = spec.get("config", {}).get("train") if isinstance(spec, dict) else None
+    config = spec.get("config") if isinstance(spec, dict) else None
+    train = config.get("train") if isinstance(config, dict) else None
     if isinstance(train, dict):
         for key in WATCH_KEYS:
             train.pop(key, None)
         if train.get("micro_batch_size") is None:
             train["micro_batch_size"] = train.get("global_batch_size")
+        if isinstance(train.get("out_dir"), str):
+            unit_dir = PurePath(train["out_dir"])
+            root = unit_dir.parent.parent  # the unit trains in out_dir/models/NAME-sSEED
+            train["out_dir"] = unit_dir.relative_to(root).as_posix()
+            data = config.get("data")
+            if isinstance(data, dict) and isinstance(data.get("tokenizer"), str):
+                try:
+                    data["tokenizer"] = PurePath(data["tokenizer"]).relative_to(root).as_posix()
+                except ValueError:  # a tokenizer outside the study (a named one, or a directory elsewhere)
+                    pass
     return spec
 
 
