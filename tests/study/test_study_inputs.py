@@ -138,3 +138,27 @@ def test_training_identity_keeps_a_tokenizer_outside_the_study():
     assert _training_identity(a) == _training_identity(b)
     assert _training_identity(spec("/a/models/t-s0", "/tok/x")) != _training_identity(spec("/a/models/t-s0", "/tok/y"))
     assert _training_identity(spec("/a/models/t-s0", "gpt2"))["config"]["data"]["tokenizer"] == "gpt2"
+
+
+def test_refused_run_leaves_the_study_record_as_it_was(tmp_path):
+    models = [{"name": "tadm", "kind": "tadm"}, {"name": "ar", "kind": "ar"}]
+    cfg = _load(tmp_path, models=models, seeds=[0])
+    _mark_trained(cfg)
+    manifest = tmp_path / "out" / "study.json"
+    manifest.write_text(json.dumps({"config": cfg.to_dict(), "invocations": []}))
+    before = manifest.read_text()
+    changed = _load(tmp_path, "train.max_steps=7", models=models, seeds=[0])
+    with pytest.raises(ConfigError, match="trained with other settings; config.train.max_steps: 3 there, 7 now"):
+        run_study(changed, **QUIET)
+    assert manifest.read_text() == before
+
+
+def test_unreadable_unit_record_is_named(tmp_path):
+    models = [{"name": "tadm", "kind": "tadm"}, {"name": "ar", "kind": "ar"}]
+    cfg = _load(tmp_path, models=models, seeds=[0])
+    _mark_trained(cfg)
+    (tmp_path / "out" / "models" / "tadm-s0" / UNIT_MARKER).write_text('{"spec": ')
+    with pytest.raises(ConfigError, match="tadm-s0/study_unit.json is not a readable study unit record; restore it, "
+                                          "or delete .*tadm-s0 to retrain the model"):
+        run_study(cfg, stages=("train",), **QUIET)
+    assert not (tmp_path / "out" / "study.json").exists()

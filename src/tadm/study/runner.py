@@ -189,22 +189,49 @@ class _Study:
         return self._tokenizer
 
     # ---------------------------------------------------------------- 2. training
+    def training_unit(self, m: StudyModel, seed: int, tokenizer: str) -> tuple[Any, dict[str, Any]]:
+        """(training config, spec) of one (model, seed) unit trained with the study's ``tokenizer``; the spec is
+        what its ``study_unit.json`` records."""
+        exp = model_experiment_config(self.cfg, m, seed)
+        if self.cfg.data.tokenizer == "bpe":
+            exp.data.tokenizer = tokenizer
+        return exp, {"kind": m.kind, "config": exp.to_dict()}
+
+    def check_trained(self, m: StudyModel, seed: int, spec: dict[str, Any]) -> bool:
+        """Whether the unit is trained with ``spec``; a ConfigError when it is trained with another one, or its
+        record cannot be read."""
+        run_dir = self.layout.run_dir(m.name, seed)
+        marker = run_dir / UNIT_MARKER
+        if not marker.is_file():
+            return False
+        record = read_json(marker)
+        if not isinstance(record, dict) or not isinstance(record.get("spec"), dict):
+            raise ConfigError(f"{marker} is not a readable study unit record; restore it, or delete {run_dir} to "
+                              "retrain the model")
+        saved, wanted = _training_identity(record["spec"]), _training_identity(spec)
+        if saved != wanted:
+            raise ConfigError(
+                f"{run_dir} holds model {m.name!r} (seed {seed}) trained with other settings; "
+                f"{_first_difference(saved, wanted)}; use another out_dir, or delete {run_dir} to retrain it")
+        return True
+
+    def check_training(self) -> None:
+        """Stop before anything is written on what would stop the train stage: a trained unit or the shared
+        tokenizer made with other settings, or an unreadable unit record."""
+        tok = str(self.layout.tokenizer_dir)  # where tokenizer_source puts the shared BPE
+        if self.cfg.data.tokenizer != "bpe" or (self.layout.tokenizer_dir / META_FILENAME).is_file():
+            tok = self.tokenizer_source  # checks the tokenizer's provenance (trains nothing: it exists)
+        for m, seed in self.units():
+            self.check_trained(m, seed, self.training_unit(m, seed, tok)[1])
+
     def train_all(self) -> None:
         tok = self.tokenizer_source
         for m, seed in self.units():
             unit = f"train {m.name} seed {seed}"
-            exp = model_experiment_config(self.cfg, m, seed)
-            if self.cfg.data.tokenizer == "bpe":
-                exp.data.tokenizer = tok
-            spec = {"kind": m.kind, "config": exp.to_dict()}
+            exp, spec = self.training_unit(m, seed, tok)
             run_dir = self.layout.run_dir(m.name, seed)
             marker = run_dir / UNIT_MARKER
-            if marker.is_file():
-                saved, wanted = _training_identity((read_json(marker) or {}).get("spec")), _training_identity(spec)
-                if saved != wanted:
-                    raise ConfigError(
-                        f"{run_dir} holds model {m.name!r} (seed {seed}) trained with other settings; "
-                        f"{_first_difference(saved, wanted)}; use another out_dir, or delete {run_dir} to retrain it")
+            if self.check_trained(m, seed, spec):
                 self.out.skipped.append(unit)
                 continue
             resume = (run_dir / STATE_FILENAME).is_file()
@@ -420,6 +447,8 @@ def run_study(
             invocation.update(final)
             write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
 
+        if "train" in stages:
+            study.check_training()  # before the manifest: a refused invocation leaves the study's record as it was
         write_json(layout.manifest, {"config": cfg.to_dict(), "invocations": history + [invocation]})
         for stage, fn in (("train", study.train_all), ("likelihood", study.evaluate_likelihoods),
                           ("sample", study.sample_all), ("score", study.score_all), ("throughput", study.time_all)):
