@@ -11,6 +11,7 @@ import pytest
 import tadm.study.runner as runner_mod
 from tadm.config import ConfigError
 from tadm.study import load_study_config, model_experiment_config, run_study
+from tadm.study.report import _likelihood_lines
 from tadm.study.runner import UNIT_MARKER, _training_identity
 from tests.study.test_study import write_config
 
@@ -162,3 +163,11 @@ def test_unreadable_unit_record_is_named(tmp_path):
                                           "or delete .*tadm-s0 to retrain the model"):
         run_study(cfg, stages=("train",), **QUIET)
     assert not (tmp_path / "out" / "study.json").exists()
+
+
+def test_models_caption_says_which_evaluation_seeds_each_column_uses(tmp_path):
+    cfg = _load(tmp_path, **{"staleness.eval_seeds": [3, 4]})
+    res = {"models": [], "likelihood": [], "staleness": [], "cached": [], "samples": []}
+    caption = next(line for line in _likelihood_lines(cfg, res) if line.startswith("Validation:"))
+    assert "with the first evaluation seed (3)" in caption
+    assert "averaged over the evaluation seeds [3, 4]" in caption

@@ -399,10 +399,11 @@ def _likelihood_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
     """The models, the stale-anchor likelihood per T, per training seed, and the cached-process bound."""
     lines = ["## Models", "", _model_table(cfg, res), "",
              "Validation: the fresh-anchor NELBO (AR: exact NLL) on the first "
-             f"{cfg.staleness.max_blocks} held-out blocks, {cfg.staleness.t_samples} t draws per block; each training "
-             "seed's value is first averaged over its evaluation seeds, and ± is half the range of those per-seed "
-             "values. *Uninformative anchor*: the same bound with the anchor computed on a fully masked canvas "
-             "(t' = 1), relative to the fresh one: how much the anchor carries that the denoiser cannot recover alone.",
+             f"{cfg.staleness.max_blocks} held-out blocks, {cfg.staleness.t_samples} t draws per block, with the first "
+             f"evaluation seed ({cfg.staleness.eval_seeds[0]}); ± is half the range of the per-training-seed values. "
+             "*Uninformative anchor*: the same bound with the anchor computed on a fully masked canvas "
+             "(t' = 1), relative to the fresh one: how much the anchor carries that the denoiser cannot recover alone; "
+             f"each training seed's value is averaged over the evaluation seeds {list(cfg.staleness.eval_seeds)}.",
              ""]
     for T in cfg.staleness.steps:
         lines += [f"## Stale-anchor likelihood, T = {T}", "",
