@@ -93,6 +93,33 @@ def test_a_missing_field_is_named(tmp_path):
         load_task(get_benchmark("aime"), tmp_path)
 
 
+@pytest.mark.parametrize("answer", ["seventy", [1, 2], 2.5, True, "1e3", ""])
+def test_an_integer_task_refuses_an_answer_that_is_not_an_integer(tmp_path, answer):
+    write_jsonl(tmp_path / "aime.jsonl", [{"problem": "a", "answer": 7}, {"problem": "b", "answer": answer}])
+    with pytest.raises(ValueError, match=r"aime.jsonl:2: 'answer' must be an integer .*, got ") as info:
+        load_task(get_benchmark("aime"), tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_an_integer_task_takes_integers_and_strings_of_digits(tmp_path):
+    write_jsonl(tmp_path / "aime.jsonl", [{"problem": "a", "answer": 7}, {"problem": "b", "answer": " 042 "},
+                                          {"problem": "c", "answer": 12.0}, {"problem": "d", "answer": "-3"}])
+    assert [e.answer for e in load_task(get_benchmark("aime"), tmp_path).examples] == ["7", "042", "12", "-3"]
+
+
+@pytest.mark.parametrize("task,record,message", [
+    ("gpqa", {"question": "q", "choices": list("abcd"), "answer": "E"},
+     r"gpqa.jsonl:1: 'answer' must be one letter A-D"),
+    ("gpqa", {"question": "q", "choices": list("abcd"), "answer": "(B) b"}, r"'answer' must be one letter A-D"),
+    ("gpqa", {"question": "q", "choices": list("abc"), "answer": "A"}, r"gpqa.jsonl:1: gpqa needs 4 choices, got 3"),
+    ("gpqa", {"question": "q", "choices": "abcd", "answer": "A"}, r"gpqa.jsonl:1: 'choices' must be a list"),
+    ("mmlu_pro", {"question": "q", "options": ["a", "b"], "answer": "C"}, r"mmlu_pro.jsonl:1: 'answer' .* A-B"),
+])
+def test_a_choice_answer_must_be_a_letter_of_its_options(tmp_path, task, record, message):
+    with pytest.raises(ValueError, match=message):
+        task_datasets.example_from_record(get_benchmark(task), record, 0, str(tmp_path / f"{task}.jsonl:1"))
+
+
 def test_bad_tests_and_too_few_shots(tmp_path):
     write_jsonl(tmp_path / "livecodebench.jsonl", [{"question": "q", "tests": [{"input": "1"}]}])
     with pytest.raises(ValueError, match="'tests' must be a list"):

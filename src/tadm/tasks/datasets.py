@@ -39,6 +39,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, files
 from importlib.metadata import version as package_version
@@ -133,10 +134,19 @@ def example_from_record(bench: Benchmark, record: dict[str, Any], index: int, wh
     if bench.name == "humaneval":
         return Example(ident, str(record["prompt"]), tests=str(record["test"]), entry_point=str(record["entry_point"]))
     if bench.answer_type == "choice":
-        options = list(record["choices" if bench.name == "gpqa" else "options"])
+        key = "choices" if bench.name == "gpqa" else "options"
+        if not isinstance(record[key], list):
+            raise ValueError(f"{where or ident}: {key!r} must be a list of strings, got {record[key]!r}")
+        options = list(record[key])
+        if bench.name == "gpqa" and len(options) != len(bench.letters):
+            raise ValueError(f"{where or ident}: gpqa needs {len(bench.letters)} choices, got {len(options)}")
         if not 2 <= len(options) <= len(bench.letters):
             raise ValueError(f"{where}: {bench.name} needs 2 to {len(bench.letters)} options, got {len(options)}")
-        return Example(ident, str(record["question"]), str(record["answer"]).strip().upper(), choices=options,
+        answer, valid = str(record["answer"]).strip().upper(), bench.letters[:len(options)]
+        if len(answer) != 1 or answer not in valid:
+            raise ValueError(f"{where or ident}: 'answer' must be one letter {valid[0]}-{valid[-1]} "
+                             f"(one per {key[:-1]}), got {record['answer']!r}")
+        return Example(ident, str(record["question"]), answer, choices=options,
                        solution=solution or str(record.get("cot_content", "") or ""),
                        category=str(record.get("category", "") or ""))
     if bench.name == "livecodebench":
@@ -146,7 +156,17 @@ def example_from_record(bench: Benchmark, record: dict[str, Any], index: int, wh
             raise ValueError(f"{where or ident}: functional tests need 'func_name' (the method they call)")
         return Example(ident, str(record["question"]), tests=tests, entry_point=func_name,
                        starter_code=str(record.get("starter_code", "") or ""))
-    return Example(ident, str(record["problem"]), str(record["answer"]).strip(), solution=solution)
+    return Example(ident, str(record["problem"]), _integer_answer(record["answer"], where or ident), solution=solution)
+
+
+def _integer_answer(value: Any, where: str) -> str:
+    """The gold answer of an integer-answer task (aime, addition, split): an integer, or a string of one."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+    if not re.fullmatch(r"-?\d+", text):
+        raise ValueError(f"{where}: 'answer' must be an integer (e.g. 204 or \"204\"), got {value!r}")
+    return text
 
 
 def _examples(bench: Benchmark, records: list[dict[str, Any]], where: str) -> list[Example]:
