@@ -71,3 +71,12 @@ def test_command_line_wrapper_writes_results(task_dir, base_dir, tmp_path, capsy
     assert "tadm_tiny_echo" in capsys.readouterr().out
     written = sorted(p.name.split("_")[0] for p in out.rglob("*.jsonl")) + [p.name for p in out.rglob("results_*.json")]
     assert written[0] == "samples" and written[-1].startswith("results_")
+
+
+@pytest.mark.parametrize("model_args", [["model=tadm-tiny,K=2,K=3"], ["model=tadm-tiny,K=2", "K=3"]])
+def test_command_line_refuses_a_model_arg_given_twice(model_args, capsys):
+    from tadm.tasks.lm_eval_cli import main
+
+    assert main(["--model", "tadm", "--model_args", *model_args, "--tasks", "x"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after lm-eval's own warning
+    assert last == "tadm-lm-eval: error: --model_args gives K more than once; give each key once"

@@ -13,7 +13,9 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import get_model  # noqa: E402
 
 from tadm.tasks import register_lm_eval_model  # noqa: E402
+from tadm.sampling.refresh import parse_refresh  # noqa: E402
 from tadm.tasks.lm_eval_model import TadmLM, batch_seed, stop_strings, truncate_at_stops  # noqa: E402
+from tadm.tasks.model_args import TadmModelArgs, repeated_keys  # noqa: E402
 
 PROMPTS = ["hello how are you", "the cat", "what is it"]
 STEPS = 4
@@ -223,6 +225,41 @@ def test_loglikelihood_requests_are_refused(adapter_lm):
 def test_bad_model_args_are_clear_errors(args, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
         TadmLM(device="cpu", **args)
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"tau": 0.2}, r"tau=0.2 is a parameter of refresh_policy=adaptive, not of K=1 \(the default\); add refresh_"),
+    ({"max_interval": 4}, "max_interval=4 is a parameter of refresh_policy=adaptive"),
+    ({"min_interval": 2, "K": "adaptive:tau=0.3"}, "min_interval=2 .* not of K=adaptive:tau=0.3; give it inside K"),
+    ({"refresh_steps": "8:4"}, "refresh_steps=8:4 is a parameter of refresh_policy=schedule"),
+    ({"refresh_policy": "schedule", "refresh_steps": "8:4", "tau": 0.1},
+     "tau=0.1 .* not of refresh_policy=schedule; drop tau"),
+    ({"refresh_policy": "adaptive", "tau": 0.1, "refresh_steps": "8:4"}, "refresh_steps=8:4 .* drop refresh_steps"),
+    ({"policy": "adaptive:tau=0.3", "K": 2}, "policy is the whole refresh policy; drop K"),
+    ({"policy": "adaptive:tau=0.3", "skip_unchanged": True}, "policy is .*; drop skip_unchanged"),
+    ({"canvas_length": 16}, "canvas_length=16 applies only to a post-training base"),
+    ({"canvas_length": 4000}, "canvas_length=4000 applies only to a post-training base"),
+    ({"self_conditioning": False}, "self_conditioning=False applies only to a post-training base"),
+    ({"adaptive_stopping": True, "canvas_length": 8}, "canvas_length=8, adaptive_stopping=True apply only to"),
+])
+def test_model_args_that_would_be_ignored_are_refused(args, match):
+    with pytest.raises(ValueError, match=f"tadm model: {match}"):
+        TadmLM(model="tadm-tiny", device="cpu", **args)
+
+
+def test_the_long_form_still_builds_its_policy():
+    args = TadmModelArgs.from_kwargs(model="tadm-tiny", refresh_policy="adaptive", tau=0.2, min_interval=2,
+                                     max_interval=4)
+    assert args.build_policy().config() == parse_refresh("adaptive:tau=0.2:min_interval=2:max_interval=4").config()
+    args = TadmModelArgs.from_kwargs(base="x", canvas_length=16, self_conditioning=False, adaptive_stopping=True)
+    assert args.settings().canvas_length == 16 and not args.settings().self_conditioning
+
+
+def test_a_model_arg_given_twice_is_refused():
+    with pytest.raises(ValueError, match="model_args K given more than once"):
+        TadmLM.create_from_arg_string("model=tadm-tiny,K=2,K=3", {"device": "cpu"})
+    assert repeated_keys(["model=x,K=2", "K=3", "steps=4,steps=5"]) == ["K", "steps"]
+    assert repeated_keys(["model=x,K=adaptive:tau=0.3"]) == []
 
 
 def test_bad_models_and_sampler_options(tadm_model_dir, base_dir):

@@ -18,19 +18,36 @@ import sys
 from collections.abc import Sequence
 
 from tadm.tasks.lm_eval_model import TadmLM  # importing it registers ``tadm`` with lm-eval
-from tadm.tasks.model_args import TadmModelArgs
+from tadm.tasks.model_args import TadmModelArgs, repeated_keys
 
 __all__ = ["check_tadm_model_args", "main"]
 
 
-def check_tadm_model_args(args: argparse.Namespace) -> None:
-    """Raise ValueError / FileNotFoundError (one line) for bad ``--model_args`` of ``--model tadm``."""
+def _raw_model_args(argv: Sequence[str]) -> list[str]:
+    """The ``--model_args`` (``-a``) values as typed, before lm-eval merges them into one dict."""
+    values, taking = [], False
+    for token in argv:
+        if token.startswith("--model_args="):
+            values.append(token.split("=", 1)[1])
+        elif token.startswith("-") and not token[1:2].isdigit():
+            taking = token in ("--model_args", "-a")
+        elif taking and not token.lstrip().startswith("{"):  # a JSON object cannot repeat a key unnoticed
+            values.append(token)
+    return values
+
+
+def check_tadm_model_args(args: argparse.Namespace, argv: Sequence[str] = ()) -> None:
+    """Raise ValueError / FileNotFoundError (one line) for bad ``--model_args`` of ``--model tadm``; ``argv``
+    (the command line) is searched for a key given twice, which lm-eval would silently overwrite."""
 
     if getattr(args, "model", None) != "tadm":
         return
     given = getattr(args, "model_args", None) or {}
     if not isinstance(given, dict):
         raise ValueError(f"--model_args must be key=value pairs, got {given!r}")
+    repeated = repeated_keys(_raw_model_args(argv))
+    if repeated:
+        raise ValueError(f"--model_args gives {', '.join(repeated)} more than once; give each key once")
     extra = {key: getattr(args, key, None) for key in ("batch_size", "max_batch_size", "device")}
     settings = TadmModelArgs.from_kwargs(**TadmLM._merged(given, extra))
     settings.check_sources()
@@ -50,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli = HarnessCLI()
         args = cli.parse_args()
         try:
-            check_tadm_model_args(args)
+            check_tadm_model_args(args, sys.argv[1:])
         except (ValueError, FileNotFoundError) as err:
             print(f"tadm-lm-eval: error: {err}", file=sys.stderr)
             return 2

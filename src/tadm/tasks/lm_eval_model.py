@@ -22,7 +22,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from tadm.tasks.model_args import TadmModelArgs, parse_batch_size
+from tadm.tasks.model_args import TadmModelArgs, parse_batch_size, repeated_keys
 from tadm.tasks.stats import BatchStats, RequestStats, summarize
 
 __all__ = ["TadmLM", "batch_seed", "stop_strings", "truncate_at_stops"]
@@ -113,6 +113,9 @@ class TadmLM(LM):
         # deferred: lm-eval is an optional dependency (the tasks extra)
         from lm_eval.utils import simple_parse_args_string
 
+        repeated = repeated_keys([arg_string or ""])
+        if repeated:
+            raise ValueError(f"tadm model: model_args {', '.join(repeated)} given more than once; give each once")
         return cls(**cls._merged(simple_parse_args_string(arg_string), additional_config))
 
     @classmethod

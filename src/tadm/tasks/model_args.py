@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from tadm.posttrain.adapter_io import ADAPTER_CONFIG_NAME
@@ -23,7 +24,7 @@ from tadm.hf import check_hf_source
 from tadm.specs import check_model_source
 from tadm.tasks.generation import BlockGenerator, GenerationSettings, PrefixGenerator
 
-__all__ = ["SAMPLER_OPTION_KEYS", "TadmModelArgs", "parse_batch_size", "parse_ints"]
+__all__ = ["SAMPLER_OPTION_KEYS", "TadmModelArgs", "parse_batch_size", "parse_ints", "repeated_keys"]
 
 SAMPLER_OPTION_KEYS = ("entropy_bound", "temperature_max", "temperature_min", "categorical",
                        "top_p", "eta", "schedule", "nucleus", "time_grid")
@@ -31,6 +32,10 @@ _INT_LIMITS = {"steps": 1, "canvas_length": 1, "max_gen_toks": 1, "min_interval"
                "seed": 0}
 _OPTIONAL_INTS = ("steps", "canvas_length", "max_interval")
 _BOOL_KEYS = ("naive", "skip_unchanged", "self_conditioning", "adaptive_stopping", "thinking")
+# the long form's parameters and the refresh_policy each belongs to
+_LONG_FORM = {"refresh_steps": "schedule", "tau": "adaptive", "min_interval": "adaptive", "max_interval": "adaptive"}
+# settings of block generation (a base) and their defaults: tadm's own models sample one canvas without them
+_BASE_ONLY = {"canvas_length": None, "self_conditioning": True, "adaptive_stopping": False}
 
 
 def parse_ints(value: Any, what: str) -> tuple[int, ...] | None:
@@ -46,6 +51,12 @@ def parse_ints(value: Any, what: str) -> tuple[int, ...] | None:
         return tuple(int(p) for p in parts)
     except (TypeError, ValueError):
         raise ValueError(f"{what} expects colon-separated integers (e.g. 2:20), got {value!r}") from None
+
+
+def repeated_keys(items: Iterable[str]) -> list[str]:
+    """The keys named more than once in ``key=value`` items, each item possibly a comma list (``"K=2,K=3"``)."""
+    keys = [part.split("=", 1)[0].strip() for item in items for part in str(item).split(",") if "=" in part]
+    return sorted({key for key in keys if keys.count(key) > 1})
 
 
 def parse_batch_size(value: Any, max_batch_size: Any = None) -> int:
@@ -149,6 +160,14 @@ class TadmModelArgs:
             value = getattr(self, name)
             if not (isinstance(value, bool) or value in (0, 1)):
                 raise ValueError(f"tadm model: {name} must be true or false, got {value!r}")
+        if self.model is not None:
+            given = [f"{key}={getattr(self, key)}" for key, default in _BASE_ONLY.items()
+                     if getattr(self, key) != default]
+            if given:
+                one = len(given) == 1
+                raise ValueError(f"tadm model: {', '.join(given)} {'applies' if one else 'apply'} only to a "
+                                 "post-training base (base=...); tadm's own models (model=...) sample one canvas "
+                                 f"of their max_seq_len, so drop {'it' if one else 'them'}")
         parse_batch_size(self.batch_size, self.max_batch_size)
         if self.base is not None:
             self.split_pair()
@@ -192,9 +211,26 @@ class TadmModelArgs:
     def build_policy(self) -> RefreshPolicy:
         """The refresh policy (:func:`~tadm.sampling.refresh.parse_refresh`): ``policy`` if given, else ``K``,
         else the long form ``refresh_policy`` with its parameters."""
-        if self.policy is not None:
-            return parse_refresh(self.policy)
         name = self.refresh_policy
+        given = [key for key in _LONG_FORM if getattr(self, key) is not None
+                 and not (key == "min_interval" and self.min_interval == 1)]
+        if self.policy is not None:
+            extra = given + [key for key, default in (("K", 1), ("refresh_policy", "fixed"), ("skip_unchanged", False))
+                             if str(getattr(self, key)) != str(default)]
+            if extra:
+                raise ValueError(f"policy is the whole refresh policy; drop {', '.join(extra)}")
+            return parse_refresh(self.policy)
+        stray = [key for key in given if _LONG_FORM[key] != name]
+        if stray and name in ("fixed", *_LONG_FORM.values()):
+            key, owner = stray[0], _LONG_FORM[stray[0]]
+            if name != "fixed":
+                where, hint = f"refresh_policy={name}", f"drop {key}"
+            elif str(self.K) == "1":
+                where, hint = "K=1 (the default)", f"add refresh_policy={owner}, or drop {key}"
+            else:
+                where, hint = f"K={self.K}", f"give it inside K (e.g. K={owner}:...:{key}=...), or drop {key}"
+            raise ValueError(f"{key}={getattr(self, key)} is a parameter of refresh_policy={owner}, not of {where}; "
+                             f"{hint}")
         if name == "fixed":
             policy = parse_refresh(self.K)
         elif str(self.K) != "1":
