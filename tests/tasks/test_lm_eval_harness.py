@@ -80,3 +80,38 @@ def test_command_line_refuses_a_model_arg_given_twice(model_args, capsys):
     assert main(["--model", "tadm", "--model_args", *model_args, "--tasks", "x"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after lm-eval's own warning
     assert last == "tadm-lm-eval: error: --model_args gives K more than once; give each key once"
+
+
+@pytest.mark.parametrize("model_args, task, flags, message", [
+    ("model=MODEL", "tiny_ll", [], "tadm model: 'loglikelihood' requests (tasks with output_type loglikelihood"),
+    pytest.param("model=MODEL", "tiny_echo", ["--apply_chat_template"], "its tokenizer has no chat template; run",
+                 marks=pytest.mark.slow),
+    pytest.param("model=tadm-tiny,tokenizer=MODEL", "tiny_echo", [], "tokenizer vocabulary (320) != model vocabulary",
+                 marks=pytest.mark.slow),
+])
+def test_command_line_failures_of_a_run_are_one_line(task_dir, tadm_model_dir, capsys, monkeypatch, model_args, task,
+                                                     flags, message):
+    from tadm.tasks.lm_eval_cli import main
+
+    (task_dir / "tiny_ll.yaml").write_text((task_dir / "tiny_echo.yaml").read_text().replace(
+        "tadm_tiny_echo", "tadm_tiny_ll").replace("generate_until", "loglikelihood"))
+    argv = ["--model", "tadm", "--model_args", model_args.replace("MODEL", str(tadm_model_dir)) + ",steps=2",
+            "--tasks", str(task_dir / f"{task}.yaml"), *flags, "--limit", "1", "--device", "cpu"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    # said once, in the last line: no traceback ending in "ValueError: <message>"
+    assert lines[-1].startswith("tadm-lm-eval: error: ") and [line for line in lines if message in line] == lines[-1:]
+    monkeypatch.setenv("TADM_DEBUG", "1")  # the developer's traceback
+    with pytest.raises((NotImplementedError, ValueError)):
+        main(argv)
+
+
+def test_command_line_checks_a_refresh_schedule_against_the_steps_first(capsys):
+    from tadm.tasks.lm_eval_cli import main
+
+    argv = ["--model", "tadm", "--model_args", "model=tadm-tiny,K=schedule:steps=16/4,steps=8", "--tasks", "x"]
+    assert main(argv) == 2  # refused before lm-eval loads anything
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "tadm-lm-eval: error: tadm model: the refresh schedule must list the first step, i = T = 8 (the anchor is "
+        "computed there), got steps 16/4")

@@ -5,7 +5,9 @@ define them; it has no entry-point discovery. This wrapper imports :mod:`tadm.ta
 (which registers ``tadm``), parses the command line with lm-eval's own parser and, for
 ``--model tadm``, checks every ``--model_args`` value (:class:`~tadm.tasks.model_args.TadmModelArgs`)
 and that the named model, base and adapter exist *before* lm-eval starts: a bad value is one line
-on stderr and exit status 2, not a traceback. Then lm-eval runs as usual::
+on stderr and exit status 2, not a traceback. Then lm-eval runs as usual; a foreseeable failure of the
+run (a model that cannot be loaded, a log-likelihood task, a chat template the tokenizer lacks) is one
+line too, or its traceback with ``TADM_DEBUG=1``::
 
     tadm-lm-eval --model tadm --model_args base=DIR,adapter=DIR,K=2 --tasks gsm8k --apply_chat_template
     python -m tadm.tasks.lm_eval_cli --model tadm --model_args model=tadm-tiny --tasks my_task --include_path DIR
@@ -14,13 +16,24 @@ on stderr and exit status 2, not a traceback. Then lm-eval runs as usual::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from tadm.tasks.lm_eval_model import TadmLM  # importing it registers ``tadm`` with lm-eval
 from tadm.tasks.model_args import TadmModelArgs, repeated_keys
 
-__all__ = ["check_tadm_model_args", "main"]
+__all__ = ["DEBUG_ENV", "check_tadm_model_args", "main"]
+
+DEBUG_ENV = "TADM_DEBUG"  # set (not '', '0', 'false' or 'no'): a failed run shows its traceback, as for ``tadm``
+# Foreseeable failures of a run of the tadm model, printed in one line: a bad value or a setting the model
+# or its tokenizer cannot honour (ValueError), a missing file (OSError), a request type the model does not
+# answer (NotImplementedError: log-likelihood tasks), a missing optional dependency (ImportError).
+_RUN_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, NotImplementedError, ImportError)
+
+
+def _debug_requested() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _raw_model_args(argv: Sequence[str]) -> list[str]:
@@ -71,7 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, FileNotFoundError) as err:
             print(f"tadm-lm-eval: error: {err}", file=sys.stderr)
             return 2
-        cli.execute(args)
+        if getattr(args, "model", None) != "tadm":
+            cli.execute(args)
+            return 0
+        try:
+            cli.execute(args)
+        except _RUN_ERRORS as err:
+            if _debug_requested():
+                raise
+            text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+            print(f"tadm-lm-eval: error: {text or type(err).__name__} (traceback: {DEBUG_ENV}=1)", file=sys.stderr)
+            return 2
     finally:
         sys.argv = saved
     return 0

@@ -22,7 +22,7 @@ from tadm.sampling.registry import sampler_config
 from tadm.devices import resolve_device, resolve_dtype
 from tadm.hf import check_hf_source
 from tadm.specs import check_model_source
-from tadm.tasks.generation import BlockGenerator, GenerationSettings, PrefixGenerator
+from tadm.tasks.generation import BASE_STEPS, OWN_MODEL_STEPS, BlockGenerator, GenerationSettings, PrefixGenerator
 
 __all__ = ["SAMPLER_OPTION_KEYS", "TadmModelArgs", "parse_batch_size", "parse_ints", "repeated_keys"]
 
@@ -174,7 +174,9 @@ class TadmModelArgs:
         try:
             resolve_dtype(self.dtype)
             resolve_device(self.device or "auto")
-            self.build_policy()
+            policy = self.build_policy()
+            if self.model is not None or self.base is not None:  # else a ready generator's steps are unknown here
+                policy.check_steps(self.steps or (BASE_STEPS if self.base is not None else OWN_MODEL_STEPS))
             self.sampler_settings()
         except ValueError as err:
             raise ValueError(f"tadm model: {err}") from None
