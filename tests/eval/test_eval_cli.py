@@ -167,3 +167,14 @@ def test_staleness_cli_refuses_a_model_without_anchor(tmp_path, capsys):
     assert main(["eval", "staleness", "--model", str(model_dir), "--data", str(FIXTURE)]) == 2
     err = capsys.readouterr().err
     assert "MDLM has no anchor network" in err and err.count("\n") == 1
+
+
+def test_tasks_without_a_tokenizer_says_what_works_for_the_command(tmp_path, capsys):
+    (tmp_path / "aime.jsonl").write_text('{"problem": "p", "answer": 1}\n')
+    argv = ["eval", "tasks", "--model", "tadm-tiny", "--tasks", "aime", "--data-dir", str(tmp_path), "-K", "1",
+            "--seeds", "0", "-T", "2", "--max-gen-toks", "2", "--device", "cpu", "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("tadm eval tasks: error: no tokenizer found for model 'tadm-tiny': --model takes the tokenizer "
+                   "saved in or beside a checkpoint directory, and a builder name (random weights) has none; give a "
+                   "trained checkpoint directory")

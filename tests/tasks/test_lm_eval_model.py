@@ -298,3 +298,10 @@ def test_a_stop_string_ends_generation_early(adapter_lm):
     assert early.layer_calls["total"] * 2 == full.layer_calls["total"]  # one canvas of two
     for a, b in zip(early.tokens, full.tokens):
         assert a == b[:len(a)] and len(a) <= 8
+
+
+def test_a_missing_tokenizer_names_the_model_argument():
+    with pytest.raises(FileNotFoundError) as info:
+        TadmLM(model="tadm-tiny", device="cpu")
+    assert str(info.value) == ("no tokenizer found for model 'tadm-tiny': give its tokenizer directory in the model "
+                               "arguments (tokenizer=DIR)")

@@ -39,11 +39,12 @@ from tadm.sampling.refresh import FixedRefresh, RefreshPolicy
 from tadm.sampling.registry import build_sampler
 from tadm.specs import find_tokenizer, resolve_model
 
-__all__ = ["BASE_STEPS", "OWN_MODEL_STEPS", "BatchOutput", "BlockGenerator", "GenerationSettings", "PrefixGenerator",
-           "cut_at_eos"]
+__all__ = ["BASE_STEPS", "OWN_MODEL_STEPS", "TOKENIZER_HINT", "BatchOutput", "BlockGenerator", "GenerationSettings",
+           "PrefixGenerator", "cut_at_eos"]
 
 BASE_STEPS = 48  # T of the post-training experiments (paper appendix "TADM:Post-train")
 OWN_MODEL_STEPS = 128  # `tadm sample`'s default T for tadm's own models
+TOKENIZER_HINT = "give its tokenizer directory in the model arguments (tokenizer=DIR)"
 
 
 @dataclass(frozen=True)
@@ -272,13 +273,16 @@ class PrefixGenerator:
 
     @classmethod
     def load(cls, spec: str, settings: GenerationSettings, *, tokenizer: str | None = None,
-             device: str | torch.device = "cpu") -> PrefixGenerator:
-        """The model named by ``spec`` (:func:`tadm.specs.resolve_model`) and its tokenizer."""
+             device: str | torch.device = "cpu", tokenizer_hint: str = TOKENIZER_HINT) -> PrefixGenerator:
+        """The model named by ``spec`` (:func:`tadm.specs.resolve_model`) and its tokenizer; without a tokenizer
+        found, a FileNotFoundError ending in ``tokenizer_hint`` (how the caller's user names one)."""
         model = resolve_model(spec, device=device)
         try:
             found = find_tokenizer(spec, tokenizer)
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"{err} (model_args: tokenizer=DIR)") from None
+            if tokenizer is not None:
+                raise
+            raise FileNotFoundError(f"no tokenizer found for model {str(spec)!r}: {tokenizer_hint}") from err
         return cls(model, found, settings, name=str(spec))
 
     def with_settings(self, settings: GenerationSettings) -> PrefixGenerator:

@@ -22,7 +22,8 @@ from tadm.sampling.registry import sampler_config
 from tadm.devices import resolve_device, resolve_dtype
 from tadm.hf import check_hf_source
 from tadm.specs import check_model_source
-from tadm.tasks.generation import BASE_STEPS, OWN_MODEL_STEPS, BlockGenerator, GenerationSettings, PrefixGenerator
+from tadm.tasks.generation import (BASE_STEPS, OWN_MODEL_STEPS, TOKENIZER_HINT, BlockGenerator, GenerationSettings,
+                                   PrefixGenerator)
 
 __all__ = ["SAMPLER_OPTION_KEYS", "TadmModelArgs", "parse_batch_size", "parse_ints", "repeated_keys"]
 
@@ -250,14 +251,16 @@ class TadmModelArgs:
                                     "max_interval": self.max_interval})
         return parse_refresh({**policy.config(), "skip_unchanged": True}) if self.skip_unchanged else policy
 
-    def load_generator(self) -> Any:
-        """The generator these settings name: a :class:`BlockGenerator` (``base``) or a :class:`PrefixGenerator`."""
+    def load_generator(self, tokenizer_hint: str = TOKENIZER_HINT) -> Any:
+        """The generator these settings name: a :class:`BlockGenerator` (``base``) or a :class:`PrefixGenerator`
+        (whose missing tokenizer is an error ending in ``tokenizer_hint``)."""
         device = resolve_device(self.device or "auto")
         if self.base is not None:
             return BlockGenerator.load(self.base, self.settings(), adapter=self.adapter, backbone=self.backbone,
                                        tokenizer=self.tokenizer, split=self.split_pair(), naive=bool(self.naive),
                                        device=device, dtype=self.dtype)
-        return PrefixGenerator.load(self.model, self.settings(), tokenizer=self.tokenizer, device=device)
+        return PrefixGenerator.load(self.model, self.settings(), tokenizer=self.tokenizer, device=device,
+                                    tokenizer_hint=tokenizer_hint)
 
     def settings(self) -> GenerationSettings:
         """The generator's settings: refresh policy and sampler options."""

@@ -44,6 +44,9 @@ __all__ = ["Method", "TaskRunConfig", "TaskRunResult", "methods", "run_tasks"]
 
 Log = Callable[[str], None]
 PAPER_CANVAS_LENGTH = 256  # the paper's canvas of a post-training base
+# a --model's tokenizer is the one saved in or beside its checkpoint directory: there is no --tokenizer here
+MODEL_TOKENIZER_HINT = ("--model takes the tokenizer saved in or beside a checkpoint directory, and a builder name "
+                        "(random weights) has none; give a trained checkpoint directory")
 
 
 @dataclass
@@ -205,7 +208,7 @@ def load_generator(cfg: TaskRunConfig, with_adapter: bool) -> Any:
                                      split=None if with_adapter else cfg.split, steps=cfg.steps,
                                      canvas_length=cfg.base_canvas_length(),
                                      device=cfg.device, dtype=cfg.dtype)
-    return args.load_generator()
+    return args.load_generator(tokenizer_hint=MODEL_TOKENIZER_HINT)
 
 
 def _generator_for(generator: Any, cfg: TaskRunConfig, method: Method) -> Any:
