@@ -136,6 +136,17 @@ def test_accuracy_tables_and_resume(data_dir, tmp_path):
     assert changed.ran == 3 * 5 * 2
 
 
+def test_the_table_states_the_generation_length_used(data_dir, tmp_path):
+    run_fake(config(data_dir, tmp_path / "paper", tasks="gsm8k,gpqa", naive=False, refresh=[1], seeds=[0]))
+    assert "Benchmarks: GSM8K (5-shot, 1024 tokens, accuracy), GPQA-Diamond (0-shot, 2048 tokens, accuracy)." in (
+        tmp_path / "paper" / "table.md").read_text()
+    run_fake(config(data_dir, tmp_path / "cap", tasks="gsm8k,gpqa", naive=False, refresh=[1], seeds=[0],
+                    max_gen_toks=1536))
+    table = (tmp_path / "cap" / "table.md").read_text()
+    assert ("Benchmarks: GSM8K (5-shot, 1024 tokens, accuracy), "
+            "GPQA-Diamond (0-shot, 1536 tokens, capped from 2048, accuracy).") in table
+
+
 def test_a_changed_data_file_reruns_its_task(data_dir, tmp_path):
     out = tmp_path / "out"
     run_fake(config(data_dir, out, tasks="gpqa", naive=False, seeds=[0]))

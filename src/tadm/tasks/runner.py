@@ -328,6 +328,7 @@ def _payload(store: UnitStore, unit: _Unit) -> dict[str, Any]:
     stored = store.load(unit.path)
     judged = store.load(unit.path.with_suffix(".judge.json"))
     return {"task": unit.bench.name, "method": unit.method.name, "K": unit.method.K, "seed": unit.seed,
+            "max_gen_toks": stored["spec"].get("max_gen_toks"),
             "accuracy": stored["accuracy"], "n": stored["n"], "stats": stored["stats"],
             "correct": [bool(r["correct"]) for r in stored["records"]],
             "prompts": [r.get("prompt", r.get("id")) for r in stored["records"]],

@@ -194,8 +194,17 @@ def provenance_lines(provenance: dict[str, Any] | None, cells_: Sequence[dict[st
     return lines
 
 
-def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], benches: Sequence[Any]) -> str:
-    shots = ", ".join(f"{b.title} ({b.shots}-shot, {b.max_gen_toks} tokens, {b.metric})" for b in benches)
+def _tokens(bench: Any, units: Sequence[dict[str, Any]]) -> str:
+    """The generation length ``bench``'s units used (a cap may have lowered the paper's)."""
+    used = sorted({int(u["max_gen_toks"]) for u in units if u["task"] == bench.name and u.get("max_gen_toks")})
+    if not used or used == [bench.max_gen_toks]:
+        return f"{bench.max_gen_toks} tokens"
+    return f"{'/'.join(map(str, used))} tokens, capped from {bench.max_gen_toks}"
+
+
+def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], benches: Sequence[Any],
+                   units: Sequence[dict[str, Any]]) -> str:
+    shots = ", ".join(f"{b.title} ({b.shots}-shot, {_tokens(b, units)}, {b.metric})" for b in benches)
     text = ("# Task evaluation (TADM:Post-train)\n\n"
             f"Benchmarks: {shots}. Accuracy in %, mean ± std over seeds; "
             "compute = denoising layer calls relative to the first row.\n\n## Accuracy, throughput and compute\n\n"
@@ -226,7 +235,7 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
     out.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out / "table.md", "task_csv": out / "task_table.csv", "cells_csv": out / "cells.csv",
              "json": out / "results.json"}
-    text = _markdown_file(tasks, naive, benches) + "\n".join(provenance_lines(provenance, all_cells))
+    text = _markdown_file(tasks, naive, benches, units) + "\n".join(provenance_lines(provenance, all_cells))
     write_text(files["markdown"], text.rstrip("\n") + "\n")
     flat = [_flat(row) for row in tasks]
     write_csv(files["task_csv"], list(flat[0]) if flat else ["method"], flat)
