@@ -174,15 +174,12 @@ def _at_least(section: object, prefix: str, names: Sequence[str], minimum: int =
             raise ConfigError(f"{prefix}.{name} must be >= {minimum}, got {value}")
 
 
-def _validate_study(cfg: StudyConfig) -> None:
-    for key in ("name", "out_dir"):
-        if not getattr(cfg, key).strip():
-            raise ConfigError(f"{key} must not be empty")
-    _positive_ints("seeds", cfg.seeds, minimum=0)
-    if not cfg.models:
+def _validate_models(models: list[StudyModel]) -> None:
+    """Each ``models[]`` entry: a unique name, a known kind, its seeds, and overrides that the study does not set."""
+    if not models:
         raise ConfigError("models is empty: list at least one {name, kind}")
     seen: set[str] = set()
-    for n, m in enumerate(cfg.models):
+    for n, m in enumerate(models):
         if not m.name or not m.name.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"models[{n}].name {m.name!r} must be a non-empty name of letters, digits, '-' and '_'")
         if m.name in seen:
@@ -201,6 +198,14 @@ def _validate_study(cfg: StudyConfig) -> None:
             if taken is not None:
                 raise ConfigError(f"models[{n}].overrides sets {taken}, which the study sets for every unit; "
                                   f"use {STUDY_SET_KEYS[taken]} instead")
+
+
+def _validate_study(cfg: StudyConfig) -> None:
+    for key in ("name", "out_dir"):
+        if not getattr(cfg, key).strip():
+            raise ConfigError(f"{key} must not be empty")
+    _positive_ints("seeds", cfg.seeds, minimum=0)
+    _validate_models(cfg.models)
     _refuse_replaced_keys(cfg)
     _check_size(cfg.size)
     st = cfg.staleness

@@ -449,7 +449,8 @@ def _run(code: str, *, stdin: str, timeout: float, memory_mb: int, max_output: i
         if completed and err.endswith(sentinel):
             err = err[: -len(sentinel)]
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        status = "timeout" if timed_out else _status(process.returncode, stderr, completed)  # a timed-out run is never completed
+        # a timed-out run is never completed
+        status = "timeout" if timed_out else _status(process.returncode, stderr, completed)
         return SandboxResult(status, None if timed_out else process.returncode, stdout, stderr, seconds, completed,
                              level.describe())
     finally:
