@@ -94,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: 9000 for split, 3000 for addition")
     p.add_argument("--pretrain-batch", type=positive_int, default=64)
     p.add_argument("--posttrain-steps", type=positive_int, default=None,
-                   help="default: 9600 for split (the length that met 70 %% recovery at K = 2 and 3 over three "
-                        "pretraining seeds; docs/results/posttrain-recovery-ablation-cpu.md), 600 for addition")
+                   help="default: 9600 for split (the length whose recovery met 70 %% at K = 2 and 3 on average "
+                        "over three pretraining seeds, not for each; docs/results/posttrain-recovery-ablation-cpu.md), "
+                        "600 for addition")
     p.add_argument("--posttrain-batch", type=positive_int, default=32)
     p.add_argument("--posttrain-lr", type=positive_float, default=2e-3)
     p.add_argument("--posttrain-set", action="append", default=[], metavar="KEY=VALUE",
