@@ -312,42 +312,41 @@ class Stages:
     def log(self, message: str) -> None:
         print(f"[{time.perf_counter() - self.wall:7.1f}s] {message}", flush=True)
 
-    def done(self, stage: str, started: float) -> bool:
-        """Record the stage's wall time; True when the run stops after it (``--until``)."""
+    def done(self, stage: str, started: float) -> None:
+        """Record the stage's wall time."""
         self.timings[stage] = round(time.perf_counter() - started, 1)
         self.timings_path.write_text(json.dumps(self.timings, indent=1) + "\n")
         self.log(f"stage {stage} done in {self.timings[stage]:.0f}s")
-        return stage == self.args.until
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / max(1, len(values))
 
 
-def stage_data(run: Stages) -> bool:
+def stage_data(run: Stages) -> None:
     args, data = run.args, run.out / "data"
     if (data / f"{args.task}.jsonl").is_file():
-        return False
+        return
     started = time.perf_counter()
     train_rows, eval_rows = make_task_data(args.task, args.digits, args.train_examples, args.eval_examples, args.seed)
     write_jsonl(data / "train.jsonl", train_rows)
     write_jsonl(data / f"{args.task}.jsonl", eval_rows)
-    return run.done("data", started)
+    run.done("data", started)
 
 
-def stage_tokenizer(run: Stages, train_rows: list[dict]) -> bool:
+def stage_tokenizer(run: Stages, train_rows: list[dict]) -> None:
     from tadm.posttrain.data import make_chat_tokenizer
 
     tok_dir = run.out / "tokenizer"
     if (tok_dir / "tokenizer.json").is_file():
-        return False
+        return
     started = time.perf_counter()
     texts = [chat_prompt(r["problem"], run.args.task) + " " + r["answer"] for r in train_rows[:20_000]]
     make_chat_tokenizer(digit_bpe(texts, vocab_size=320)).save_pretrained(tok_dir)
-    return run.done("tokenizer", started)
+    run.done("tokenizer", started)
 
 
-def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
+def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> None:
     """A random DiffusionGemma trained on the task's canvases, saved to ``base/``, then a K = 1 probe."""
     import torch
     from transformers import DiffusionGemmaForBlockDiffusion
@@ -359,7 +358,7 @@ def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
 
     args, base, L = run.args, run.out / "base", run.args.canvas_length
     if (base / "pretrain.json").is_file():
-        return False
+        return
     started = time.perf_counter()
     train_set = canvas_dataset(train_rows[: args.pretrain_steps * args.pretrain_batch], tokenizer, L, args.task)
     run.log(f"vocab {len(tokenizer)}; {len(train_set)} training canvases of {L} tokens "
@@ -385,10 +384,10 @@ def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
                                   out_dir=str(run.out / "eval-pretrained")), log=run.log)
     run.log(f"pretrained base, held-out accuracy at K = 1: {probe.units[0]['accuracy']:.3f} "
             f"({probe.units[0]['n']} problems)")
-    return run.done("pretrain", started)
+    run.done("pretrain", started)
 
 
-def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
+def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> None:
     """The base frozen and split 1 / 3 / 2; only its paired-attention fusion trained, saved to ``adapter/``
     (``variants/NAME/adapter`` with ``--variant``)."""
     from transformers import DiffusionGemmaForBlockDiffusion
@@ -399,7 +398,7 @@ def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
     args, base = run.args, run.out / "base"
     adapter = variant_dir(args) / "adapter"
     if (adapter / "posttrain.json").is_file():
-        return False
+        return
     started = time.perf_counter()
     cfg = posttrain_config(args)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(base)).eval()
@@ -426,10 +425,10 @@ def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> bool:
         "settings": list(args.posttrain_set), "fusion_parameters": sum(p.numel() for p in split.fusion.parameters()),
         "loss_first_last": [_mean(losses[:10]), _mean(losses[-25:])],
         "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
-    return run.done("posttrain", started)
+    run.done("posttrain", started)
 
 
-def stage_diagnose(run: Stages, tokenizer) -> bool:
+def stage_diagnose(run: Stages, tokenizer) -> None:
     """KL(fresh || stale) of the fused and the naive stale predictions on the held-out prompts, per K > 1
     (:func:`tadm.posttrain.diagnostics.stale_fresh_divergence`), written to ``kl.json`` beside the adapter."""
     import torch
@@ -443,7 +442,7 @@ def stage_diagnose(run: Stages, tokenizer) -> bool:
     out = variant_dir(args) / "kl.json"
     intervals = [K for K in args.refresh if K > 1]
     if out.is_file() or not intervals:
-        return False
+        return
     started = time.perf_counter()
     model = attach_adapter(load_backbone("diffusion-gemma", run.out / "base"), variant_dir(args) / "adapter")
     rows = read_jsonl(run.out / "data" / f"{args.task}.jsonl")
@@ -461,7 +460,7 @@ def stage_diagnose(run: Stages, tokenizer) -> bool:
                                "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
     for K, r in result.items():
         run.log(f"  K = {K}: KL(fresh || naive) {r['kl_naive']:.4f}, KL(fresh || fused) {r['kl_fused']:.4f} nats/token")
-    return run.done("diagnose", started)
+    run.done("diagnose", started)
 
 
 def stage_eval(run: Stages) -> None:
@@ -483,19 +482,26 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     run = Stages(args)
     (run.out / "args.json").write_text(json.dumps(vars(args), indent=1) + "\n")
-    if stage_data(run):
+    stage_data(run)  # each stage skips itself when its output exists; --until stops after it either way
+    if args.until == "data":
         return
     train_rows = read_jsonl(run.out / "data" / "train.jsonl")
     run.log(f"data: {len(train_rows)} training problems, {args.eval_examples} held-out "
             f"({run.out / 'data' / f'{args.task}.jsonl'})")
-    if stage_tokenizer(run, train_rows):
+    stage_tokenizer(run, train_rows)
+    if args.until == "tokenizer":
         return
     tokenizer = AutoTokenizer.from_pretrained(str(run.out / "tokenizer"))
-    if (stage_pretrain(run, train_rows, tokenizer) or stage_posttrain(run, train_rows, tokenizer)
-            or stage_diagnose(run, tokenizer)):
+    stage_pretrain(run, train_rows, tokenizer)
+    if args.until == "pretrain":
+        return
+    stage_posttrain(run, train_rows, tokenizer)
+    if args.until == "posttrain":
+        return
+    stage_diagnose(run, tokenizer)
+    if args.until == "diagnose":
         return
     stage_eval(run)
-
 
 if __name__ == "__main__":
     main()

@@ -106,3 +106,28 @@ def test_a_judge_without_a_model_is_refused_before_any_training(laptop_task, tmp
         err = capsys.readouterr().err
         assert "argument --judge:" in err and "holds no model (no config.json)" in err and advice in err
     assert not (tmp_path / "run").exists()
+
+
+TINY = ["--digits", "1", "--train-examples", "300", "--eval-examples", "5", "--pretrain-steps", "3",
+        "--pretrain-batch", "8", "--posttrain-steps", "2", "--posttrain-batch", "4", "--refresh", "1,2",
+        "--seeds", "0", "--batch-size", "5", "--canvas-length", "4"]
+
+
+def test_until_stops_a_rerun_after_its_stage(laptop_task, tmp_path):
+    out = tmp_path / "run"
+    for _ in range(2):  # the second run finds the data done and must still stop there
+        laptop_task.main([*TINY, "--out", str(out), "--until", "data"])
+        assert sorted(p.name for p in out.iterdir()) == ["args.json", "data", "timings.json"]
+
+
+@pytest.mark.parametrize("until", ["data", "tokenizer", "pretrain", "posttrain", "diagnose", "eval"])
+def test_until_stops_after_a_stage_that_had_nothing_to_do(laptop_task, tmp_path, monkeypatch, until):
+    import transformers
+
+    ran = []
+    for stage in laptop_task.STAGES:
+        monkeypatch.setattr(laptop_task, f"stage_{stage}", lambda *a, stage=stage: ran.append(stage))
+    monkeypatch.setattr(laptop_task, "read_jsonl", lambda path: [])
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path: None)
+    laptop_task.main([*TINY, "--refresh", "1", "--out", str(tmp_path / "run"), "--until", until])
+    assert ran == list(laptop_task.STAGES[: laptop_task.STAGES.index(until) + 1])
