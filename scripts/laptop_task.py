@@ -2,7 +2,7 @@
 
 Two tasks (``--task``), both ``tadm eval tasks`` benchmarks (:data:`tadm.tasks.benchmarks.EXTRA_BENCHMARKS`):
 
-* ``split`` (default): "Write 13 as a sum of two numbers." -> any "a+b" with a + b = 13 (one-digit
+* ``split`` (default): "Write 13 as a sum of two numbers." -> any "a+b" with a + b = 13 (two-digit
   operands by default). Many answers are right, so each generated token depends on the others, which
   is where a stale anchor hurts;
 * ``addition``: "What is 47+385?" -> "432", one answer fixed by the prompt.
@@ -28,7 +28,7 @@ evaluation units already written), so a cut-off run continues:
 5. eval: ``tadm eval tasks`` (:func:`tadm.tasks.runner.run_tasks`) on the held-out problems: the base
    at K = 1, TADM and naive reuse at K = 1, 2, 3, three seeds; tables in ``eval/``.
 
-    OMP_NUM_THREADS=1 python scripts/laptop_task.py                   # split; about 35 minutes on one CPU core
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py                   # split; about 1.5 hours on one CPU core
     OMP_NUM_THREADS=1 python scripts/laptop_task.py --task addition   # about 25 minutes
     python scripts/laptop_task.py --until pretrain         # stop after a stage (e.g. a probe)
 """
@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"operands have at most this many digits (1-{MAX_DIGITS}; default: 2)")
     p.add_argument("--train-examples", type=positive_int, default=200_000)
     p.add_argument("--eval-examples", type=positive_int, default=None,
-                   help="held-out problems (default: split, every distinct total: 199 for two digits; addition, 200)")
+                   help="held-out problems (default: split, 199, or every distinct total when fewer: 19 for one "
+                        "digit; addition, 200, or every held-out pair when fewer: 25 for one digit)")
     p.add_argument("--canvas-length", type=positive_int, default=8, help="L; also the generation budget (one canvas)")
     p.add_argument("--steps", type=positive_int, default=12, help="denoising steps T per canvas")
     p.add_argument("--hidden", type=positive_int, default=64)
@@ -119,7 +120,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments taken together (one line), or None."""
     if args.digits > MAX_DIGITS:
         return f"argument --digits: at most {MAX_DIGITS}, got {args.digits}"
-    most = split_totals(args.digits) if args.task == "split" else 10 ** args.digits * 10 ** args.digits // 4
+    most = most_held_out(args)
     if args.eval_examples > most:
         what = "distinct totals" if args.task == "split" else "held-out pairs"
         return (f"argument --eval-examples: {args.digits}-digit operands give only {most} {what}; use at most "
@@ -150,12 +151,17 @@ def check_args(args: argparse.Namespace) -> str | None:
     return None
 
 
+def most_held_out(args: argparse.Namespace) -> int:
+    """How many distinct held-out problems operands of ``--digits`` digits allow (``make_task_data``'s limit)."""
+    return split_totals(args.digits) if args.task == "split" else 10 ** args.digits * 10 ** args.digits // 4
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     for name, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, name) is None:
-            setattr(args, name, value)
+            setattr(args, name, value if name != "eval_examples" else min(value, most_held_out(args)))
     if args.model_seed is None:
         args.model_seed = args.seed
     if args.out is None:

@@ -131,3 +131,13 @@ def test_until_stops_after_a_stage_that_had_nothing_to_do(laptop_task, tmp_path,
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path: None)
     laptop_task.main([*TINY, "--refresh", "1", "--out", str(tmp_path / "run"), "--until", until])
     assert ran == list(laptop_task.STAGES[: laptop_task.STAGES.index(until) + 1])
+
+
+def test_default_held_out_count_fits_the_digits(laptop_task):
+    assert laptop_task.parse_args(["--digits", "1"]).eval_examples == 19  # every distinct total
+    assert laptop_task.parse_args(["--digits", "3"]).eval_examples == 199
+    assert laptop_task.parse_args(["--task", "addition", "--digits", "1"]).eval_examples == 25
+    assert laptop_task.parse_args(["--task", "addition"]).eval_examples == 200
+    assert laptop_task.parse_args(["--digits", "1", "--eval-examples", "7"]).eval_examples == 7
+    with pytest.raises(SystemExit):
+        laptop_task.parse_args(["--digits", "1", "--eval-examples", "20"])
