@@ -55,6 +55,13 @@ TASK_DEFAULTS = {  # the published runs' settings (docs/results/); split post-tr
 }
 POSTTRAIN_DEFAULTS = ("fusion.rank=32", "fusion.num_heads=4")  # the script's fusion size, before --posttrain-set
 MAX_DIGITS = 6
+STAGE_SETTINGS = {  # the arguments each stage's saved output depends on; a rerun may not change them once it exists
+    "data": ("task", "seed", "digits", "train_examples", "eval_examples"),
+    "pretrain": ("model_seed", "canvas_length", "hidden", "heads", "pretrain_steps", "pretrain_batch"),
+    "posttrain": ("model_seed", "canvas_length", "steps", "posttrain_steps", "posttrain_batch", "posttrain_lr",
+                  "posttrain_set"),
+    "diagnose": ("steps", "batch_size", "refresh"),
+}
 
 
 def _int_list(minimum: int):
@@ -136,6 +143,9 @@ def check_args(args: argparse.Namespace) -> str | None:
         return f"argument --out: {args.out} is an existing file, not a folder"
     if args.variant is not None and (not args.variant or "/" in args.variant or args.variant.startswith(".")):
         return f"argument --variant: a plain folder name, got {args.variant!r}"
+    changed = changed_settings(args)
+    if changed is not None:
+        return changed
     if args.judge not in ("none", "local", "local-free") and not args.judge.startswith(("local:", "local-free:")):
         return f"argument --judge: none, local, local:PATH or local-free:PATH, got {args.judge!r}"
     if args.judge != "none":  # checked now, not after hours of training
@@ -154,6 +164,38 @@ def check_args(args: argparse.Namespace) -> str | None:
 def most_held_out(args: argparse.Namespace) -> int:
     """How many distinct held-out problems operands of ``--digits`` digits allow (``make_task_data``'s limit)."""
     return split_totals(args.digits) if args.task == "split" else 10 ** args.digits * 10 ** args.digits // 4
+
+
+def _shown(value) -> str:
+    """An argument's value as it is typed on the command line."""
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) if all(isinstance(v, int) for v in value) else json.dumps(value)
+    return str(value)
+
+
+def changed_settings(args: argparse.Namespace) -> str | None:
+    """What a rerun into an existing ``--out`` changes of the settings behind the stages already done (one line),
+    or None. The base's stages are checked against ``--out``'s ``args.json``, a variant's against its own."""
+    out, own = Path(args.out), variant_dir(args)
+    outputs = {"data": out / "data" / "train.jsonl", "pretrain": out / "base" / "pretrain.json",
+               "posttrain": own / "adapter" / "posttrain.json", "diagnose": own / "kl.json"}
+    changes: dict[str, str] = {}
+    for stage, output in outputs.items():
+        recorded_path = (own if stage in ("posttrain", "diagnose") else out) / "args.json"
+        if not output.is_file() or not recorded_path.is_file():
+            continue
+        try:
+            recorded = json.loads(recorded_path.read_text())
+        except ValueError:
+            return f"argument --out: {recorded_path} is not valid JSON; cannot tell which settings made this run"
+        for name in STAGE_SETTINGS[stage]:
+            if name in recorded and recorded[name] != getattr(args, name) and name not in changes:
+                changes[name] = (f"--{name.replace('_', '-')} {_shown(recorded[name])} "
+                                 f"(now {_shown(getattr(args, name))})")
+    if not changes:
+        return None
+    return (f"argument --out: {args.out} holds stages made with other settings: {', '.join(changes.values())}; "
+            "rerun with those values or use another --out")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -312,7 +354,8 @@ class Stages:
         self.args, self.out = args, Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.wall = time.perf_counter()
-        self.timings_path = self.out / "timings.json"
+        self.timings_path = variant_dir(args) / "timings.json"  # a variant keeps its own
+        self.timings_path.parent.mkdir(parents=True, exist_ok=True)
         self.timings = json.loads(self.timings_path.read_text()) if self.timings_path.is_file() else {}
 
     def log(self, message: str) -> None:
@@ -487,7 +530,10 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     run = Stages(args)
-    (run.out / "args.json").write_text(json.dumps(vars(args), indent=1) + "\n")
+    recorded = json.dumps(vars(args), indent=1) + "\n"
+    (variant_dir(args) / "args.json").write_text(recorded)
+    if args.variant is not None and not (run.out / "args.json").is_file():  # the base's stages run now
+        (run.out / "args.json").write_text(recorded)
     stage_data(run)  # each stage skips itself when its output exists; --until stops after it either way
     if args.until == "data":
         return

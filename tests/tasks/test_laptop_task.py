@@ -141,3 +141,41 @@ def test_default_held_out_count_fits_the_digits(laptop_task):
     assert laptop_task.parse_args(["--digits", "1", "--eval-examples", "7"]).eval_examples == 7
     with pytest.raises(SystemExit):
         laptop_task.parse_args(["--digits", "1", "--eval-examples", "20"])
+
+
+def test_a_rerun_may_not_change_the_settings_of_stages_already_done(laptop_task, tmp_path, capsys):
+    out = tmp_path / "run"
+    laptop_task.main([*TINY, "--out", str(out), "--until", "data"])
+    laptop_task.parse_args([*TINY, "--out", str(out), "--until", "data"])  # the same command resumes
+    # pretraining has not run yet: its settings may still change (and are recorded for it)
+    laptop_task.main([*TINY, "--out", str(out), "--until", "data", "--hidden", "32"])
+    assert laptop_task.json.loads((out / "args.json").read_text())["hidden"] == 32
+    changed = [a if a not in ("1", "5") else {"1": "2", "5": "7"}[a] for a in TINY[:6]] + TINY[6:]
+    with pytest.raises(SystemExit) as exit_info:
+        laptop_task.parse_args([*changed, "--out", str(out), "--canvas-length", "6"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "argument --out:" in err
+    assert "--digits 1 (now 2)" in err and "--eval-examples 5 (now 7)" in err and "--hidden" not in err
+    (out / "base").mkdir()
+    (out / "base" / "pretrain.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        laptop_task.parse_args([*TINY, "--out", str(out), "--hidden", "64"])
+    assert "--hidden 32 (now 64)" in capsys.readouterr().err
+
+
+def test_a_variant_keeps_its_own_arguments_and_timings(laptop_task, tmp_path, capsys):
+    out = tmp_path / "run"
+    laptop_task.main([*TINY, "--out", str(out), "--until", "data"])
+    base_args, base_timings = (out / "args.json").read_text(), (out / "timings.json").read_text()
+    laptop_task.main([*TINY, "--out", str(out), "--until", "data", "--variant", "v1", "--posttrain-steps", "3"])
+    assert (out / "args.json").read_text() == base_args and (out / "timings.json").read_text() == base_timings
+    variant = out / "variants" / "v1"
+    assert laptop_task.json.loads((variant / "args.json").read_text())["posttrain_steps"] == 3
+    (variant / "adapter").mkdir()
+    (variant / "adapter" / "posttrain.json").write_text("{}")
+    laptop_task.parse_args([*TINY, "--out", str(out), "--variant", "v2"])  # another variant: its own settings
+    laptop_task.parse_args([*TINY, "--out", str(out)])  # the base has no adapter yet
+    with pytest.raises(SystemExit):
+        laptop_task.parse_args([*TINY, "--out", str(out), "--variant", "v1"])
+    assert "--posttrain-steps 3 (now 2)" in capsys.readouterr().err
