@@ -38,27 +38,39 @@ from pathlib import Path
 
 import torch
 
+from tadm.cli import OneLineErrorParser
+from tadm.cli.common import int_at_least, positive_int
+from tadm.posttrain.data import CHAT_SPECIAL_TOKENS
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+# the BPE's own vocabulary is --vocab-size less the chat tokens; it needs the 256 bytes, <|endoftext|> and <|mask|>
+MIN_VOCAB_SIZE = 256 + 2 + len(CHAT_SPECIAL_TOKENS)
+FULL = {"pretrain_steps": 600, "posttrain_steps": 500, "eval_canvases": 128}
+QUICK = {"pretrain_steps": 30, "posttrain_steps": 10, "eval_canvases": 16}  # --quick, where not given
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = OneLineErrorParser(prog="posttrain_demo.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/posttrain-demo")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for these sizes)")
-    p.add_argument("--vocab-size", type=int, default=1024)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (1 is fastest for these sizes)")
+    p.add_argument("--vocab-size", type=int_at_least(MIN_VOCAB_SIZE), default=1024,
+                   help=f"tokenizer size, chat tokens included (at least {MIN_VOCAB_SIZE})")
     p.add_argument("--canvas-length", type=int, default=16)
     p.add_argument("--steps", type=int, default=16, help="denoising steps T per canvas")
-    p.add_argument("--pretrain-steps", type=int, default=600)
+    p.add_argument("--pretrain-steps", type=positive_int, default=None, help="default: 600 (30 with --quick)")
     p.add_argument("--objective", choices=("ce", "usdm"), default="ce",
                    help="pretraining loss: x0 cross-entropy at t ~ U(0, 1), or the uniform-state NELBO (usdm_loss)")
     p.add_argument("--pretrain-batch", type=int, default=32)
-    p.add_argument("--posttrain-steps", type=int, default=500)
+    p.add_argument("--posttrain-steps", type=positive_int, default=None, help="default: 500 (10 with --quick)")
     p.add_argument("--posttrain-lr", type=float, default=2e-3)
     p.add_argument("--posttrain-batch", type=int, default=16)
-    p.add_argument("--eval-canvases", type=int, default=128)
-    p.add_argument("--quick", action="store_true", help="tiny budgets, for a smoke test")
-    args = p.parse_args()
-    if args.quick:
-        args.pretrain_steps, args.posttrain_steps, args.eval_canvases = 30, 10, 16
+    p.add_argument("--eval-canvases", type=positive_int, default=None, help="default: 128 (16 with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny budgets, for a smoke test (the step and canvas counts not given explicitly)")
+    args = p.parse_args(argv)
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 
@@ -86,8 +98,14 @@ def batches(dataset, batch_size: int, pad_id: int, seed: int):
     return canvas_batches(dataset, batch_size, pad_id, seed=seed)
 
 
-def main() -> None:
-    args = parse_args()
+def first_last_loss(history: list[float], first: int = 20, last: int = 50) -> list[float]:
+    """The mean loss over the first ``first`` and the last ``last`` steps (fewer when the run was shorter)."""
+    head, tail = history[:first], history[-last:]
+    return [sum(head) / max(1, len(head)), sum(tail) / max(1, len(tail))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
@@ -124,7 +142,7 @@ def main() -> None:
     held_out = set(range(0, len(docs), 20))  # every 20th document (25 of 500)
     train_docs = [d for n, d in enumerate(docs) if n not in held_out]
     eval_docs = [d for n, d in enumerate(docs) if n in held_out]
-    bpe = train_bpe_tokenizer(train_docs, vocab_size=args.vocab_size - 4)
+    bpe = train_bpe_tokenizer(train_docs, vocab_size=args.vocab_size - len(CHAT_SPECIAL_TOKENS))
     tokenizer = make_chat_tokenizer(bpe.backend)
     V = len(tokenizer)
     train_rows, eval_rows = chat_examples(train_docs, rng), chat_examples(eval_docs, rng)
@@ -152,7 +170,8 @@ def main() -> None:
                                        steps=args.pretrain_steps, seed=args.seed, objective=args.objective, log=log)
     model.save_pretrained(out / "base")
     tokenizer.save_pretrained(out / "base")
-    log(f"pretrained: {args.objective} loss {sum(history[:20]) / 20:.3f} -> {sum(history[-50:]) / len(history[-50:]):.3f}; "
+    loss_first, loss_last = first_last_loss(history)
+    log(f"pretrained: {args.objective} loss {loss_first:.3f} -> {loss_last:.3f}; "
         f"saved to {out / 'base'}")
 
     # 3. post-train the fusion -------------------------------------------------------------------
@@ -193,7 +212,7 @@ def main() -> None:
         "canvas_length": L,
         "eval_canvases": min(args.eval_canvases, len(eval_set)),
         "fusion_parameters": trainable,
-        "pretrain_loss_first_last": [sum(history[:20]) / 20, sum(history[-50:]) / len(history[-50:])],
+        "pretrain_loss_first_last": first_last_loss(history),
         "posttrain_loss_first_last": [sum(losses[:10]) / max(1, len(losses[:10])), sum(losses[-25:]) / max(1, len(losses[-25:]))],
         "before_posttraining": {str(k): v for k, v in before.items()},
         "after_posttraining": {str(k): v for k, v in after.items()},
