@@ -19,12 +19,18 @@ corruption (either one), the null share and the unparsed count, as a Markdown ta
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
 from pathlib import Path
 
+import torch
+
+from tadm.cli import OneLineErrorParser
+from tadm.cli.common import positive_int
+from tadm.tasks.judge import DegenerationJudge, JudgeError, make_judge_client
+
+JUDGES = "local, local:PATH, local-free or local-free:PATH"
 QA = [
     ("What is the capital of France?", "The capital of France is Paris. It is also the largest city in the country."),
     ("Why is the sky blue?", "Sunlight is scattered by the molecules of the air. Blue light is scattered more than "
@@ -87,26 +93,37 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--judge", default="local", help="local, local:PATH, local-free, local-free:PATH (default: local)")
-    p.add_argument("--judge-url", default=None)
-    p.add_argument("--judge-model", default=None)
+    p = OneLineErrorParser(prog="judge_agreement.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--judge", default=None,
+                   help=f"{JUDGES} (default: local); an OpenAI-compatible endpoint goes through --judge-url")
+    p.add_argument("--judge-url", default=None, help="an OpenAI-compatible endpoint (with --judge-model)")
+    p.add_argument("--judge-model", default=None, help="the endpoint's model name (with --judge-url)")
     p.add_argument("--cache", default="runs/judge-agreement/cache", help="verdict cache folder")
     p.add_argument("--out", default=None, help="write the table and every verdict as JSON here")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--seed", type=int, default=0, help="seed of the word shuffles")
     args = p.parse_args(argv)
-
-    import torch
-
-    from tadm.tasks.judge import DegenerationJudge, make_judge_client
+    if args.judge_url is not None and args.judge is not None:
+        p.error(f"argument --judge: {args.judge!r} and --judge-url name two judges; give one")
+    args.judge = args.judge or "local"
+    if args.judge_url is None and args.judge not in ("local", "local-free") \
+            and not args.judge.startswith(("local:", "local-free:")):
+        p.error(f"argument --judge: {JUDGES}, got {args.judge!r} (an OpenAI-compatible endpoint goes through "
+                "--judge-url URL --judge-model NAME)")
+    if args.judge_url is None and args.judge_model is not None:
+        p.error("argument --judge-model: names the model of a --judge-url endpoint; give --judge-url too")
+    if args.judge_url is not None and not args.judge_model:
+        p.error("argument --judge-url: needs --judge-model NAME (the endpoint's model)")
 
     torch.set_num_threads(args.threads)
-    client = (make_judge_client(url=args.judge_url, model=args.judge_model) if args.judge_url
-              else make_judge_client(args.judge))
     pairs = labelled_pairs(args.seed)
     started = time.perf_counter()
-    result = DegenerationJudge(client, cache_dir=args.cache, concurrency=1).evaluate([(q, r) for _, q, r in pairs])
+    try:  # a judge model that is not there, an endpoint that does not answer: one line, not a traceback
+        client = (make_judge_client(url=args.judge_url, model=args.judge_model) if args.judge_url
+                  else make_judge_client(args.judge))
+        result = DegenerationJudge(client, cache_dir=args.cache, concurrency=1).evaluate([(q, r) for _, q, r in pairs])
+    except (ValueError, OSError, JudgeError) as err:
+        p.error(str(err))
     seconds = time.perf_counter() - started
     rows = agreement_table(pairs, result.verdicts)
     judge_id = client.judge_id.replace(str(Path.home()), "~")  # no machine-local path in result files

@@ -52,3 +52,40 @@ def test_posttrain_demo_bad_sizes_fail_in_its_own_terms(posttrain_demo, capsys):
     assert "argument --threads: must be >= 1, got 0" in err
     smallest = posttrain_demo.parse_args(["--vocab-size", str(posttrain_demo.MIN_VOCAB_SIZE)]).vocab_size
     train_bpe_tokenizer(["a few words of text"] * 3, vocab_size=smallest - len(posttrain_demo.CHAT_SPECIAL_TOKENS))
+
+
+@pytest.fixture(scope="module")
+def judge_agreement():
+    return load_script("judge_agreement")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--judge", "none"], "argument --judge: local, local:PATH, local-free or local-free:PATH, got 'none'"),
+    (["--judge", "http://localhost:8000/v1", "--judge-model", "m"], "goes through --judge-url URL --judge-model"),
+    (["--judge-url", "http://localhost:8000/v1"], "argument --judge-url: needs --judge-model NAME"),
+    (["--judge-model", "m"], "argument --judge-model: names the model of a --judge-url endpoint"),
+    (["--judge", "local", "--judge-url", "http://localhost:8000/v1"], "name two judges"),
+    (["--threads", "0"], "argument --threads: must be >= 1, got 0"),
+])
+def test_judge_agreement_bad_arguments_fail_in_one_line(judge_agreement, capsys, tmp_path, argv, expected):
+    err = one_line_error(capsys, lambda: judge_agreement.main([*argv, "--cache", str(tmp_path / "cache")]))
+    assert err.startswith("judge_agreement.py: error: ") and expected in err
+    assert "use none" not in err
+
+
+def test_judge_agreement_missing_or_failing_judge_fails_in_one_line(judge_agreement, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TADM_CACHE_DIR", str(tmp_path / "empty"))  # no prepared evaluator there
+    err = one_line_error(capsys, lambda: judge_agreement.main(["--cache", str(tmp_path / "cache")]))
+    assert "is not a Hugging Face model directory" in err and "tadm eval prepare-evaluator" in err
+
+    class Unreachable:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def evaluate(self, pairs):
+            raise judge_agreement.JudgeError("judging stopped: judge http://localhost:9/v1 failed after 4 attempt(s)")
+
+    monkeypatch.setattr(judge_agreement, "DegenerationJudge", Unreachable)
+    err = one_line_error(capsys, lambda: judge_agreement.main(
+        ["--judge-url", "http://localhost:9/v1", "--judge-model", "m", "--cache", str(tmp_path / "cache")]))
+    assert "judge_agreement.py: error: judging stopped: judge http://localhost:9/v1 failed" in err
