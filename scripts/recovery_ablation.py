@@ -20,7 +20,6 @@ diagnosis (``kl.json``) and writes into ``--out``:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tadm.cli import OneLineErrorParser
 from tadm.eval.significance import mean_interval, paired_summary, prompt_differences, recovered_share
 from tadm.records import git_commit, machine_info, write_csv, write_json, write_text
 
@@ -56,9 +56,13 @@ def _runs(units: dict, method: str, K: int) -> list[list[tuple[str, bool]]]:
 
 
 def variant_rows(runs: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """One row per (variant, pretraining seed, K), and the outcome strings of every unit."""
+    """One row per (variant, pretraining seed, K), and the outcome strings of every unit.
+
+    Raises ValueError for a ``seed-*`` folder with variants whose name is not ``seed-N``."""
     rows, outcomes = [], {}
     for seed_dir in sorted(runs.glob("seed-*")):
+        if (seed_dir / "variants").is_dir() and not seed_dir.name.removeprefix("seed-").isdigit():
+            raise ValueError(f"{seed_dir}: not named seed-N (N the pretraining seed, an integer); rename or move it")
         for variant_dir in sorted((seed_dir / "variants").glob("*")):
             eval_dir = variant_dir / "eval"
             if not (eval_dir / "results.json").is_file():
@@ -127,7 +131,7 @@ def markdown(rows: list[dict[str, Any]], seeds: list[dict[str, Any]], commit: di
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineErrorParser(prog="recovery_ablation.py", description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=Path, default=Path("runs/split2"))
     p.add_argument("--out", type=Path, default=Path("docs/results/posttrain-recovery-ablation-cpu"))
     args = p.parse_args(argv)
@@ -135,7 +139,13 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--runs {args.runs}: no such folder")
     started = time.perf_counter()
     source = git_commit()  # before this run rewrites its own (tracked) output files
-    rows, outcomes = variant_rows(args.runs)
+    try:
+        rows, outcomes = variant_rows(args.runs)
+    except ValueError as err:
+        p.error(f"--runs {args.runs}: {err}")
+    if not rows and any(args.runs.glob("seed-*/variants/*/eval/results.json")):
+        p.error(f"--runs {args.runs}: no variant evaluated at K = {', '.join(map(str, KS))} (TADM and naive reuse); "
+                f"run laptop_task.py --variant NAME with --refresh 1,{','.join(map(str, KS))}")
     if not rows:
         p.error(f"--runs {args.runs}: no evaluated variant (seed-*/variants/*/eval/results.json)")
     seeds = seed_rows(rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,32 @@ def test_judge_agreement_missing_or_failing_judge_fails_in_one_line(judge_agreem
     err = one_line_error(capsys, lambda: judge_agreement.main(
         ["--judge-url", "http://localhost:9/v1", "--judge-model", "m", "--cache", str(tmp_path / "cache")]))
     assert "judge_agreement.py: error: judging stopped: judge http://localhost:9/v1 failed" in err
+
+
+def _variant_run(root: Path, seed_dir: str, Ks: list[int]) -> None:
+    """A ``laptop_task.py --variant v1`` evaluation folder holding the units at ``Ks`` (and the base at K = 1)."""
+    eval_dir = root / seed_dir / "variants" / "v1" / "eval"
+    (eval_dir / "units" / "split").mkdir(parents=True)
+    (eval_dir / "results.json").write_text("{}")
+    cells = [("baseline", 1)] + [(m, K) for K in Ks for m in ("tadm", "naive")]
+    for method, K in cells:
+        records = [{"prompt": f"p{n}", "correct": (n + K) % 2 == 0 or method != "naive"} for n in range(4)]
+        unit = {"spec": {"method": method, "K": K, "seed": 0}, "records": records,
+                "accuracy": sum(r["correct"] for r in records) / len(records)}
+        (eval_dir / "units" / "split" / f"{method}-K{K}-seed0.json").write_text(json.dumps(unit))
+
+
+def test_recovery_ablation_says_why_it_has_no_rows(capsys, tmp_path):
+    recovery_ablation = load_script("recovery_ablation")
+    _variant_run(tmp_path / "runs", "seed-0", [1])
+    err = one_line_error(capsys, lambda: recovery_ablation.main(["--runs", str(tmp_path / "runs"),
+                                                                  "--out", str(tmp_path / "out")]))
+    assert "no variant evaluated at K = 2, 3, 4" in err and "no evaluated variant" not in err
+    _variant_run(tmp_path / "runs", "seed-1", [1, 2])
+    rows, _ = recovery_ablation.variant_rows(tmp_path / "runs")
+    assert [(r["pretraining_seed"], r["K"]) for r in rows] == [(1, 2)]
+    _variant_run(tmp_path / "runs", "seed-0a", [1, 2])
+    err = one_line_error(capsys, lambda: recovery_ablation.main(["--runs", str(tmp_path / "runs"),
+                                                                  "--out", str(tmp_path / "out")]))
+    assert "seed-0a: not named seed-N" in err
+    assert not (tmp_path / "out").exists()
