@@ -55,12 +55,15 @@ TASK_DEFAULTS = {  # the published runs' settings (docs/results/); split post-tr
 }
 POSTTRAIN_DEFAULTS = ("fusion.rank=32", "fusion.num_heads=4")  # the script's fusion size, before --posttrain-set
 MAX_DIGITS = 6
-STAGE_SETTINGS = {  # the arguments each stage's saved output depends on; a rerun may not change them once it exists
-    "data": ("task", "seed", "digits", "train_examples", "eval_examples"),
+# The arguments each stage's saved output depends on; a rerun may not change them once it exists. --eval-examples
+# may shrink (the evaluation then takes the first held-out problems); --refresh and --batch-size are evaluation
+# settings (a rerun may widen K into another --eval-out; kl.json keeps the K it measured).
+STAGE_SETTINGS = {
+    "data": ("task", "seed", "digits", "train_examples"),
     "pretrain": ("model_seed", "canvas_length", "hidden", "heads", "pretrain_steps", "pretrain_batch"),
     "posttrain": ("model_seed", "canvas_length", "steps", "posttrain_steps", "posttrain_batch", "posttrain_lr",
                   "posttrain_set"),
-    "diagnose": ("steps", "batch_size", "refresh"),
+    "diagnose": ("steps",),
 }
 
 
@@ -168,6 +171,8 @@ def most_held_out(args: argparse.Namespace) -> int:
 
 def _shown(value) -> str:
     """An argument's value as it is typed on the command line."""
+    if isinstance(value, list) and not value:
+        return "none"
     if isinstance(value, list):
         return ",".join(str(v) for v in value) if all(isinstance(v, int) for v in value) else json.dumps(value)
     return str(value)
@@ -192,6 +197,9 @@ def changed_settings(args: argparse.Namespace) -> str | None:
             if name in recorded and recorded[name] != getattr(args, name) and name not in changes:
                 changes[name] = (f"--{name.replace('_', '-')} {_shown(recorded[name])} "
                                  f"(now {_shown(getattr(args, name))})")
+    held_out = out / "data" / f"{args.task}.jsonl"
+    if held_out.is_file() and args.eval_examples > (held := len(read_jsonl(held_out))):
+        changes["eval_examples"] = f"--eval-examples at most {held}, the held-out problems on disk (now {args.eval_examples})"
     if not changes:
         return None
     return (f"argument --out: {args.out} holds stages made with other settings: {', '.join(changes.values())}; "

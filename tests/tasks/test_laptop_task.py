@@ -156,12 +156,22 @@ def test_a_rerun_may_not_change_the_settings_of_stages_already_done(laptop_task,
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "argument --out:" in err
-    assert "--digits 1 (now 2)" in err and "--eval-examples 5 (now 7)" in err and "--hidden" not in err
+    assert "--digits 1 (now 2)" in err and "--eval-examples at most 5, the held-out problems on disk (now 7)" in err
+    assert "--hidden" not in err
     (out / "base").mkdir()
     (out / "base" / "pretrain.json").write_text("{}")
+    (out / "adapter").mkdir()
+    (out / "adapter" / "posttrain.json").write_text("{}")
+    (out / "kl.json").write_text("{}")
     with pytest.raises(SystemExit):
         laptop_task.parse_args([*TINY, "--out", str(out), "--hidden", "64"])
     assert "--hidden 32 (now 64)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        laptop_task.parse_args([*TINY, "--out", str(out), "--hidden", "32", "--posttrain-set", "fusion.rank=8"])
+    assert "--posttrain-set none (now [\"fusion.rank=8\"])" in capsys.readouterr().err
+    # evaluation-only changes resume: fewer held-out problems, other K and batch size, another judge folder
+    laptop_task.parse_args([*TINY, "--out", str(out), "--hidden", "32", "--eval-examples", "3",
+                            "--refresh", "1,2,3,4", "--batch-size", "2", "--eval-out", "eval-wide-k"])
 
 
 def test_a_variant_keeps_its_own_arguments_and_timings(laptop_task, tmp_path, capsys):
