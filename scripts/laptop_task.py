@@ -199,7 +199,8 @@ def changed_settings(args: argparse.Namespace) -> str | None:
                                  f"(now {_shown(getattr(args, name))})")
     held_out = out / "data" / f"{args.task}.jsonl"
     if held_out.is_file() and args.eval_examples > (held := len(read_jsonl(held_out))):
-        changes["eval_examples"] = f"--eval-examples at most {held}, the held-out problems on disk (now {args.eval_examples})"
+        changes["eval_examples"] = (f"--eval-examples at most {held}, the held-out problems on disk "
+                                    f"(now {args.eval_examples})")
     if not changes:
         return None
     return (f"argument --out: {args.out} holds stages made with other settings: {', '.join(changes.values())}; "
