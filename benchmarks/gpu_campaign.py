@@ -574,9 +574,12 @@ STUDY_TINY_CAMPAIGN = ["seeds=[0]", "sampling.steps=[8]", "staleness.eval_seeds=
 
 def stage_d(ctx: Any) -> None:
     preset, overrides = ("study-tiny", list(STUDY_TINY_CAMPAIGN)) if ctx.tiny else ("study-gpu", list(STUDY_GPU_CAMPAIGN))
-    out_dir = Path(ctx.results) / "study"
-    overrides = [*overrides, f"out_dir={out_dir}"] + ([] if ctx.device.type == "cuda" else
-                                                        ["train.device=cpu", "sampling.device=cpu"])
+    # absolute paths: the study runs with the repository as its working directory, and its token cache
+    # (data.cache_dir, relative by default) would otherwise land there too
+    results = Path(ctx.results).resolve()
+    out_dir = results / "study"
+    overrides = [*overrides, f"out_dir={out_dir}", f"data.cache_dir={results / '.tadm-cache'}"]
+    overrides += [] if ctx.device.type == "cuda" else ["train.device=cpu", "sampling.device=cpu"]
     page = out_dir / "report.md"
     record = open_stage(ctx, "d", f"the staleness study on GPU ({preset})",
                         {"tiny": ctx.tiny, "preset": preset, "overrides": overrides},
@@ -671,11 +674,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats is not None and args.repeats < 1:
         print(f"gpu_campaign: error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
-    folders = [Path(args.results)] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
+    results = Path(args.results).resolve()  # stage d's study runs in the repository: one meaning for a relative path
+    folders = [results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
     for key in stages:
         stage = STAGES[key]
         ctx = Context(device=device, tiny=args.tiny, repeats=args.repeats or (1 if args.tiny else 3),
-                      results=args.results, folders=folders, budget=Budget(args.budget_minutes))
+                      results=str(results), folders=folders, budget=Budget(args.budget_minutes))
         start = time.perf_counter()
         print(f"[gpu_campaign] stage {key}: {stage.title} ...", flush=True)
         stage.run(ctx)

@@ -75,3 +75,41 @@ def test_every_stage_runs_end_to_end_at_tiny_sizes_on_cpu(tmp_path):
     # a second run finds every stage complete and measures nothing again
     again = _run("--device", "cpu", "--tiny", "--results", str(tmp_path / "results"), "--stage", "b", "c")
     assert again.returncode == 0 and again.stdout.count("complete in") == 2
+
+
+def _load_campaign():
+    spec = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)
+    campaign = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_campaign"] = campaign  # dataclasses look their module up
+    spec.loader.exec_module(campaign)
+    return campaign
+
+
+def test_stage_d_keeps_the_study_and_its_cache_under_a_relative_results_folder(tmp_path, monkeypatch):
+    campaign = _load_campaign()
+    calls, real_run = [], subprocess.run
+
+    def fake_run(command, **kwargs):  # stands in for the study: writes where its out_dir override says
+        if "study" not in command:
+            return real_run(command, **kwargs)  # git, for the records
+        calls.append(command)
+        options = dict(a.split("=", 1) for a in command if "=" in a and not a.startswith("-"))
+        out_dir = Path(options["out_dir"])
+        assert out_dir.is_absolute(), command
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "report.md").write_text("# the study's report\n")
+        (out_dir / "results.json").write_text('{"rows": 1}')
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(campaign.subprocess, "run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OUT", raising=False)
+    assert campaign.main(["--stage", "d", "--device", "cpu", "--tiny", "--results", "rel/results"]) == 0
+    results = tmp_path / "rel" / "results"
+    assert len(calls) == 2
+    for command in calls:
+        options = dict(a.split("=", 1) for a in command if "=" in a and not a.startswith("-"))
+        assert Path(options["out_dir"]) == results / "study"
+        assert Path(options["data.cache_dir"]).is_relative_to(results)
+    assert "# the study's report" in (results / "stage-d.md").read_text()
+    assert json.loads((results / "stage-d.json").read_text())["cells"]["results"] == {"rows": 1}
