@@ -90,7 +90,8 @@ class StopAfter(LoopContext):
         return self.done >= self.n
 
 
-def run_steps(model: Any, args: argparse.Namespace, device: torch.device, full_output: bool) -> None:
+def run_steps(model: Any, args: argparse.Namespace, device: torch.device, full_output: bool) -> int:
+    """Runs the first ``args.profile_steps`` steps (at most ``args.steps``); returns how many ran."""
     sampler = get_sampler(args.sampler, model.mask_token_id)
     instrument_sampler(sampler)
     sampler.set_timesteps(args.steps)
@@ -98,9 +99,11 @@ def run_steps(model: Any, args: argparse.Namespace, device: torch.device, full_o
     z = sampler.initial_canvas(args.batch_size, args.length, g, device)
     amp = getattr(torch, args.dtype)
     # stop after the first profile_steps steps of the T-step run (its final full-output step is not among them)
+    stop = StopAfter(args.profile_steps)
     with torch.autocast(device.type, dtype=amp) if amp != torch.float32 else nullcontext():
         denoise(model, sampler, z, range(args.steps, 0, -1), policy=FixedRefresh(args.refresh), generator=g,
-                full_output=full_output, context=StopAfter(args.profile_steps))
+                full_output=full_output, context=stop)
+    return stop.done
 
 
 def breakdown(model: Any, args: argparse.Namespace, device: torch.device, full_output: bool) -> dict[str, float]:
@@ -109,11 +112,11 @@ def breakdown(model: Any, args: argparse.Namespace, device: torch.device, full_o
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         start = time.perf_counter()
-        run_steps(model, args, device, full_output)
+        steps = run_steps(model, args, device, full_output)
         if device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    per_step = 1.0 / args.profile_steps
+    per_step = 1.0 / steps  # the loop ends after T steps even when --profile-steps asks for more
     times = {name: 0.0 for name in PARTS}
     for event in prof.key_averages():
         if event.key in times:
@@ -150,8 +153,9 @@ def main() -> None:
     rows = {label: {part: statistics.median(r[part] for r in reps) for part in reps[0]}
             for label, reps in runs.items()}
     print(f"# {args.size}: L={args.length} B={args.batch_size} T={args.steps} K={args.refresh} {args.sampler} "
-          f"{args.dtype} on {device} ({torch.get_num_threads()} threads), first {args.profile_steps} steps, "
-          f"ms per step ({'device' if device.type == 'cuda' else 'CPU'} time), median of {args.repeats} runs per path")
+          f"{args.dtype} on {device} ({torch.get_num_threads()} threads), "
+          f"first {min(args.profile_steps, args.steps)} steps, ms per step "
+          f"({'device' if device.type == 'cuda' else 'CPU'} time), median of {args.repeats} runs per path")
     labels = list(rows)
     print(f"| part | {' | '.join(labels)} |")
     print("|---|" + "---:|" * len(labels))
