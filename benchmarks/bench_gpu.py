@@ -32,6 +32,9 @@ from typing import Any
 
 import torch
 
+from tadm.cli import OneLineErrorParser
+from tadm.cli.common import masked_samplers, nonnegative_int, positive_float, positive_int
+from tadm.devices import resolve_device
 from tadm.eval.compute import generation_flops, layer_calls
 from tadm.nn import mdlm_small, tadm_small
 from tadm.sampling import generate, get_sampler
@@ -168,19 +171,19 @@ def report(cells: list[dict[str, Any]], args: argparse.Namespace, peak: float | 
         print("| " + " | ".join(row) + " |")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), help="default: paper on CUDA, cpu otherwise")
     p.add_argument("--models", nargs="+", choices=["tadm", "mdlm"], default=["tadm", "mdlm"])
-    p.add_argument("--steps", "-T", nargs="+", type=int, help="default: the preset's")
-    p.add_argument("--refresh", "-K", nargs="+", type=int, default=[1, 2, 4, 8])
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
-    p.add_argument("--length", type=int, help="default: the preset's L")
-    p.add_argument("--sampler", default="remdm-loop")
+    p.add_argument("--steps", "-T", nargs="+", type=positive_int, help="default: the preset's")
+    p.add_argument("--refresh", "-K", nargs="+", type=positive_int, default=[1, 2, 4, 8])
+    p.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[1])
+    p.add_argument("--length", type=positive_int, help="default: the preset's L")
+    p.add_argument("--sampler", default="remdm-loop", choices=masked_samplers())
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="autocast dtype; default: the preset's")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--warmup", type=nonnegative_int, default=1)
     p.add_argument("--weights", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="cast the weights for inference (then no autocast); default: float32 weights + autocast")
     p.add_argument("--compile", choices=["none", "default", "reduce-overhead", "max-autotune"], default="none",
@@ -188,12 +191,15 @@ def main() -> None:
     p.add_argument("--compare-full", action="store_true", help="also time x_theta on every position (reference)")
     p.add_argument("--compare-skip", action="store_true",
                    help="also time skip_unchanged (no network call when the canvas did not change)")
-    p.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not known")
-    args = p.parse_args()
-    device = torch.device(args.device)
+    p.add_argument("--peak-tflops", type=positive_float, help="the device's dense bf16 peak, if not known")
+    args = p.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as err:
+        p.error(str(err))
     preset = PRESETS[args.preset or ("paper" if device.type == "cuda" else "cpu")]
     args.steps = args.steps or preset["steps"]
-    args.length = args.length or preset["length"]
+    args.length = preset["length"] if args.length is None else args.length
     args.dtype = args.dtype or preset["dtype"]
     if 1 not in args.refresh:
         p.error("--refresh must include 1 (the reference of the speedup)")

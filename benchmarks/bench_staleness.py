@@ -19,6 +19,9 @@ import time
 
 import torch
 
+from tadm.cli import OneLineErrorParser
+from tadm.cli.common import positive_int
+from tadm.devices import resolve_device
 from tadm.eval.likelihood import diffusion_nelbo, stale_anchor_nelbo
 from tadm.nn import adlm_small, tadm_small
 
@@ -39,17 +42,20 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(seconds), result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=["mid"], choices=sorted(SIZES))
-    p.add_argument("--length", type=int, default=128)
-    p.add_argument("--blocks", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-age", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--length", type=positive_int, default=128)
+    p.add_argument("--blocks", type=positive_int, default=16)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--max-age", type=positive_int, default=4)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--device", default="cpu")
-    args = p.parse_args()
-    device = torch.device(args.device)
+    args = p.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as err:
+        p.error(str(err))
     print(f"{'model':<12} {'fresh s':>8} {'stale s':>8} {'per age':>8} {'ages':>5}  k=0 == fresh")
     for size in args.sizes:
         for name, builder in (("tadm", tadm_small), ("adlm", adlm_small)):

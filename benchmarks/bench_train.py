@@ -29,6 +29,8 @@ import sys
 import time
 from typing import Any
 
+from tadm.devices import resolve_device
+
 SIZES: dict[str, dict[str, Any]] = {
     # width, heads, anchor layers (MDLM layers), denoiser layers, vocabulary, max length
     "tiny": dict(hidden_size=32, num_heads=2, anchor=2, denoiser=1, vocab_size=65, cond_dim=16),
@@ -162,18 +164,27 @@ def run_isolated(arch: str, size: str, args: argparse.Namespace) -> dict[str, An
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    # here, not at the top: each CPU measurement re-imports this module in a spawned process, and the CLI helpers
+    # would add about 90 MiB to that process's absolute peak RSS
+    from tadm.cli import OneLineErrorParser
+    from tadm.cli.common import nonnegative_int, positive_int
+
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=["tiny", "mid"], choices=sorted(SIZES))
     p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=3, help="timed steps (median)")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--seq-len", type=positive_int, default=128)
+    p.add_argument("--steps", type=positive_int, default=3, help="timed steps (median)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=0, help="torch threads in each run (0: default)")
-    args = p.parse_args()
+    p.add_argument("--threads", type=nonnegative_int, default=0, help="torch threads in each run (0: default)")
+    args = p.parse_args(argv)
+    try:
+        args.device = str(resolve_device(args.device))  # "cpu" runs each model in its own process
+    except ValueError as err:
+        p.error(str(err))
     results = []
     for size in args.sizes:
         for arch in args.archs:

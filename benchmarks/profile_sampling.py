@@ -28,6 +28,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import tadm.nn.base as nn_base
+from tadm.cli import OneLineErrorParser
+from tadm.cli.common import masked_samplers, positive_int
+from tadm.devices import resolve_device
 from tadm.nn import mdlm_small, tadm_small, tadm_tiny
 from tadm.sampling import FixedRefresh, get_sampler
 from tadm.sampling.loop import LoopContext, denoise
@@ -127,20 +130,24 @@ def breakdown(model: Any, args: argparse.Namespace, device: torch.device, full_o
     return times
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="mid", choices=sorted(SIZES))
-    p.add_argument("--sampler", default="remdm-loop")
-    p.add_argument("--refresh", "-K", type=int, default=1)
-    p.add_argument("--steps", "-T", type=int, default=256, help="T of the generation whose first steps are run")
-    p.add_argument("--profile-steps", type=int, default=16)
-    p.add_argument("--length", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--sampler", default="remdm-loop", choices=masked_samplers())
+    p.add_argument("--refresh", "-K", type=positive_int, default=1)
+    p.add_argument("--steps", "-T", type=positive_int, default=256, help="T of the generation whose first steps are run")
+    p.add_argument("--profile-steps", type=positive_int, default=16)
+    p.add_argument("--length", type=positive_int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--repeats", type=int, default=3, help="profiled runs per path, alternating (median reported)")
-    args = p.parse_args()
-    device = torch.device(args.device)
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="profiled runs per path, alternating (median reported)")
+    args = p.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as err:
+        p.error(str(err))
     torch.manual_seed(0)
     model = SIZES[args.size]().to(device).eval()
     instrument(model)

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tadm.nn import tadm_tiny
 
@@ -31,7 +32,43 @@ def test_profile_sampling_divides_by_the_steps_the_loop_ran(monkeypatch):
     args = argparse.Namespace(sampler="remdm-loop", steps=4, batch_size=1, length=8, refresh=1, profile_steps=16,
                               dtype="float32")
     model = tadm_tiny().eval()
-    assert ps.run_steps(model, args, ps.torch.device("cpu"), full_output=False) == 4
+    assert ps.run_steps(model, args, torch.device("cpu"), full_output=False) == 4
     clock = iter([0.0, 1.0])
-    times = ps.breakdown(model, args, ps.torch.device("cpu"), full_output=False)
+    times = ps.breakdown(model, args, torch.device("cpu"), full_output=False)
     assert times["total (wall)"] == pytest.approx(1000.0 / 4)  # 4 steps ran, not --profile-steps 16
+
+
+BAD_INPUTS = [
+    ("bench_gpu", ["--device", "cuda"], "device 'cuda' requested but CUDA is not available"),
+    ("bench_gpu", ["--length", "0"], "--length: must be >= 1, got 0"),
+    ("bench_gpu", ["--steps", "0"], "--steps/-T: must be >= 1, got 0"),
+    ("bench_gpu", ["--repeats", "0"], "--repeats: must be >= 1, got 0"),
+    ("bench_gpu", ["--warmup", "-1"], "--warmup: must be >= 0, got -1"),
+    ("bench_gpu", ["--batch-sizes", "0"], "--batch-sizes: must be >= 1, got 0"),
+    ("bench_gpu", ["--sampler", "bogus"], "--sampler: invalid choice: 'bogus'"),
+    ("bench_gpu", ["--peak-tflops", "0"], "--peak-tflops: must be a finite number > 0"),
+    ("profile_sampling", ["--device", "cuda"], "device 'cuda' requested but CUDA is not available"),
+    ("profile_sampling", ["--repeats", "0"], "--repeats: must be >= 1, got 0"),
+    ("profile_sampling", ["--profile-steps", "0"], "--profile-steps: must be >= 1, got 0"),
+    ("profile_sampling", ["--steps", "x"], "--steps/-T: expected an integer, got 'x'"),
+    ("profile_sampling", ["--sampler", "bogus"], "--sampler: invalid choice: 'bogus'"),
+    ("bench_staleness", ["--device", "cuda"], "device 'cuda' requested but CUDA is not available"),
+    ("bench_staleness", ["--max-age", "0"], "--max-age: must be >= 1, got 0"),
+    ("bench_staleness", ["--repeats", "0"], "--repeats: must be >= 1, got 0"),
+    ("bench_staleness", ["--length", "-3"], "--length: must be >= 1, got -3"),
+    ("bench_train", ["--device", "cuda"], "device 'cuda' requested but CUDA is not available"),
+    ("bench_train", ["--seq-len", "0"], "--seq-len: must be >= 1, got 0"),
+    ("bench_train", ["--steps", "0"], "--steps: must be >= 1, got 0"),
+    ("bench_train", ["--threads", "-1"], "--threads: must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("script, argv, needle", BAD_INPUTS)
+def test_bad_input_is_one_line_before_any_model(script, argv, needle, capsys, monkeypatch):
+    module = load(script)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CUDA request on a machine without one
+    with pytest.raises(SystemExit) as exit_:
+        module.main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and needle in lines[0], err
