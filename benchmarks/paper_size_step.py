@@ -13,12 +13,14 @@ step added (peak RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
-from tadm.config import load_config
+from tadm.cli import OneLineErrorParser
+from tadm.cli.common import positive_int
+from tadm.config import list_presets, load_config
+from tadm.devices import resolve_device
 from tadm.nn import build_model
 from tadm.training.objectives import get_objective
 from tadm.training.trainer import objective_config
@@ -31,17 +33,22 @@ def _rss(field: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in handle if line.startswith(field))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="tadm-owt-small")
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineErrorParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="tadm-owt-small", choices=list_presets())
     p.add_argument("--device", default="cpu")
-    p.add_argument("--batch-size", type=int, default=1, help="micro-batch (the preset's is 16 per GPU)")
-    args = p.parse_args()
+    p.add_argument("--batch-size", type=positive_int, default=1, help="micro-batch (the preset's is 16 per GPU)")
+    args = p.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as err:
+        p.error(str(err))
     cfg = load_config(args.preset)
-    device = torch.device(args.device)
     torch.manual_seed(0)
+    # only TADM has the training-only anchor LM head (used when gamma > 0)
+    extra = {"anchor_lm_head": cfg.objective.gamma > 0} if cfg.model.arch == "tadm" else {}
     model = build_model(f"{cfg.model.arch}-{cfg.model.preset}", vocab_size=GPT2_VOCAB_WITH_MASK,
-                        max_seq_len=cfg.data.seq_len, anchor_lm_head=cfg.objective.gamma > 0).to(device).train()
+                        max_seq_len=cfg.data.seq_len, **extra).to(device).train()
     o = cfg.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay)
@@ -58,7 +65,7 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return loss.detach().item()
 
     params = sum(p.numel() for p in model.parameters())
     print(f"{args.preset}: {cfg.model.arch}-{cfg.model.preset}, {params:,} parameters, L = {L}, micro-batch {B}, "
@@ -69,7 +76,8 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        open("/proc/self/clear_refs", "w").write("5")
+        with open("/proc/self/clear_refs", "w") as handle:  # reset the peak RSS (VmHWM) to the current size
+            handle.write("5")
         base = _rss("VmRSS:")
     start = time.perf_counter()
     loss = step()

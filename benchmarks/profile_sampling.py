@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--size", default="mid", choices=sorted(SIZES))
     p.add_argument("--sampler", default="remdm-loop", choices=masked_samplers())
     p.add_argument("--refresh", "-K", type=positive_int, default=1)
-    p.add_argument("--steps", "-T", type=positive_int, default=256, help="T of the generation whose first steps are run")
+    p.add_argument("--steps", "-T", type=positive_int, default=256,
+                   help="T of the generation whose first steps are run")
     p.add_argument("--profile-steps", type=positive_int, default=16)
     p.add_argument("--length", type=positive_int, default=256)
     p.add_argument("--batch-size", type=positive_int, default=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -72,3 +73,22 @@ def test_bad_input_is_one_line_before_any_model(script, argv, needle, capsys, mo
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert exit_.value.code == 2 and len(lines) == 1 and needle in lines[0], err
+
+
+@pytest.mark.parametrize("script, argv, needle", [
+    ("paper_size_step", ["--device", "cuda"], "device 'cuda' requested but CUDA is not available"),
+    ("paper_size_step", ["--batch-size", "0"], "--batch-size: must be >= 1, got 0"),
+    ("paper_size_step", ["--preset", "posttrain-tiny"], "--preset: invalid choice: 'posttrain-tiny'"),
+])
+def test_paper_size_step_bad_input_is_one_line(script, argv, needle, capsys, monkeypatch):
+    test_bad_input_is_one_line_before_any_model(script, argv, needle, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("preset", ["tadm-tiny", "mdlm-tiny"])
+def test_paper_size_step_runs_any_pretraining_preset_without_warnings(preset, capsys):
+    module = load("paper_size_step")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "Converting a tensor with requires_grad=True to a scalar"
+        module.main(["--preset", preset])
+    out = capsys.readouterr().out
+    assert f"{preset}: {preset}," in out and "one optimisation step:" in out and "loss " in out, out
