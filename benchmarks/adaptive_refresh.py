@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+from tadm.cli import OneLineErrorParser
+from tadm.cli.common import int_list, positive_int, seed_list, seed_value
+from tadm.config import ConfigError
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import load_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
@@ -83,32 +86,49 @@ def _write(path, record):
     tmp.replace(path)
 
 
+def _names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated model names, got {value!r} (an empty item)")
+    return names
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", help="study YAML or preset whose models are evaluated (trained already)")
-    p.add_argument("--models", default="tadm,tadm-fresh")
-    p.add_argument("--seeds", default="0,1")
-    p.add_argument("--steps", "-T", type=int, default=128)
-    p.add_argument("--match", default="4,8", help="fixed intervals K whose compute the adaptive policy matches")
-    p.add_argument("--num-samples", type=int, default=64)
-    p.add_argument("--calibration-samples", type=int, default=16)
-    p.add_argument("--bisection-steps", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0, help="evaluation generator seed (calibration uses seed + 1000)")
+    p.add_argument("--models", type=_names, default="tadm,tadm-fresh")
+    p.add_argument("--seeds", type=seed_list, default="0,1", help="training seeds of the models, comma-separated")
+    p.add_argument("--steps", "-T", type=positive_int, default=128)
+    p.add_argument("--match", type=int_list(1), default="4,8",
+                   help="fixed intervals K whose compute the adaptive policy matches")
+    p.add_argument("--num-samples", type=positive_int, default=64)
+    p.add_argument("--calibration-samples", type=positive_int, default=16)
+    p.add_argument("--bisection-steps", type=positive_int, default=8)
+    p.add_argument("--seed", type=seed_value, default=0,
+                   help="evaluation generator seed (calibration uses seed + 1000)")
     p.add_argument("--cells-dir", default=None, help="where cell files go (default: <study out_dir>/adaptive)")
     p.add_argument("--out", default=None, help="directory for results.json and report.md (default: the cells' dir)")
     args = p.parse_args(argv)
 
-    cfg = load_study_config(args.config)
-    study = open_study(cfg, log=print)
+    try:
+        cfg = load_study_config(args.config)
+        study = open_study(cfg, log=print)
+    except (ConfigError, ValueError) as err:
+        p.error(str(err))
     cells_dir = Path(args.cells_dir) if args.cells_dir else Path(cfg.out_dir) / "adaptive"
-    T = args.steps
-    matches = [int(k) for k in args.match.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
-    names = args.models.split(",")
+    T, matches, seeds, names = args.steps, args.match, args.seeds, args.models
     by_name = {m.name: m for m in cfg.models}
     unknown = [n for n in names if n not in by_name]
     if unknown:
         p.error(f"--models {','.join(unknown)}: not in study {cfg.name} (has {', '.join(by_name)})")
+    for name in names:
+        for seed in seeds:
+            if seed not in cfg.seeds_of(by_name[name]):
+                p.error(f"--seeds {seed}: model {name} of study {cfg.name} has seeds "
+                        f"{', '.join(map(str, cfg.seeds_of(by_name[name])))}")
+            if not study.layout.final_dir(name, seed).is_dir():
+                p.error(f"model {name} seed {seed} is not trained ({study.layout.final_dir(name, seed)} does not "
+                        f"exist); train the study first: tadm study {args.config} --stages train")
     started = time.perf_counter()
 
     # 1. samples: fixed K = 1, fixed K and calibrated adaptive per model and seed

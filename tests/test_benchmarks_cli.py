@@ -92,3 +92,33 @@ def test_paper_size_step_runs_any_pretraining_preset_without_warnings(preset, ca
         module.main(["--preset", preset])
     out = capsys.readouterr().out
     assert f"{preset}: {preset}," in out and "one optimisation step:" in out and "loss " in out, out
+
+
+def _study_yaml(tmp_path: Path, out_dir: Path) -> Path:
+    """The study-tiny preset with its out_dir moved to ``out_dir``."""
+    text = (Path(__file__).resolve().parents[1] / "src/tadm/configs/studies/study-tiny.yaml").read_text()
+    lines = [f"out_dir: {out_dir}" if line.startswith("out_dir:") else line for line in text.splitlines()]
+    path = tmp_path / "study.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--seeds", "a"], "--seeds: expected an integer, got 'a'"),
+    (["--match", "4,0"], "--match: must be >= 1, got 0"),
+    (["--num-samples", "0"], "--num-samples: must be >= 1, got 0"),
+    (["--models", "tadm,"], "--models: expected comma-separated model names"),
+    (["--models", "nope"], "--models nope: not in study study-tiny"),
+    (["--seeds", "7"], "--seeds 7: model tadm of study study-tiny has seeds 0, 1"),
+    ([], "model tadm seed 0 is not trained"),
+])
+def test_adaptive_refresh_bad_input_is_one_line(argv, needle, tmp_path, capsys):
+    module = load("adaptive_refresh")
+    config = _study_yaml(tmp_path, tmp_path / "untrained")
+    with pytest.raises(SystemExit) as exit_:
+        module.main([str(config), *argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and needle in lines[0], err
+    if not argv:
+        assert f"train the study first: tadm study {config} --stages train" in lines[0]
