@@ -79,6 +79,12 @@ def _read(path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _current(path, settings):
+    """The cell at ``path`` if it was made with ``settings`` (a cell from other settings, or none, is redone)."""
+    saved = _read(path)
+    return saved if saved is not None and saved.get("settings") == json.loads(json.dumps(settings)) else None
+
+
 def _write(path, record):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -107,7 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=seed_value, default=0,
                    help="evaluation generator seed (calibration uses seed + 1000)")
     p.add_argument("--cells-dir", default=None, help="where cell files go (default: <study out_dir>/adaptive)")
-    p.add_argument("--out", default=None, help="directory for results.json and report.md (default: the cells' dir)")
+    p.add_argument("--out", default=None, help="directory for results.json and table.md (default: the cells' dir)")
     args = p.parse_args(argv)
 
     try:
@@ -132,6 +138,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
 
     # 1. samples: fixed K = 1, fixed K and calibrated adaptive per model and seed
+    sample_files = []  # the cells asked for, in order: the scores and the table use these only
     for name in names:
         for seed in seeds:
             model = study.model(by_name[name], seed)
@@ -139,30 +146,38 @@ def main(argv=None) -> int:
             for K in matches:
                 policies.append(("fixed", K, FixedRefresh(K)))
                 cal_path = cells_dir / f"{name}-s{seed}" / f"calibration-T{T}-K{K}.json"
-                cal = _read(cal_path)
+                cal_settings = {"calibration_samples": args.calibration_samples,
+                                "bisection_steps": args.bisection_steps, "seed": args.seed + 1000}
+                cal = _current(cal_path, cal_settings)
                 if cal is None:
                     tau, mean = _calibrate(study, model, T, K, args.calibration_samples, args.seed + 1000,
                                            args.bisection_steps)
-                    cal = {"tau": tau, "calibration_mean_refreshes": mean, "target_refreshes": math.ceil(T / K)}
+                    cal = {"tau": tau, "calibration_mean_refreshes": mean, "target_refreshes": math.ceil(T / K),
+                           "settings": cal_settings}
                     _write(cal_path, cal)
                     print(f"[adaptive] {name} s{seed} T={T}: tau={tau:.4f} matches K={K} "
                           f"({mean:.2f} refreshes vs {math.ceil(T / K)})", flush=True)
                 policies.append(("adaptive", K, AdaptiveRefresh(cal["tau"])))
             for kind, K, policy in policies:
                 path = cells_dir / f"{name}-s{seed}" / f"samples-T{T}-{kind}-K{K}.json"
-                if _read(path) is not None:
+                if path not in sample_files:  # fixed K = 1 comes twice when --match has 1
+                    sample_files.append(path)
+                settings = {"num_samples": args.num_samples, "seed": args.seed, "policy": policy.config()}
+                if _current(path, settings) is not None:
                     continue
+                for stale in path.parent.glob(path.name.replace("samples-", "score-*-")):
+                    stale.unlink()  # scores of the samples replaced below
                 rows, refreshes, calls, seconds = _generate(study, model, T, policy, args.num_samples, args.seed)
                 _write(path, {"model": name, "seed": seed, "steps": T, "policy": policy.config(),
                               "label": policy.label(), "match_K": K, "kind": kind, "token_ids": rows,
-                              "refreshes": refreshes, "layer_calls": calls, "seconds": seconds})
+                              "refreshes": refreshes, "layer_calls": calls, "seconds": seconds, "settings": settings})
                 print(f"[adaptive] sampled {name} s{seed} {policy.label()}: mean refreshes "
                       f"{statistics.mean(refreshes):.2f}, {seconds:.1f}s", flush=True)
 
     # 2. scores under each evaluator (MAUVE with the first evaluator's features)
     sp = cfg.sampling
     ref_texts, ref_ids = study.reference()
-    sample_files = sorted(cells_dir.glob(f"*/samples-T{T}-*.json"))
+    sample_files.sort()
     mauve_evaluator = "ar" if "ar" in sp.evaluators else sp.evaluators[0]  # in-domain features when there are some
     for n_ev, ev_name in enumerate(sp.evaluators):
         todo = [f for f in sample_files if _read(f.with_name(f.name.replace("samples-", f"score-{ev_name}-"))) is None]

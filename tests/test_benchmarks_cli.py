@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -122,3 +124,36 @@ def test_adaptive_refresh_bad_input_is_one_line(argv, needle, tmp_path, capsys):
     assert exit_.value.code == 2 and len(lines) == 1 and needle in lines[0], err
     if not argv:
         assert f"train the study first: tadm study {config} --stages train" in lines[0]
+
+
+@pytest.mark.slow
+def test_adaptive_refresh_reruns_follow_the_settings_and_the_table_only_what_was_asked(tmp_path, capsys):
+    study_yaml = _study_yaml(tmp_path, tmp_path / "study")
+    text = study_yaml.read_text().replace("seeds: [0, 1]", "seeds: [0]")
+    study_yaml.write_text("\n".join(line for line in text.splitlines() if "kind: adlm" not in line
+                                    and "kind: mdlm" not in line) + "\n")
+    train = subprocess.run([sys.executable, "-m", "tadm", "study", str(study_yaml), "--stages", "train",
+                            "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr[-3000:]
+    module = load("adaptive_refresh")
+    small = ["--seeds", "0", "--steps", "8", "--match", "2", "--calibration-samples", "2", "--bisection-steps", "1"]
+    out = tmp_path / "out"
+
+    def run(*argv: str) -> list[dict]:
+        assert module.main([str(study_yaml), *small, "--out", str(out), *argv]) == 0
+        capsys.readouterr()
+        return json.loads((out / "results.json").read_text())["rows"]
+
+    rows = run("--models", "tadm", "--num-samples", "2")
+    assert [(r["model"], r["kind"], r["match_K"], r["num_samples"]) for r in rows] == [
+        ("tadm", "adaptive", 2, 2), ("tadm", "fixed", 1, 2), ("tadm", "fixed", 2, 2)]
+    # other settings into the same cells: the samples are made again (and scored again), not reused
+    rows = run("--models", "tadm", "--num-samples", "3", "--seed", "5")
+    assert {r["num_samples"] for r in rows} == {3} and all(r["gen_ppl_ar"] is not None for r in rows)
+    cell = json.loads((tmp_path / "study" / "adaptive" / "tadm-s0" / "samples-T8-fixed-K2.json").read_text())
+    assert cell["settings"]["seed"] == 5 and len(cell["token_ids"]) == 3
+    assert "3 sequences generated" in (out / "table.md").read_text()
+    # another model into the same cells: its rows only
+    rows = run("--models", "tadm-fresh", "--num-samples", "3", "--seed", "5")
+    assert {r["model"] for r in rows} == {"tadm-fresh"} and len(rows) == 3
+    assert "| tadm |" not in (out / "table.md").read_text()
