@@ -97,9 +97,10 @@ def test_paper_size_step_runs_any_pretraining_preset_without_warnings(preset, ca
 
 
 def _study_yaml(tmp_path: Path, out_dir: Path) -> Path:
-    """The study-tiny preset with its out_dir moved to ``out_dir``."""
+    """The study-tiny preset with its out_dir moved to ``out_dir`` and its token cache beside it."""
     text = (Path(__file__).resolve().parents[1] / "src/tadm/configs/studies/study-tiny.yaml").read_text()
     lines = [f"out_dir: {out_dir}" if line.startswith("out_dir:") else line for line in text.splitlines()]
+    lines = [line.replace("data: {", f"data: {{cache_dir: {tmp_path / 'cache'}, ", 1) for line in lines]
     path = tmp_path / "study.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
