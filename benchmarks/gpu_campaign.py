@@ -658,11 +658,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print_plan()
         return 0
+    if "all" in args.stage and len(args.stage) > 1:
+        print(f"gpu_campaign: error: --stage all runs every stage; give it alone, or name stages "
+              f"({', '.join(STAGES)}), got {' '.join(args.stage)}", file=sys.stderr)
+        return 2
     stages = list(STAGES) if args.stage == ["all"] else args.stage
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         print(f"gpu_campaign: error: unknown stage {', '.join(map(repr, unknown))}; valid: {', '.join(STAGES)} or all",
               file=sys.stderr)
+        return 2
+    if not args.budget_minutes > 0:
+        print(f"gpu_campaign: error: --budget-minutes must be > 0, got {args.budget_minutes}", file=sys.stderr)
         return 2
     try:
         from tadm.specs import resolve_device

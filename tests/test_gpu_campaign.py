@@ -41,6 +41,8 @@ def test_the_plan_names_every_stage_and_its_minutes():
     (["--stage", "e", "--device", "cpu"], "unknown stage 'e'; valid: a, b, c, d or all"),
     (["--device", "cuda:7"], "cuda:7"),
     (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--stage", "all", "b", "--device", "cpu"], "--stage all runs every stage; give it alone"),
+    (["--budget-minutes", "-1", "--device", "cpu"], "--budget-minutes must be > 0, got -1.0"),
 ])
 @pytest.mark.slow
 def test_bad_input_is_one_line(args, needle):
