@@ -83,7 +83,9 @@ def test_command_line_refuses_a_model_arg_given_twice(model_args, capsys):
 
 
 @pytest.mark.parametrize("model_args, task, flags, message", [
-    ("model=MODEL", "tiny_ll", [], "tadm model: 'loglikelihood' requests (tasks with output_type loglikelihood"),
+    pytest.param("model=MODEL", "tiny_ll", [],
+                 "tadm model: 'loglikelihood' requests (tasks with output_type loglikelihood",
+                 marks=pytest.mark.slow),  # lm-eval indexes its task registry: about 10 s
     pytest.param("model=MODEL", "tiny_echo", ["--apply_chat_template"], "its tokenizer has no chat template; run",
                  marks=pytest.mark.slow),
     pytest.param("model=tadm-tiny,tokenizer=MODEL", "tiny_echo", [], "tokenizer vocabulary (320) != model vocabulary",
