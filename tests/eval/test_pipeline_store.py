@@ -31,3 +31,22 @@ def test_a_sample_unit_records_a_noise_schedule_other_than_the_default():
     default = SamplerSection().spec()
     assert "schedule" not in default and SamplerSection(schedule="loglinear").spec() == default
     assert SamplerSection(schedule="cosine").spec() == default | {"schedule": "cosine"}
+
+
+def test_a_study_store_records_paths_inside_it_relative_and_a_sweep_store_as_given(tmp_path):
+    """A study's units name its models relative to its root (so a moved study keeps them) and still accept the
+    path as named; a sweep's units record the user's model paths exactly as given."""
+    study = PipelineStore(tmp_path / "study", relative_paths=True)
+    inside, outside = str(tmp_path / "study" / "models" / "tadm-s0" / "final"), str(tmp_path / "elsewhere" / "m")
+    assert study.recorded(inside) == "models/tadm-s0/final"
+    assert study.recorded(outside) == outside and study.recorded("smollm2-135m") == "smollm2-135m"
+    assert [form(inside) for form in study.forms] == ["models/tadm-s0/final", inside]
+    assert PipelineStore(Path("runs") / "study", relative_paths=True).recorded("runs/study/models/a/final") == \
+        "models/a/final"
+    sweep = PipelineStore(tmp_path / "study")
+    assert sweep.recorded(inside) == inside and [form(inside) for form in sweep.forms] == [inside]
+    cell = Cell(label="tadm", model_path=inside, steps=4, policy=parse_refresh(1))
+    store_spec = {"model": inside, "steps": 4}
+    sweep.save("samples/a.json", store_spec, {})
+    assert study.done_as_any("samples/a.json", [{"model": form(cell.model_path), "steps": 4} for form in study.forms])
+    assert not study.done_as_any("samples/a.json", [{"model": "models/other/final", "steps": 4}])

@@ -21,10 +21,11 @@ Settings every stage reads are one :class:`SamplingSettings`, with its sampler i
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ __all__ = ["MAUVE_SEED", "Cell", "PipelineStore", "SamplerSection", "SamplingSet
 
 MAUVE_SEED = 25  # mauve-text's default k-means seed
 Log = Callable[[str], None]
+PathForm = Callable[[str], str]  # how a unit spec writes a model or evaluator path
 
 
 # ========================================================================================= settings
@@ -172,7 +174,7 @@ class Cell:
     """One sampling configuration: a model (by its label in files and tables), T and a refresh policy."""
 
     label: str  # e.g. "tadm", "tadm-naive"
-    model_path: str  # what the model was loaded from (part of the unit's spec)
+    model_path: str  # what the model is loaded from (in unit specs as PipelineStore.recorded writes it)
     steps: int
     policy: RefreshPolicy
     seed: int | None = None  # training seed of a study's model; None for a sweep's
@@ -196,12 +198,43 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip("_") or "x"
 
 
+def _as_given(path: str) -> str:
+    return path
+
+
 class PipelineStore(UnitStore):
     """Where each stage's units live: ``samples/``, ``scores/EVALUATOR/`` and ``throughput.json``.
 
     Each ``*_path`` is relative to the store's root, as :meth:`~tadm.records.UnitStore.load`, ``save`` and
-    ``done`` take it.
+    ``done`` take it. With ``relative_paths`` (a study's store, whose models live under its root), the unit
+    specs write a model or evaluator path inside the root relative to it, so that the same store named by
+    another path (absolute or relative, from another working directory) or moved keeps its finished units.
+    A sweep's store writes the paths as given: its models are the user's, outside it.
     """
+
+    def __init__(self, root: str | os.PathLike[str], *, relative_paths: bool = False) -> None:
+        super().__init__(root)
+        self.relative_paths = relative_paths
+
+    def recorded(self, path: str) -> str:
+        """``path`` as new unit specs write it (see the class docstring)."""
+        if self.relative_paths:
+            try:
+                return PurePath(path).relative_to(self.root).as_posix()
+            except ValueError:  # outside the root (an evaluator name, a model elsewhere): as given
+                pass
+        return path
+
+    @property
+    def forms(self) -> list[PathForm]:
+        """The ways a unit's spec may write its paths and still be this unit: as new units record them, then
+        (for relative paths) as given, as units written before paths were recorded relative hold them at the
+        same location."""
+        return [self.recorded, _as_given] if self.relative_paths else [_as_given]
+
+    def done_as_any(self, relative: str | os.PathLike[str], specs: Sequence[Any]) -> bool:
+        """Whether the unit holds one of ``specs`` (the same spec in each of :attr:`forms`)."""
+        return any(self.done(relative, spec) for spec in specs)
 
     def sample_path(self, cell: Cell) -> Path:
         return Path("samples") / cell.stem / f"T{cell.steps}-K{cell.refresh}.json"
@@ -215,8 +248,10 @@ class PipelineStore(UnitStore):
         return Path("throughput.json")
 
 
-def sample_spec(cell: Cell, settings: SamplingSettings, length: int) -> dict[str, Any]:
-    return {"model": cell.model_path, "naive": cell.naive, "steps": cell.steps, "refresh": cell.refresh,
+def sample_spec(cell: Cell, settings: SamplingSettings, length: int,
+                form: PathForm = _as_given) -> dict[str, Any]:
+    """What a sample unit depends on, its model path written by ``form`` (a :attr:`PipelineStore.forms`)."""
+    return {"model": form(cell.model_path), "naive": cell.naive, "steps": cell.steps, "refresh": cell.refresh,
             "length": length, "num_samples": settings.num_samples, "batch_size": settings.batch_size,
             "seed": settings.seed, **settings.sampler.spec(), "dtype": settings.dtype}
 
@@ -255,8 +290,9 @@ def sample_cells(run: Run, cells: Sequence[Cell]) -> None:
     amp = resolve_dtype(s.dtype)
     device = run.device
     for cell in cells:
-        spec, path = sample_spec(cell, s, run.length), run.store.sample_path(cell)
-        if run.store.done(path, spec):
+        specs = [sample_spec(cell, s, run.length, form) for form in run.store.forms]
+        path = run.store.sample_path(cell)
+        if run.store.done_as_any(path, specs):
             run.skipped.append(f"sample {_unit(cell)}")
             continue
         model = run.model_of(cell)
@@ -270,8 +306,8 @@ def sample_cells(run: Run, cells: Sequence[Cell]) -> None:
             rows.extend(out.tokens.cpu().tolist())
             calls = out.layer_calls.as_dict()
         seconds = time.perf_counter() - start
-        run.store.save(path, spec, {"sampler": sampler_name, "token_ids": rows, "layer_calls_last_batch": calls,
-                                    "seconds": seconds})
+        run.store.save(path, specs[0], {"sampler": sampler_name, "token_ids": rows,
+                                        "layer_calls_last_batch": calls, "seconds": seconds})
         run.done(f"sample {_unit(cell)}", seconds)
 
 
@@ -296,7 +332,8 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
                 load: Callable[[str], Any] | None = None) -> None:
     """Stage 2: per evaluator, Gen PPL, MAUVE (features from the same pass) and entropy of every sample set.
 
-    ``evaluator_spec(name)`` is the loadable spec of an evaluator name (recorded in the units);
+    ``evaluator_spec(name)`` is the loadable spec of an evaluator name (recorded in the units as the store
+    writes a path, :meth:`PipelineStore.recorded`);
     ``load(name)`` returns the evaluator (default: :func:`~tadm.eval.evaluator.load_evaluator` of its
     spec), only when some unit needs it; ``reference()`` returns the held-out texts and their ids.
     """
@@ -305,15 +342,18 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
     if use_mauve and s.num_samples < s.mauve_min_samples:
         run.log(f"note: MAUVE is not computed: {s.num_samples} samples per cell < the minimum of "
                 f"{s.mauve_min_samples} (raise the sample count, or lower mauve_min_samples knowingly)")
+    forms = run.store.forms
     for name in s.evaluators:
         spec_of = evaluator_spec(name)
-        base = {"evaluator": spec_of, "reference": s.reference, "reference_split": s.reference_split,
-                "reference_blocks": "whole", "mauve": use_mauve, "mauve_min_samples": s.mauve_min_samples}
-        data_path, data_spec = run.store.score_path(name, None), {**base, "num_samples": s.num_samples,
-                                                                   "length": run.length}
-        need_data = s.reference is not None and not run.store.done(data_path, data_spec)
-        todo = [(c, {**base, "samples": sample_spec(c, s, run.length)}) for c in cells]
-        todo = [(c, spec) for c, spec in todo if not run.store.done(run.store.score_path(name, c), spec)]
+        bases = [{"evaluator": form(spec_of), "reference": s.reference, "reference_split": s.reference_split,
+                  "reference_blocks": "whole", "mauve": use_mauve, "mauve_min_samples": s.mauve_min_samples}
+                 for form in forms]
+        data_path = run.store.score_path(name, None)
+        data_specs = [{**base, "num_samples": s.num_samples, "length": run.length} for base in bases]
+        need_data = s.reference is not None and not run.store.done_as_any(data_path, data_specs)
+        todo = [(c, [{**base, "samples": sample_spec(c, s, run.length, form)} for base, form in zip(bases, forms)])
+                for c in cells]
+        todo = [(c, specs) for c, specs in todo if not run.store.done_as_any(run.store.score_path(name, c), specs)]
         run.skipped += [f"score {name} data"] if s.reference is not None and not need_data else []
         run.skipped += [f"score {name} {_unit(c)}" for c in cells if c not in {t[0] for t in todo}]
         if not todo and not need_data:
@@ -327,32 +367,32 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
             ref = gen_ppl(ref_texts, evaluator, batch_size=s.eval_batch_size, features=use_mauve, progress=run.progress)
             ref_features = ref.features
             if need_data:
-                run.store.save(data_path, data_spec, {"gen_ppl": ref.gen_ppl, "gen_ppl_nll": ref.nll,
-                                                      "gen_ppl_tokens": ref.num_tokens, "entropy": mean_entropy(ref_ids),
-                                                      "num_texts": len(ref_texts)})
+                run.store.save(data_path, data_specs[0], {
+                    "gen_ppl": ref.gen_ppl, "gen_ppl_nll": ref.nll, "gen_ppl_tokens": ref.num_tokens,
+                    "entropy": mean_entropy(ref_ids), "num_texts": len(ref_texts)})
                 run.done(f"score {name} data", time.perf_counter() - start)
-        for cell, spec in todo:
+        for cell, specs in todo:
             start = time.perf_counter()
             ids = run.store.load(run.store.sample_path(cell))["token_ids"]
             texts = decode_samples(ids, tokenizer)
             ppl = gen_ppl(texts, evaluator, batch_size=s.eval_batch_size, features=ref_features is not None,
                           progress=run.progress)
-            run.store.save(run.store.score_path(name, cell), spec, {
+            run.store.save(run.store.score_path(name, cell), specs[0], {
                 "gen_ppl": ppl.gen_ppl, "gen_ppl_nll": ppl.nll, "gen_ppl_tokens": ppl.num_tokens,
                 "entropy": mean_entropy(ids), **_mauve(s, ref_features, ppl.features, len(texts))})
             run.done(f"score {name} {_unit(cell)}", time.perf_counter() - start)
 
 
-def timed_sample_spec(run: Run, cell: Cell) -> dict[str, Any]:
+def timed_sample_spec(run: Run, cell: Cell, form: PathForm = _as_given) -> dict[str, Any]:
     """What the timing of ``cell`` depends on: its sample spec less the sample count and batch."""
     length = run.length_of(cell) if run.length_of else run.length
-    return sample_spec(cell, run.settings, length) | {"num_samples": None, "batch_size": None}
+    return sample_spec(cell, run.settings, length, form) | {"num_samples": None, "batch_size": None}
 
 
-def time_spec(run: Run, cells: Sequence[Cell]) -> dict[str, Any]:
+def time_spec(run: Run, cells: Sequence[Cell], form: PathForm = _as_given) -> dict[str, Any]:
     s = run.settings
     return {"cells": [[c.label, c.seed, c.steps, c.refresh] for c in cells],
-            "samples": [timed_sample_spec(run, c) for c in cells],
+            "samples": [timed_sample_spec(run, c, form) for c in cells],
             "generations": s.throughput_generations, "warmup": s.throughput_warmup,
             "batch_size": s.throughput_batch_size, "device": str(run.device)}
 
@@ -362,8 +402,8 @@ def time_cells(run: Run, cells: Sequence[Cell]) -> None:
     s = run.settings
     if s.throughput_generations == 0 or not cells:
         return
-    spec = time_spec(run, cells)
-    if run.store.done(run.store.throughput_path, spec):
+    specs = [time_spec(run, cells, form) for form in run.store.forms]
+    if run.store.done_as_any(run.store.throughput_path, specs):
         run.skipped.append("throughput")
         return
     length = run.length_of or (lambda cell: run.length)
@@ -379,7 +419,7 @@ def time_cells(run: Run, cells: Sequence[Cell]) -> None:
                                      seed=s.seed, progress=run.progress)
     rows = [{"model": key[0], "seed": key[1], "steps": key[2], "refresh": key[3], **r.as_dict()}
             for key, r in results.items()]
-    run.store.save(run.store.throughput_path, spec, {"rows": rows, "torch_threads": torch.get_num_threads()})
+    run.store.save(run.store.throughput_path, specs[0], {"rows": rows, "torch_threads": torch.get_num_threads()})
     run.done("throughput", time.perf_counter() - start)
 
 
@@ -400,7 +440,9 @@ def cell_rows(run: Run, cells: Sequence[Cell], evaluator: str, *, split_of: Call
         counted = (sample.get("layer_calls_last_batch") or {}).get("total")
         calls = _calls(split_of(cell), cell, counted)
         # timings of a cell whose sampling settings changed since are not its timings
-        t = tps.get(cell.key, {}) if same_spec({"spec": made_as.get(cell.key)}, timed_sample_spec(run, cell)) else {}
+        made = {"spec": made_as.get(cell.key)}
+        same = any(same_spec(made, timed_sample_spec(run, cell, form)) for form in run.store.forms)
+        t = tps.get(cell.key, {}) if same else {}
         baseline = cell.steps * baseline_layers
         rows.append({
             "evaluator": evaluator, "model": cell.label, "path": cell.model_path, "seed": cell.seed,

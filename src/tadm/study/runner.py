@@ -19,7 +19,10 @@ only rebuilds the report. The units, in order:
    (:mod:`tadm.study.report`).
 
 A unit whose file holds another spec is an error for trained models (retraining would silently
-discard hours of work: use another ``out_dir``) and is redone for evaluations.
+discard hours of work: use another ``out_dir``) and is redone for evaluations. Specs write the paths
+inside ``out_dir`` (the models, the in-domain evaluator) relative to it, so that the study named by another
+path or moved keeps its units; a record that holds them as they are named now (as units were written before)
+still counts.
 """
 
 from __future__ import annotations
@@ -122,8 +125,10 @@ def _training_identity(spec: Any) -> Any:
     return spec
 
 
-def _done(path: Path, spec: Any) -> bool:
-    return same_spec(read_json(path), spec)
+def _done(path: Path, specs: list[Any]) -> bool:
+    """Whether the unit record ``path`` holds one of ``specs`` (one spec in each of the store's path forms)."""
+    payload = read_json(path)
+    return any(same_spec(payload, spec) for spec in specs)
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -140,6 +145,8 @@ class _Study:
         self.log = log
         self.progress = progress
         self.out = StudyOutput(out_dir=self.layout.root)
+        # every unit spec writes the study's model paths relative to out_dir: a moved study keeps its units
+        self.store = PipelineStore(self.layout.root, relative_paths=True)
         self.device = resolve_device(cfg.sampling.device)
         self._models: dict[tuple[str, int, bool], Any] = {}
         self._tokenizer: Any = None
@@ -297,30 +304,31 @@ class _Study:
         discrete = st.discrete_steps or min(st.steps)
         for m, seed in self.units():
             final = str(self.layout.final_dir(m.name, seed))
-            spec = {"model": final, "t_samples": st.t_samples, "seed": st.eval_seeds[0], "batch_size": st.batch_size,
-                    "max_blocks": st.max_blocks, "schedule": schedule}
+            specs = [{"model": form(final), "t_samples": st.t_samples, "seed": st.eval_seeds[0],
+                      "batch_size": st.batch_size, "max_blocks": st.max_blocks, "schedule": schedule}
+                     for form in self.store.forms]
             path = self.layout.eval_file(m.name, seed, "likelihood")
             unit = f"likelihood {m.name} seed {seed}"
-            if _done(path, spec):
+            if _done(path, specs):
                 self.out.skipped.append(unit)
             else:
                 start = time.perf_counter()
                 result = evaluate_likelihood(self.model(m, seed), self.val_blocks, num_t_samples=st.t_samples,
                                              seed=st.eval_seeds[0], **common)
-                write_json(path, {"spec": spec, "result": result.as_dict(), "seconds": time.perf_counter() - start})
+                write_json(path, {"spec": specs[0], "result": result.as_dict(), "seconds": time.perf_counter() - start})
                 self._ran(unit, time.perf_counter() - start)
             if not self.anchored(m):
                 continue
             for naive in self.variants(m, st.naive):
                 for eval_seed in st.eval_seeds:
                     what = f"staleness{'-naive' if naive else ''}-e{eval_seed}"
-                    spec = {"model": final, "naive": naive, "steps": st.steps, "max_age": st.max_age,
-                            "refresh": st.refresh, "discrete_steps": discrete, "uninformative": st.uninformative,
-                            "t_samples": st.t_samples, "batch_size": st.batch_size, "max_blocks": st.max_blocks,
-                            "seed": eval_seed, "schedule": schedule}
+                    specs = [{"model": form(final), "naive": naive, "steps": st.steps, "max_age": st.max_age,
+                              "refresh": st.refresh, "discrete_steps": discrete, "uninformative": st.uninformative,
+                              "t_samples": st.t_samples, "batch_size": st.batch_size, "max_blocks": st.max_blocks,
+                              "seed": eval_seed, "schedule": schedule} for form in self.store.forms]
                     path = self.layout.eval_file(m.name, seed, what)
                     unit = f"staleness {self.label(m, naive)} seed {seed} eval-seed {eval_seed}"
-                    if _done(path, spec):
+                    if _done(path, specs):
                         self.out.skipped.append(unit)
                         continue
                     model = self.model(m, seed, naive)
@@ -333,7 +341,7 @@ class _Study:
                                                   refresh_intervals=st.refresh, seed=eval_seed, progress=self.progress,
                                                   **common)
                     end = time.perf_counter()
-                    write_json(path, {"spec": spec, "staleness": stale.as_dict(), "cached": cached.as_dict(),
+                    write_json(path, {"spec": specs[0], "staleness": stale.as_dict(), "cached": cached.as_dict(),
                                        "seconds": {"staleness": mid - start, "cached": end - mid}})
                     self._ran(unit, end - start)
 
@@ -361,7 +369,7 @@ class _Study:
             m, seed = by_path[cell.model_path]
             return self.model(m, seed, cell.naive)
 
-        return Run(PipelineStore(self.layout.root), self.cfg.sampling, self.length(), model_of,
+        return Run(self.store, self.cfg.sampling, self.length(), model_of,
                    log=lambda line: self.log(f"[study] {line}"), progress=self.progress)
 
     def _pipeline_stage(self, stage: Callable[..., None], **kwargs: Any) -> None:
@@ -375,7 +383,8 @@ class _Study:
         self._pipeline_stage(sample_cells)
 
     def evaluator_spec(self, name: str) -> str:
-        """The loadable spec of an evaluator name (the in-domain AR is the first seed of the AR model)."""
+        """The loadable spec of an evaluator name (the in-domain AR is the first seed of the AR model; its units
+        record its path relative to out_dir, :meth:`PipelineStore.recorded`)."""
         if name == IN_DOMAIN_EVALUATOR:
             ar = next(m for m in self.cfg.models if m.kind == "ar")
             return str(self.layout.final_dir(ar.name, self.cfg.seeds_of(ar)[0]))
