@@ -203,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     args.dtype = args.dtype or preset["dtype"]
     if 1 not in args.refresh:
         p.error("--refresh must include 1 (the reference of the speedup)")
+    if args.compile != "none" and args.warmup == 0:
+        p.error("--compile needs --warmup >= 1: the first generation of each cell compiles, and would be timed")
     torch.manual_seed(0)
     models = {name: preset["models"][name] for name in args.models}
     cells = build_cells(args, models, device)

@@ -47,6 +47,7 @@ BAD_INPUTS = [
     ("bench_gpu", ["--steps", "0"], "--steps/-T: must be >= 1, got 0"),
     ("bench_gpu", ["--repeats", "0"], "--repeats: must be >= 1, got 0"),
     ("bench_gpu", ["--warmup", "-1"], "--warmup: must be >= 0, got -1"),
+    ("bench_gpu", ["--compile", "default", "--warmup", "0"], "--compile needs --warmup >= 1"),
     ("bench_gpu", ["--batch-sizes", "0"], "--batch-sizes: must be >= 1, got 0"),
     ("bench_gpu", ["--sampler", "bogus"], "--sampler: invalid choice: 'bogus'"),
     ("bench_gpu", ["--peak-tflops", "0"], "--peak-tflops: must be a finite number > 0"),
