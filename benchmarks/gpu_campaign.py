@@ -24,7 +24,7 @@ requirement) nor mauve-text. ``bash benchmarks/gpu_wheels.sh`` downloads those w
 and, there, ``python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl`` and
 ``export PYTHONPATH=/tmp/site:$PWD/src`` before this script (it starts tadm as ``python -m tadm``). To install tadm
 itself there instead, ``pip install --no-deps --no-build-isolation -e .``: without network pip cannot fetch the
-build's setuptools into an isolated environment.
+build's setuptools (>= 77) into an isolated environment.
 """
 
 from __future__ import annotations
