@@ -114,12 +114,27 @@ def test_units_recorded_with_the_paths_as_named_still_count(finished, tmp_path, 
     assert redone["model"] == "models/tadm-s0/final"
 
 
+def test_a_study_recorded_before_paths_were_relative_and_moved_since_keeps_its_units(finished, tmp_path,
+                                                                                    monkeypatch):
+    study = _copy(finished, tmp_path / "study")
+    for name, text in _unit_records(study).items():  # as written under the path the study had then
+        record = json.loads(text)
+        (study / name).write_text(json.dumps({**record, "spec": _as_named(record["spec"], Path("/scratch/old"))}))
+    legacy = _unit_records(study)
+    assert all("/scratch/old/models/" in text for text in legacy.values())
+    _nothing_recomputed(monkeypatch)
+    out = run_study(_config(tmp_path, study), **QUIET)
+    assert out.ran == [] and sorted(u for u in out.skipped if u in UNITS) == sorted(UNITS)
+    rows = [r for r in json.loads((study / "results.json").read_text())["samples"] if r["model"] == "tadm"]
+    assert rows and all(r["tokens_per_second"] > 0 for r in rows)
+
+
 def test_units_whose_spec_differs_are_redone_in_a_moved_study(finished, tmp_path):
     moved = _copy(finished, tmp_path / "moved")
-    # a record of another study's model at the same place is not this unit
+    # a record of another model at the same place is not this unit
     path = moved / "evals" / "ar-s0" / "likelihood.json"
     record = json.loads(path.read_text())
-    path.write_text(json.dumps({**record, "spec": {**record["spec"], "model": "/other/study/models/ar-s0/final"}}))
+    path.write_text(json.dumps({**record, "spec": {**record["spec"], "model": "/other/study/models/ar-s1/final"}}))
     out = run_study(_config(tmp_path, moved, **{"sampling.seed": 5}), **QUIET)
     assert sorted(out.ran) == sorted(["likelihood ar seed 0", "sample tadm seed 0 T=4 K=1",
                                       "sample tadm seed 0 T=4 K=2", "score ar tadm seed 0 T=4 K=1",

@@ -202,6 +202,26 @@ def _as_given(path: str) -> str:
     return path
 
 
+def _strings(value: Any) -> set[str]:
+    """Every string in a JSON-like ``value``."""
+    if isinstance(value, dict):
+        return set().union(*map(_strings, value.values()))
+    if isinstance(value, (list, tuple)):
+        return set().union(*map(_strings, value))
+    return {value} if isinstance(value, str) else set()
+
+
+def _relocated(value: Any, tails: set[str]) -> Any:
+    """``value`` with each string that ends in ``/TAIL`` (for a TAIL of ``tails``) written as TAIL."""
+    if isinstance(value, dict):
+        return {key: _relocated(item, tails) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_relocated(item, tails) for item in value]
+    if isinstance(value, str):
+        return next((tail for tail in tails if value.endswith("/" + tail)), value)
+    return value
+
+
 class PipelineStore(UnitStore):
     """Where each stage's units live: ``samples/``, ``scores/EVALUATOR/`` and ``throughput.json``.
 
@@ -232,9 +252,24 @@ class PipelineStore(UnitStore):
         same location."""
         return [self.recorded, _as_given] if self.relative_paths else [_as_given]
 
+    def holds(self, payload: Any, specs: Sequence[Any]) -> bool:
+        """Whether a unit record ``payload`` holds one of ``specs`` (the same spec in each of :attr:`forms`).
+
+        With ``relative_paths``, a record written before paths were recorded relative counts too, wherever the
+        store was then: each of its paths that ends in one of the relative paths of ``specs[0]`` (its strings
+        that name something under the root, such as ``models/tadm-s0/final``) is read as that path.
+        """
+        if any(same_spec(payload, spec) for spec in specs):
+            return True
+        if not (self.relative_paths and specs and isinstance(payload, dict)):
+            return False
+        tails = {text for text in _strings(specs[0])
+                 if "/" in text and not PurePath(text).is_absolute() and (self.root / text).exists()}
+        return bool(tails) and same_spec({"spec": _relocated(payload.get("spec"), tails)}, specs[0])
+
     def done_as_any(self, relative: str | os.PathLike[str], specs: Sequence[Any]) -> bool:
-        """Whether the unit holds one of ``specs`` (the same spec in each of :attr:`forms`)."""
-        return any(self.done(relative, spec) for spec in specs)
+        """Whether the unit at ``relative`` holds one of ``specs`` (:meth:`holds`)."""
+        return self.holds(self.load(relative), specs)
 
     def sample_path(self, cell: Cell) -> Path:
         return Path("samples") / cell.stem / f"T{cell.steps}-K{cell.refresh}.json"
@@ -441,7 +476,7 @@ def cell_rows(run: Run, cells: Sequence[Cell], evaluator: str, *, split_of: Call
         calls = _calls(split_of(cell), cell, counted)
         # timings of a cell whose sampling settings changed since are not its timings
         made = {"spec": made_as.get(cell.key)}
-        same = any(same_spec(made, timed_sample_spec(run, cell, form)) for form in run.store.forms)
+        same = run.store.holds(made, [timed_sample_spec(run, cell, form) for form in run.store.forms])
         t = tps.get(cell.key, {}) if same else {}
         baseline = cell.steps * baseline_layers
         rows.append({

@@ -21,8 +21,7 @@ only rebuilds the report. The units, in order:
 A unit whose file holds another spec is an error for trained models (retraining would silently
 discard hours of work: use another ``out_dir``) and is redone for evaluations. Specs write the paths
 inside ``out_dir`` (the models, the in-domain evaluator) relative to it, so that the study named by another
-path or moved keeps its units; a record that holds them as they are named now (as units were written before)
-still counts.
+path or moved keeps its units; a record written before, with the paths the study had then, still counts.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import cached_process_nelbo, evaluate_likelihood, packed_eval_blocks, stale_anchor_nelbo
 from tadm.eval.pipeline import Cell, PipelineStore, Run, sample_cells, score_cells, time_cells
 from tadm.nn import NaiveReuse, load_model
-from tadm.records import git_commit, machine_info, read_json, same_spec, write_json
+from tadm.records import git_commit, machine_info, read_json, write_json
 from tadm.sampling.refresh import parse_refresh
 from tadm.study.config import IN_DOMAIN_EVALUATOR, MODEL_KINDS, StudyConfig, StudyModel, model_experiment_config
 from tadm.study.report import write_report
@@ -123,12 +122,6 @@ def _training_identity(spec: Any) -> Any:
                 except ValueError:  # a tokenizer outside the study (a named one, or a directory elsewhere)
                     pass
     return spec
-
-
-def _done(path: Path, specs: list[Any]) -> bool:
-    """Whether the unit record ``path`` holds one of ``specs`` (one spec in each of the store's path forms)."""
-    payload = read_json(path)
-    return any(same_spec(payload, spec) for spec in specs)
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -309,7 +302,7 @@ class _Study:
                      for form in self.store.forms]
             path = self.layout.eval_file(m.name, seed, "likelihood")
             unit = f"likelihood {m.name} seed {seed}"
-            if _done(path, specs):
+            if self.store.holds(read_json(path), specs):
                 self.out.skipped.append(unit)
             else:
                 start = time.perf_counter()
@@ -328,7 +321,7 @@ class _Study:
                               "seed": eval_seed, "schedule": schedule} for form in self.store.forms]
                     path = self.layout.eval_file(m.name, seed, what)
                     unit = f"staleness {self.label(m, naive)} seed {seed} eval-seed {eval_seed}"
-                    if _done(path, specs):
+                    if self.store.holds(read_json(path), specs):
                         self.out.skipped.append(unit)
                         continue
                     model = self.model(m, seed, naive)
