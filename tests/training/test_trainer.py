@@ -285,7 +285,7 @@ def test_tensorboard_is_optional(tmp_path: Path) -> None:
     try:
         import tensorboard  # noqa: F401
     except ImportError:
-        with pytest.warns(UserWarning, match="pip install tensorboard"):
+        with pytest.warns(UserWarning, match=r"pip install 'tadm\[tracking\]'"):
             log = MetricsLogger(tmp_path, loggers=["jsonl", "tensorboard"])
         installed = False
     else:

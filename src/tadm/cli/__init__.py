@@ -99,7 +99,7 @@ def debug_requested(args: argparse.Namespace | None = None) -> bool:
 
 
 def _install_hint(command: str, err: BaseException) -> str:
-    """" (pip install 'tadm[EXTRA]')" for an optional package that is not installed, else ""."""
+    """The install hint ``(pip install 'tadm[EXTRA]')`` for an optional package that is missing, else ''."""
     if not isinstance(err, ModuleNotFoundError) or "pip install" in str(err):
         return ""
     top = (err.name or "").split(".")[0]

@@ -333,7 +333,7 @@ def _load_hf(source: str, *, name: str, device: torch.device | str, dtype: torch
         import transformers
         from transformers.utils import logging as hf_logging
     except ImportError as err:
-        raise ImportError("a Hugging Face evaluator needs `pip install transformers`") from err
+        raise ImportError("a Hugging Face evaluator needs transformers: pip install 'tadm[eval]'") from err
 
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()

@@ -140,7 +140,7 @@ def mauve_from_features(
         # deferred: mauve-text is an optional dependency (the eval extra; GPL-3.0, loaded only for MAUVE)
         import mauve
     except ImportError as err:
-        raise ImportError("MAUVE needs `pip install mauve-text`") from err
+        raise ImportError("MAUVE needs mauve-text: pip install 'tadm[eval]'") from err
     p = np.asarray(p_features, dtype=np.float32)
     q = np.asarray(q_features, dtype=np.float32)
     if p.ndim != 2 or q.ndim != 2 or p.shape[1] != q.shape[1]:

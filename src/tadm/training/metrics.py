@@ -71,8 +71,9 @@ def _warn(message: str) -> None:
 
 
 def _not_installed(package: str) -> None:
+    install = "'tadm[tracking]'" if package == "tensorboard" else package
     warnings.warn(f"train.loggers names {package} but the {package} package is not installed (pip install "
-                  f"{package}); logging to metrics.jsonl only", stacklevel=4)
+                  f"{install}); logging to metrics.jsonl only", stacklevel=4)
 
 
 def _tensorboard_writer(log_dir: Path, purge_step: int) -> Any:
