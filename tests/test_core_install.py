@@ -91,6 +91,14 @@ def test_the_command_line_imports_and_a_command_needing_an_extra_names_it(tmp_pa
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, run.stderr
     assert "No module named 'transformers' (pip install 'tadm[posttrain]')" in lines[0]
+    # before the model is loaded (tadm-tiny has no tokenizer: loading it would fail first)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "split.jsonl").write_text('{"problem": "1+2", "answer": "3"}\n')
+    run = tadm_without_extras("eval", "tasks", "--model", "tadm-tiny", "--tasks", "split", "--data-dir",
+                              str(tmp_path / "data"), "--out", str(tmp_path / "tasks"), cwd=tmp_path)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert "needs lm-eval: pip install 'tadm[tasks]'" in lines[0]
     run = tadm_without_extras("--model", "tadm", "--tasks", "x", entry="tadm.tasks.lm_eval_cli", cwd=tmp_path)
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip() == "tadm-lm-eval: error: the tadm lm-eval model needs lm-eval: pip install 'tadm[tasks]'"
@@ -107,10 +115,3 @@ def test_the_main_job_runs_without_extras(tmp_path):
     run = tadm_without_extras("sample", "--model", str(out / "final"), "--batch-size", "1", "--length", "16",
                               "--steps", "4", "-K", "2", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "split.jsonl").write_text('{"problem": "1+2", "answer": "3"}\n')
-    run = tadm_without_extras("eval", "tasks", "--model", str(out / "final"), "--tasks", "split", "--data-dir",
-                              str(tmp_path / "data"), "--out", str(tmp_path / "tasks"), cwd=tmp_path)
-    lines = run.stderr.strip().splitlines()
-    assert run.returncode == 2 and len(lines) == 1, run.stderr
-    assert "needs lm-eval: pip install 'tadm[tasks]'" in lines[0]

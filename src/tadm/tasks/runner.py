@@ -274,6 +274,7 @@ def _generate_all(cfg: TaskRunConfig, store: UnitStore, units: list[_Unit],
         todo = [u for u in units if u.method.adapter == with_adapter and not store.done(u.path, u.spec)]
         if not todo:
             continue
+        register_lm_eval_model()  # without lm-eval, fail before a model load that may take minutes
         generator = load(cfg, with_adapter)
         for unit in todo:
             result = run_unit(_generator_for(generator, cfg, unit.method), cfg, unit.bench, unit.data, unit.seed)
