@@ -90,6 +90,12 @@ def test_sweep_writes_results_table_and_plots(world, tmp_path, monkeypatch):
     assert len(resampled) == 2 and all(r["sampler"] == "remdm-loop" for r in resampled)
     assert all(r["tokens_per_second"] is None and r["throughput_generations"] is None for r in resampled)
     assert "Throughput: not timed." in other.files["table"].read_text()
+    # without matplotlib the tables are written and the plots skipped with a warning
+    monkeypatch.setattr(sweep_mod, "can_plot", lambda: False)
+    with pytest.warns(UserWarning, match=r"plots skipped: matplotlib is not installed \(pip install 'tadm\[eval\]'\)"):
+        plain = run_sweep(config(world, tmp_path / "sweep", throughput_generations=0), progress=False,
+                          log=lambda m: None)
+    assert set(plain.files) == {"json", "csv", "table"} and plain.files["table"].is_file()
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import tadm.eval.pipeline as pipeline_mod
+import tadm.study.report as report_mod
 import tadm.study.runner as runner_mod
 from tadm.study import load_study_config, run_study
 from tests.study.test_study import write_config
@@ -140,3 +141,13 @@ def test_units_whose_spec_differs_are_redone_in_a_moved_study(finished, tmp_path
                                       "sample tadm seed 0 T=4 K=2", "score ar tadm seed 0 T=4 K=1",
                                       "score ar tadm seed 0 T=4 K=2", "throughput"])
     assert json.loads(path.read_text())["spec"]["model"] == "models/ar-s0/final"
+
+
+def test_without_matplotlib_the_report_is_written_and_the_plots_skipped(finished, tmp_path, monkeypatch):
+    study = _copy(finished, tmp_path / "study")
+    shutil.rmtree(study / "plots")
+    monkeypatch.setattr(report_mod, "can_plot", lambda: False)
+    with pytest.warns(UserWarning, match="plots skipped: matplotlib is not installed"):
+        run_study(_config(tmp_path, study), stages=("report",), **QUIET)
+    assert (study / "report.md").is_file() and (study / "results.csv").is_file()
+    assert not (study / "plots").exists()

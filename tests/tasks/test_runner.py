@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+import tadm.tasks.task_tables as task_tables_mod
 from tadm.tasks.runner import TaskRunConfig, methods, run_tasks
 from tadm.eval.significance import sign_test
 from tadm.tasks.task_tables import prompt_comparison
@@ -134,6 +135,15 @@ def test_accuracy_tables_and_resume(data_dir, tmp_path):
     assert more.ran == 3 * 5 and again == [True]
     changed = run_fake(config(data_dir, out, max_gen_toks=64))  # another spec: every unit runs again
     assert changed.ran == 3 * 5 * 2
+
+
+def test_without_matplotlib_the_tables_are_written_and_the_plot_skipped(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(task_tables_mod, "can_plot", lambda: False)
+    out = tmp_path / "out"
+    with pytest.warns(UserWarning, match="plots skipped: matplotlib is not installed"):
+        result = run_fake(config(data_dir, out, tasks="gsm8k", seeds=[0]))
+    assert "plot" not in result.files and not (out / "accuracy_vs_k.png").exists()
+    assert (out / "table.md").is_file() and json.loads((out / "results.json").read_text())["cells"]
 
 
 def test_the_table_states_the_generation_length_used(data_dir, tmp_path):

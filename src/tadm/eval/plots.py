@@ -16,6 +16,7 @@ plotting works without a display and importing this module costs nothing.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from collections.abc import Sequence
@@ -24,8 +25,18 @@ from typing import Any
 
 from tadm.eval.report import refresh_label, refresh_order, refresh_value
 
-__all__ = ["pareto_front", "plot_genppl_vs_refresh", "plot_genppl_vs_throughput", "plot_nelbo_vs_age", "plot_pareto",
-           "plot_task_accuracy_vs_refresh", "write_plots"]
+__all__ = ["PLOTS_SKIPPED", "can_plot", "pareto_front", "plot_genppl_vs_refresh", "plot_genppl_vs_throughput",
+           "plot_nelbo_vs_age", "plot_pareto", "plot_task_accuracy_vs_refresh", "write_plots"]
+
+
+# what a run that draws plots as a by-product says (as a warning) when it has to skip them
+PLOTS_SKIPPED = "plots skipped: matplotlib is not installed (pip install 'tadm[eval]')"
+
+
+def can_plot() -> bool:
+    """Whether matplotlib (the eval extra) is installed: a run whose tables come first skips its plots with
+    :data:`PLOTS_SKIPPED` when it is not, rather than failing after the work."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _pyplot() -> Any:

@@ -15,6 +15,7 @@ error naming the new layout.
 from __future__ import annotations
 
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import packed_eval_blocks
 from tadm.eval.pipeline import (MAUVE_SEED, Cell, PipelineStore, Run, SamplingSettings, cell_rows, data_row,
                                 resolve_device, sample_cells, score_cells, throughput_note, time_cells, timing_warmup)
-from tadm.eval.plots import write_plots
+from tadm.eval.plots import PLOTS_SKIPPED, can_plot, write_plots
 from tadm.eval.report import DATA_MODEL, markdown_report, write_results
 from tadm.records import check_publishable, machine_info, provenance_note, read_json
 from tadm.specs import load_model_and_tokenizer
@@ -228,6 +229,9 @@ def run_sweep(config: SweepConfig, *, evaluator: Evaluator | None = None, overwr
     table = out / "table.md"
     table.write_text(markdown_report(rows, throughput_baseline=config.throughput_baseline,
                                      notes=_notes(config, rows, baseline, timing_warmup(store))))
-    png_tps, png_k = write_plots(rows, out)
-    files = {"json": json_path, "csv": csv_path, "table": table, "plot_throughput": png_tps, "plot_refresh": png_k}
+    files = {"json": json_path, "csv": csv_path, "table": table}
+    if can_plot():
+        files["plot_throughput"], files["plot_refresh"] = write_plots(rows, out)
+    else:
+        warnings.warn(PLOTS_SKIPPED, stacklevel=2)
     return SweepOutput(rows=rows, files=files, evaluated=ran)

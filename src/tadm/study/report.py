@@ -24,12 +24,13 @@ per evaluator, Gen PPL against measured tokens/s with the Pareto front (points l
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tadm.eval.pipeline import Cell, Run, cell_rows, data_row, throughput_note
-from tadm.eval.plots import plot_nelbo_vs_age, plot_pareto
+from tadm.eval.plots import PLOTS_SKIPPED, can_plot, plot_nelbo_vs_age, plot_pareto
 from tadm.eval.report import format_number, markdown_report
 from tadm.eval.significance import paired_summary
 from tadm.protocol import LayerSplit
@@ -351,6 +352,9 @@ def _write_data_files(cfg: StudyConfig, res: dict[str, Any], invocations: list, 
     files = {"json": write_json(root / "results.json", {"config": cfg.to_dict(), "invocations": invocations, **res}),
              "csv": write_csv(root / "results.csv", SAMPLE_FIELDS, res["samples"]),
              "staleness_csv": write_csv(root / "staleness.csv", STALENESS_FIELDS, _staleness_long(res))}
+    if not can_plot():
+        warnings.warn(PLOTS_SKIPPED, stacklevel=2)
+        return files
     plots = root / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     if res["staleness"]:

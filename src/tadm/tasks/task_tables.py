@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tadm.eval.plots import plot_task_accuracy_vs_refresh
+from tadm.eval.plots import PLOTS_SKIPPED, can_plot, plot_task_accuracy_vs_refresh
 from tadm.eval.significance import PairedSummary, paired_summary, prompt_differences
 from tadm.records import markdown_table, write_csv, write_json, write_text
 
@@ -243,7 +244,10 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
         files["naive_csv"] = write_csv(out / "naive_table.csv", list(naive[0]), naive)
     write_csv(files["cells_csv"], CELL_FIELDS, all_cells)
     if len({c["K"] for c in all_cells}) > 1:
-        files["plot"] = plot_task_accuracy_vs_refresh(all_cells, out / "accuracy_vs_k.png")
+        if can_plot():
+            files["plot"] = plot_task_accuracy_vs_refresh(all_cells, out / "accuracy_vs_k.png")
+        else:
+            warnings.warn(PLOTS_SKIPPED, stacklevel=2)
     write_json(files["json"], {"config": config, "provenance": provenance, "cells": all_cells, "task_table": flat,
                                "naive_table": naive})
     return files
