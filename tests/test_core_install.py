@@ -5,6 +5,7 @@ Each case runs in a fresh interpreter in which every installed package that the 
 (directly or through their own requirements) cannot be imported, as if it were not installed.
 """
 
+import functools
 import json
 import re
 import subprocess
@@ -43,6 +44,7 @@ def core_closure() -> set[str]:
     return seen
 
 
+@functools.cache
 def hidden_modules() -> list[str]:
     """Top-level import names that no distribution of the core closure (or tadm) provides."""
     keep = core_closure() | {"tadm"}
@@ -83,10 +85,17 @@ def test_every_extra_requirement_is_hidden():
     assert {"torch", "numpy", "omegaconf", "tokenizers", "safetensors", "huggingface_hub"}.isdisjoint(hidden)
 
 
-def test_the_command_line_imports_and_a_command_needing_an_extra_names_it(tmp_path):
+def test_the_command_line_imports_without_extras(tmp_path):
     run = tadm_without_extras("--help", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "quickstart" in run.stdout
+    run = tadm_without_extras("--model", "tadm", "--tasks", "x", entry="tadm.tasks.lm_eval_cli", cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == "tadm-lm-eval: error: the tadm lm-eval model needs lm-eval: pip install 'tadm[tasks]'"
+
+
+@pytest.mark.slow
+def test_a_command_needing_an_extra_names_it_before_the_work(tmp_path):
     run = tadm_without_extras("posttrain", "sample", "--base", str(tmp_path), "--prompt", "hi", cwd=tmp_path)
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, run.stderr
@@ -99,9 +108,11 @@ def test_the_command_line_imports_and_a_command_needing_an_extra_names_it(tmp_pa
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, run.stderr
     assert "needs lm-eval: pip install 'tadm[tasks]'" in lines[0]
-    run = tadm_without_extras("--model", "tadm", "--tasks", "x", entry="tadm.tasks.lm_eval_cli", cwd=tmp_path)
-    assert run.returncode == 2, run.stderr
-    assert run.stderr.strip() == "tadm-lm-eval: error: the tadm lm-eval model needs lm-eval: pip install 'tadm[tasks]'"
+    # a study that would compute MAUVE stops before training
+    run = tadm_without_extras("study", "study-tiny", f"out_dir={tmp_path / 'study'}", "--no-progress", cwd=tmp_path)
+    assert run.returncode == 2 and not (tmp_path / "study" / "models").exists(), run.stderr
+    assert run.stderr.strip() == ("tadm study: error: MAUVE needs mauve-text: pip install 'tadm[eval]', or turn MAUVE "
+                                  "off (sampling.mauve=false)")
 
 
 @pytest.mark.slow
@@ -115,3 +126,11 @@ def test_the_main_job_runs_without_extras(tmp_path):
     run = tadm_without_extras("sample", "--model", str(out / "final"), "--batch-size", "1", "--length", "16",
                               "--steps", "4", "-K", "2", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
+    # a study without MAUVE runs through, its report without plots
+    run = tadm_without_extras("study", "study-tiny", "seeds=[0]", "sampling.steps=[8]", "staleness.eval_seeds=[0]",
+                              "sampling.mauve=false", f"out_dir={tmp_path / 'study'}",
+                              f"data.cache_dir={tmp_path / 'cache'}", "--no-progress", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.strip() == ("tadm study: warning: plots skipped: matplotlib is not installed "
+                                  "(pip install 'tadm[eval]')")
+    assert (tmp_path / "study" / "report.md").is_file() and not (tmp_path / "study" / "plots").exists()

@@ -18,6 +18,7 @@ Everything heavy (``transformers``, the weights) is imported or read inside func
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ __all__ = ["DEFAULT_EVALUATOR", "DEFAULT_CONTEXT_SIZE", "EVALUATOR_PRESETS", "Ev
 
 DEFAULT_EVALUATOR = "smollm2-135m"
 DEFAULT_CONTEXT_SIZE = 1024  # the reference code scores GPT-2 Large in 1,024-token chunks
+HF_EVALUATOR_MISSING = "a Hugging Face evaluator needs transformers: pip install 'tadm[eval]'"
 END_OF_TEXT = "<|endoftext|>"
 
 
@@ -290,9 +292,12 @@ def check_evaluator(spec: str | os.PathLike[str], *, supply: str = "pass --evalu
     path that holds no evaluator, without loading anything (a hub id is not contacted).
 
     A long run calls this before its first unit, so that a bad evaluator stops it at once rather than
-    after hours of training or sampling; ``supply`` names the setting that gives the evaluator.
+    after hours of training or sampling; ``supply`` names the setting that gives the evaluator. A Hugging Face
+    evaluator without transformers installed is an ImportError.
     """
-    _locate(os.fspath(spec), supply)
+    _, kind = _locate(os.fspath(spec), supply)
+    if kind != "tadm" and importlib.util.find_spec("transformers") is None:
+        raise ImportError(HF_EVALUATOR_MISSING)
 
 
 def _locate(name: str, supply: str = "pass --evaluator PATH") -> tuple[str, str]:
@@ -333,7 +338,7 @@ def _load_hf(source: str, *, name: str, device: torch.device | str, dtype: torch
         import transformers
         from transformers.utils import logging as hf_logging
     except ImportError as err:
-        raise ImportError("a Hugging Face evaluator needs transformers: pip install 'tadm[eval]'") from err
+        raise ImportError(HF_EVALUATOR_MISSING) from err
 
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()

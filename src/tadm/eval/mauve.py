@@ -20,6 +20,7 @@ counts are in every result, and passes anything else written to standard error t
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import sys
@@ -35,12 +36,18 @@ from tqdm.auto import tqdm
 from tadm.eval.evaluator import Evaluator
 from tadm.records import dataclass_record
 
-__all__ = ["MAUVE_MIN_SAMPLES", "MauveResult", "mauve_from_features", "mauve_sample_problem", "mauve_score",
-           "text_features"]
+__all__ = ["MAUVE_MIN_SAMPLES", "MAUVE_MISSING", "MauveResult", "mauve_from_features", "mauve_installed",
+           "mauve_sample_problem", "mauve_score", "text_features"]
 
 MAUVE_MIN_SAMPLES = 50  # per side; "auto" then uses >= 5 clusters (the reference uses 5,000 samples)
+MAUVE_MISSING = "MAUVE needs mauve-text: pip install 'tadm[eval]'"
 _FAISS_SIZE_WARNING = re.compile(r"WARNING clustering \d+ points to \d+ centroids: please provide at least \d+ "
                                  r"training points\n?")
+
+
+def mauve_installed() -> bool:
+    """Whether mauve-text (the eval extra) is installed, checked without importing it."""
+    return importlib.util.find_spec("mauve") is not None
 
 
 @contextlib.contextmanager
@@ -140,7 +147,7 @@ def mauve_from_features(
         # deferred: mauve-text is an optional dependency (the eval extra; GPL-3.0, loaded only for MAUVE)
         import mauve
     except ImportError as err:
-        raise ImportError("MAUVE needs mauve-text: pip install 'tadm[eval]'") from err
+        raise ImportError(MAUVE_MISSING) from err
     p = np.asarray(p_features, dtype=np.float32)
     q = np.asarray(q_features, dtype=np.float32)
     if p.ndim != 2 or q.ndim != 2 or p.shape[1] != q.shape[1]:

@@ -35,7 +35,8 @@ from tadm.eval.compute import policy_layer_calls
 from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import load_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
-from tadm.eval.mauve import MAUVE_MIN_SAMPLES, mauve_from_features, mauve_sample_problem
+from tadm.eval.mauve import (MAUVE_MIN_SAMPLES, MAUVE_MISSING, mauve_from_features, mauve_installed,
+                             mauve_sample_problem)
 from tadm.devices import resolve_device, resolve_dtype
 from tadm.eval.throughput import DTYPES, MIN_TIMED_GENERATIONS, TimingCell, interleaved_throughput
 from tadm.records import UnitStore, same_spec
@@ -360,6 +361,14 @@ def _mauve(settings: SamplingSettings, reference: Any, features: Any, num_sample
                                  min_samples=settings.mauve_min_samples)
     record.update(mauve=result.mauve, mauve_buckets=result.num_buckets)
     return record
+
+
+def check_scoring_dependencies(settings: SamplingSettings) -> None:
+    """An ImportError before any unit runs, rather than at the first score, when MAUVE is to be computed and
+    mauve-text is not installed."""
+    if settings.mauve and settings.reference is not None and settings.num_samples >= settings.mauve_min_samples \
+            and not mauve_installed():
+        raise ImportError(f"{MAUVE_MISSING}, or turn MAUVE off (sampling.mauve=false)")
 
 
 def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_spec: Callable[[str], str],

@@ -25,8 +25,9 @@ from typing import Any
 from tadm.eval.evaluator import Evaluator, check_evaluator
 from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import packed_eval_blocks
-from tadm.eval.pipeline import (MAUVE_SEED, Cell, PipelineStore, Run, SamplingSettings, cell_rows, data_row,
-                                resolve_device, sample_cells, score_cells, throughput_note, time_cells, timing_warmup)
+from tadm.eval.pipeline import (MAUVE_SEED, Cell, PipelineStore, Run, SamplingSettings, cell_rows,
+                                check_scoring_dependencies, data_row, resolve_device, sample_cells, score_cells,
+                                throughput_note, time_cells, timing_warmup)
 from tadm.eval.plots import PLOTS_SKIPPED, can_plot, write_plots
 from tadm.eval.report import DATA_MODEL, markdown_report, write_results
 from tadm.records import check_publishable, machine_info, provenance_note, read_json
@@ -197,6 +198,7 @@ def run_sweep(config: SweepConfig, *, evaluator: Evaluator | None = None, overwr
     name_of_evaluator = config.sampling.evaluators[0]
     if evaluator is None:
         check_evaluator(name_of_evaluator)  # before the first sample, not after
+    check_scoring_dependencies(config.sampling)
     store, models = PipelineStore(out), _Models(config)
     load = (lambda _: evaluator) if evaluator is not None else None
     ran: list[str] = []

@@ -39,7 +39,8 @@ from tadm.devices import resolve_device
 from tadm.eval.evaluator import check_evaluator
 from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import cached_process_nelbo, evaluate_likelihood, packed_eval_blocks, stale_anchor_nelbo
-from tadm.eval.pipeline import Cell, PipelineStore, Run, sample_cells, score_cells, time_cells
+from tadm.eval.pipeline import (Cell, PipelineStore, Run, check_scoring_dependencies, sample_cells, score_cells,
+                                time_cells)
 from tadm.nn import NaiveReuse, load_model
 from tadm.records import git_commit, machine_info, read_json, write_json
 from tadm.sampling.refresh import parse_refresh
@@ -267,8 +268,9 @@ class _Study:
                 if name != IN_DOMAIN_EVALUATOR:
                     try:
                         check_evaluator(name, supply="name in sampling.evaluators")
-                    except (FileNotFoundError, ValueError) as err:
+                    except (FileNotFoundError, ValueError, ImportError) as err:
                         raise ConfigError(f"sampling.evaluators: {err}") from None
+            check_scoring_dependencies(self.cfg.sampling)
 
     # ---------------------------------------------------------------- loading
     def model(self, m: StudyModel, seed: int, naive: bool = False) -> Any:
