@@ -2,6 +2,7 @@
 a dirty tree needs an explicit flag, and the tables say so."""
 
 import json
+import subprocess
 
 import pytest
 
@@ -25,6 +26,28 @@ def tree(monkeypatch):
     def set_state(state):
         monkeypatch.setattr(records, "git_commit", lambda where=None: dict(state))
     return set_state
+
+
+def test_a_package_installed_inside_another_repository_has_no_commit(tmp_path):
+    """A virtualenv inside a user's own git project: its changes are not tadm's, its commit is not tadm's."""
+    project = tmp_path / "project"
+    installed = project / ".venv" / "lib" / "site-packages" / "tadm"
+    installed.mkdir(parents=True)
+    (installed / "records.py").write_text("# installed copy\n")
+    (project / ".gitignore").write_text(".venv/\n")
+    (project / "analysis.py").write_text("x = 1\n")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+    git("init", "-q")
+    git("add", ".gitignore", "analysis.py")
+    git("commit", "-q", "-m", "own work")
+    (project / "analysis.py").write_text("x = 2\n")  # the user's uncommitted change
+    assert records.git_commit(installed) == {"commit": None, "dirty": None}
+    # the project's own tracked folder is a checkout: its commit and its changes
+    own = records.git_commit(project)
+    assert len(own["commit"]) == 40 and own["dirty"] is True
 
 
 def test_a_unit_records_its_commit_and_whether_the_tree_was_clean(tree, tmp_path):

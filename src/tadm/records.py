@@ -182,20 +182,26 @@ def write_csv(path: str | os.PathLike[str], fields: Sequence[str], rows: Sequenc
 def git_commit(where: Path | None = None) -> dict[str, Any]:
     """The git commit of the tadm source tree (None outside a checkout) and whether it has local changes.
 
-    Read at most once every 30 seconds per folder (a unit store writes many records).
+    A folder that git does not track is no checkout of it, even inside another repository: tadm installed into a
+    virtualenv within a user's own project reports None, not that project's commit and changes. Read at most
+    once every 30 seconds per folder (a unit store writes many records).
     """
     where = where or _SOURCE
     cached = _COMMIT_CACHE.get(str(where))
     if cached is not None and time.monotonic() - cached[0] < 30.0:
         return dict(cached[1])
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    result: dict[str, Any] = {"commit": None, "dirty": None}
     try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        result = {"commit": head, "dirty": bool(dirty)}
-    except (OSError, subprocess.SubprocessError):
-        result = {"commit": None, "dirty": None}
+        if git("ls-files", "--", "."):
+            result = {"commit": git("rev-parse", "HEAD"),
+                      "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):  # no git, no repository, or no commit yet
+        pass
     _COMMIT_CACHE[str(where)] = (time.monotonic(), result)
     return dict(result)
 
