@@ -475,7 +475,7 @@ def write_report(cfg: StudyConfig, layout: Any, run: Run, cells: Sequence[Cell],
     lines = [*_setup_lines(cfg, invocations), *_likelihood_lines(cfg, res), *_sampling_lines(cfg, res),
              "## Files", "", "`results.json` (everything above, with configs, seeds, machine and commit), "
              "`results.csv` (one row per sampling cell and evaluator), `staleness.csv` (one row per model, seed, T "
-             "and k), `plots/`.", ""]
+             f"and k){', `plots/`' if any(name.startswith('plot') for name in files) else ''}.", ""]
     files["report"] = write_text(layout.root / "report.md", "\n".join(lines))
     log(f"[study] report: {files['report']}")
     return files
