@@ -5,9 +5,10 @@
     python benchmarks/gpu_campaign.py --stage b               # the paper's Table 2 layout (224M TADM, 12-block MDLM)
     python benchmarks/gpu_campaign.py --stage c               # post-training throughput at DiffusionGemma-26B size
     python benchmarks/gpu_campaign.py --stage d               # the staleness study on GPU (run it twice or three times)
+    python benchmarks/gpu_campaign.py --goals                 # the cells that decide the goals: one command, ~9 min
     python benchmarks/gpu_campaign.py --device cpu --tiny     # every stage end to end at tiny sizes (CI does this)
 
-Built for an allocation where each command may run 10 minutes, about 30 minutes of GPU time in all
+Built for an allocation where each command may run 10 minutes, 15 to 30 minutes of GPU time in all
 (the machine's start included), state survives between commands only if they follow within 30
 seconds, nothing can be downloaded, and at most 8 result files of 16 MB come back. So:
 
@@ -15,6 +16,11 @@ seconds, nothing can be downloaded, and at most 8 result files of 16 MB come bac
   rerun continues with the cells not yet done (a stage is *complete* when all its cells are);
 * each stage writes ``stage-X.json`` and ``stage-X.md`` (8 files for the 4 stages) into ``--results``
   (default ``runs/gpu-campaign``) and into ``$OUT`` when it is set;
+* ``--goals`` fits the shortest allocation (15 minutes, one command after a start of a minute or more): it
+  measures first the cells that decide the goals (stage b: TADM at T = 1024, K = 1 and 8, bf16 weights, then
+  compiled; stage c: batch 1, transformers' ``generate`` and tadm at K = 1, 2, 3), within one
+  ``--budget-minutes`` for the whole command. They are stored in ``stage-b``/``stage-c``'s records with the full
+  stages' settings, so a later ``--stage b c`` continues with the other cells instead of measuring them again;
 * nothing is downloaded: random weights (speed does not depend on them), the 26B architecture from
   :func:`tadm.posttrain.backbone.diffusion_gemma_26b_config`, the bundled corpus, the study's own
   AR model as its evaluator.
@@ -137,8 +143,8 @@ def _read(path: Path) -> Any:
 class Budget:
     """The stage's time budget: a cell starts only if its estimated seconds still fit."""
 
-    def __init__(self, minutes: float) -> None:
-        self.deadline = time.perf_counter() + 60.0 * minutes
+    def __init__(self, minutes: float, deadline: float | None = None) -> None:
+        self.deadline = min(time.perf_counter() + 60.0 * minutes, deadline or float("inf"))
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -227,6 +233,7 @@ def _stage_a_body(data: dict[str, Any]) -> str:
 TABLE2 = {"steps": [128, 256, 512, 1024], "refresh": [1, 2, 4, 8], "length": 1024, "batches": [1, 8, 32, 64]}
 TABLE2_TINY = {"steps": [8, 16], "refresh": [1, 2, 4], "length": 32, "batches": [1, 4]}
 VARIANTS = ("eager-autocast", "bf16-weights", "compiled")
+GOAL_VARIANTS = ("bf16-weights", "compiled")  # --goals: the sure one first, then the one that may fail to compile
 
 
 def _table2_models(ctx: Any, variant: str) -> dict[str, Any]:
@@ -323,10 +330,13 @@ def stage_b(ctx: Any) -> None:
         return
     L = sizes["length"]
     complete = True
-    for variant in VARIANTS:
+    for variant in GOAL_VARIANTS if ctx.goals else VARIANTS:
         cells = [{"id": f"{variant}/{name}/B1/T{T}/K{K}", "model": name, "variant": variant, "B": 1, "L": L, "T": T,
                   "K": K} for name in ("tadm", "mdlm") for T in sizes["steps"]
                  for K in (sizes["refresh"] if name == "tadm" else [1])]
+        if ctx.goals:  # the goals: TADM at the largest T, K = 1 and the largest K
+            cells = [c for c in cells if c["model"] == "tadm" and c["T"] == max(sizes["steps"])
+                     and c["K"] in (1, max(sizes["refresh"]))]
         if all(record.done(c["id"]) for c in cells):
             continue
         if not ctx.budget.allows(60):
@@ -341,6 +351,9 @@ def stage_b(ctx: Any) -> None:
                 record.data["cells"].setdefault(c["id"], {**c, "error": f"{type(err).__name__}: {str(err)[:300]}"})
             record.save()
         record.data.setdefault("variant_seconds", {})[variant] = round(time.perf_counter() - start, 1)
+    if ctx.goals:
+        record.save(complete=False)
+        return
     best = "compiled" if not any("error" in c for k, c in record.data["cells"].items() if k.startswith("compiled/")) \
         else "bf16-weights"
     T = max(sizes["steps"])
@@ -453,8 +466,9 @@ def stage_c(ctx: Any) -> None:
     V = int(config.text_config.vocab_size)
     methods = [("base (transformers generate)", "hf", 1), ("tadm K=1", "paired", 1), ("tadm K=2", "paired", 2),
                ("tadm K=3", "paired", 3), ("naive K=2", "naive", 2), ("naive K=3", "naive", 3)]
-    complete = True
-    cells = [(B, label, mode, K) for B in batches for label, mode, K in methods]
+    complete = not ctx.goals
+    cells = [(B, label, mode, K) for B in batches for label, mode, K in methods
+             if not ctx.goals or (B == 1 and mode != "naive")]  # the goals: batch 1, base and tadm
     for B, label, mode, K in cells:
         cell = f"B{B}/{label}"
         if record.done(cell):
@@ -625,6 +639,10 @@ STAGES = {s.key: s for s in (
 )}
 
 
+GOALS_STAGES = ("b", "c")
+GOALS_SHARE = {"b": 0.4, "c": 1.0}  # --goals: stage b may use 40 % of the budget, stage c whatever is left
+
+
 @dataclass
 class Context:
     device: torch.device
@@ -633,6 +651,40 @@ class Context:
     results: str
     folders: list[Path]
     budget: Budget
+    goals: bool = False
+
+
+def goals_page(folder: Path) -> str:
+    """The GPU goals (issue "Run where it matters") beside what stages b and c measured so far, in Markdown."""
+    b = (_read(folder / "stage-b.json") or {}).get("cells", {})
+    c = (_read(folder / "stage-c.json") or {}).get("cells", {})
+    rows = []
+    tadm = [v for v in b.values() if isinstance(v, dict) and v.get("model") == "tadm" and v.get("B") == 1
+            and "seconds" in v]
+    T = max((v["T"] for v in tadm), default=None)
+    Ks = sorted({v["K"] for v in tadm if v["T"] == T})
+    for variant in dict.fromkeys(v["variant"] for v in tadm):
+        cell = {v["K"]: v for v in tadm if v["variant"] == variant and v["T"] == T}
+        if 1 not in cell or len(Ks) < 2 or Ks[-1] not in cell:
+            continue
+        k1, kmax = cell[1], cell[Ks[-1]]
+        speedup, analytic = k1["seconds"] / kmax["seconds"], k1["flops"] / kmax["flops"]
+        rows += [[f"T = {T}, K = {Ks[-1]}, {variant}", ">= 1,000 tokens/s", f"{kmax['tokens_per_second']:,.1f}",
+                  "met" if kmax["tokens_per_second"] >= 1000 else "missed"],
+                 [f"T = {T}, K = 1, {variant}", ">= 500 tokens/s", f"{k1['tokens_per_second']:,.1f}",
+                  "met" if k1["tokens_per_second"] >= 500 else "missed"],
+                 [f"K = {Ks[-1]} / K = 1 speedup, {variant}", ">= 90 % of the analytic ratio",
+                  f"{speedup:.2f}x of {analytic:.2f}x ({100 * speedup / analytic:.0f} %)",
+                  "met" if speedup >= 0.9 * analytic else "missed"]]
+    base = c.get("B1/base (transformers generate)", {}).get("seconds")
+    for label, goal in (("tadm K=1", 1.0), ("tadm K=2", 1.45), ("tadm K=3", 1.7)):
+        seconds = c.get(f"B1/{label}", {}).get("seconds")
+        if base and seconds:
+            rows.append([f"26B size, batch 1, {label}", f">= {goal:.2f}x transformers' generate",
+                         f"{base / seconds:.2f}x", "met" if base / seconds >= goal else "missed"])
+    if not rows:
+        return "No goal cell has been measured yet.\n"
+    return _table(rows, ["goal", "target", "measured", ""]) + "\n"
 
 
 def print_plan() -> None:
@@ -643,7 +695,10 @@ def print_plan() -> None:
         print(f"| {s.key} | {s.plan} | {s.minutes:.1f} |")
     print(f"\nabout {total:.0f} minutes of stages, plus the machine's start; each stops itself before "
           f"--budget-minutes and resumes when run again. Every stage writes stage-X.json and stage-X.md "
-          f"(8 files for four stages) to --results and $OUT.")
+          f"(8 files for four stages) to --results and $OUT.\n\n"
+          f"For a 15-minute allocation: --goals, one command within --budget-minutes (default 8.5) in all: stage b's "
+          f"TADM at T = 1024, K = 1 and 8, bf16 weights then compiled (at most 40 % of the budget), then stage c at "
+          f"batch 1 (transformers' generate, tadm K = 1, 2, 3). A later --stage b c continues from those cells.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -653,7 +708,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: the whole campaign in minutes on a CPU")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per cell (default 3; 1 with --tiny)")
-    p.add_argument("--budget-minutes", type=float, default=8.5, help="each stage stops before this (default 8.5)")
+    p.add_argument("--goals", action="store_true",
+                   help="only the cells that decide the goals (stages b and c), in one command for a 15-minute "
+                        "allocation; --budget-minutes then bounds the whole command")
+    p.add_argument("--budget-minutes", type=float, default=8.5,
+                   help="each stage stops before this; with --goals, the whole command (default 8.5)")
     p.add_argument("--results", default=RESULTS, help=f"results folder (default {RESULTS}); also $OUT when set")
     return p.parse_args(argv)
 
@@ -667,7 +726,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_campaign: error: --stage all runs every stage; give it alone, or name stages "
               f"({', '.join(STAGES)}), got {' '.join(args.stage)}", file=sys.stderr)
         return 2
-    stages = list(STAGES) if args.stage == ["all"] else args.stage
+    if args.goals and args.stage != ["all"]:
+        print(f"gpu_campaign: error: --goals runs stages {' and '.join(GOALS_STAGES)} itself; drop --stage "
+              f"{' '.join(args.stage)}", file=sys.stderr)
+        return 2
+    stages = list(GOALS_STAGES) if args.goals else list(STAGES) if args.stage == ["all"] else args.stage
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         print(f"gpu_campaign: error: unknown stage {', '.join(map(repr, unknown))}; valid: {', '.join(STAGES)} or all",
@@ -688,16 +751,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results = Path(args.results).resolve()  # stage d's study runs in the repository: one meaning for a relative path
     folders = [results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
+    deadline = time.perf_counter() + 60.0 * args.budget_minutes if args.goals else None
     for key in stages:
         stage = STAGES[key]
+        minutes = (deadline - time.perf_counter()) / 60.0 * GOALS_SHARE[key] if args.goals else args.budget_minutes
         ctx = Context(device=device, tiny=args.tiny, repeats=args.repeats or (1 if args.tiny else 3),
-                      results=str(results), folders=folders, budget=Budget(args.budget_minutes))
+                      results=str(results), folders=folders, budget=Budget(minutes, deadline), goals=args.goals)
         start = time.perf_counter()
         print(f"[gpu_campaign] stage {key}: {stage.title} ...", flush=True)
         stage.run(ctx)
         status = _read(folders[0] / f"stage-{key}.json") or {}
         print(f"[gpu_campaign] stage {key}: {'complete' if status.get('complete') else 'partial'} in "
               f"{time.perf_counter() - start:.0f} s -> {folders[0] / f'stage-{key}.md'}", flush=True)
+    if args.goals:
+        page = ("# GPU goals" + (": a tiny rehearsal, not the goals' sizes" if args.tiny else "") + f" ({device})\n\n"
+                + goals_page(folders[0]))
+        for folder in folders:
+            (folder / "goals.md").write_text(page)
+        print(page, flush=True)
     return 0
 
 

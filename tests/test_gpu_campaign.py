@@ -43,6 +43,7 @@ def test_the_plan_names_every_stage_and_its_minutes():
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--stage", "all", "b", "--device", "cpu"], "--stage all runs every stage; give it alone"),
     (["--budget-minutes", "-1", "--device", "cpu"], "--budget-minutes must be > 0, got -1.0"),
+    (["--goals", "--stage", "a", "--device", "cpu"], "--goals runs stages b and c itself; drop --stage a"),
 ])
 @pytest.mark.slow
 def test_bad_input_is_one_line(args, needle):
@@ -77,6 +78,32 @@ def test_every_stage_runs_end_to_end_at_tiny_sizes_on_cpu(tmp_path):
     # a second run finds every stage complete and measures nothing again
     again = _run("--device", "cpu", "--tiny", "--results", str(tmp_path / "results"), "--stage", "b", "c")
     assert again.returncode == 0 and again.stdout.count("complete in") == 2
+
+
+@pytest.mark.slow
+def test_goals_measure_only_the_goal_cells_and_a_full_run_continues_from_them(tmp_path):
+    results, out = tmp_path / "results", tmp_path / "out"
+    run = _run("--goals", "--device", "cpu", "--tiny", "--results", str(results), env_out=out)
+    assert run.returncode == 0, run.stderr[-3000:]
+    b = json.loads((out / "stage-b.json").read_text())
+    c = json.loads((out / "stage-c.json").read_text())
+    assert not b["complete"] and not c["complete"]
+    # tiny sizes: T in {8, 16}, K in {1, 2, 4}; the goals are TADM at the largest T, K = 1 and the largest K
+    assert sorted(b["cells"]) == [f"{v}/tadm/B1/T16/K{K}" for v in ("bf16-weights", "compiled") for K in (1, 4)]
+    assert sorted(c["cells"]) == ["B1/base (transformers generate)", "B1/tadm K=1", "B1/tadm K=2", "B1/tadm K=3"]
+    page = (out / "goals.md").read_text()
+    assert "tiny rehearsal" in page and page.count("| met |") + page.count("| missed |") == 9, page
+    k4 = b["cells"]["compiled/tadm/B1/T16/K4"]
+    assert f"{k4['tokens_per_second']:,.1f}" in page
+    # the full stages keep the goal cells (same settings) and measure only the others
+    again = _run("--device", "cpu", "--tiny", "--results", str(results), "--stage", "b", "c")
+    assert again.returncode == 0, again.stderr[-3000:]
+    b2 = json.loads((results / "stage-b.json").read_text())
+    c2 = json.loads((results / "stage-c.json").read_text())
+    assert b2["complete"] and c2["complete"] and len(b2["invocations"]) == 2
+    assert b2["cells"]["compiled/tadm/B1/T16/K4"] == k4
+    assert c2["cells"]["B1/tadm K=2"] == c["cells"]["B1/tadm K=2"]
+    assert "naive K=2" in {v.get("method") for v in c2["cells"].values() if isinstance(v, dict)}
 
 
 def _load_campaign():
