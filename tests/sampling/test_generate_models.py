@@ -115,3 +115,19 @@ def test_a_sampler_that_is_not_one_is_refused_before_it_is_used(sampler, error, 
         generate(tadm_tiny().eval(), sampler, batch_size=1, seq_len=8, num_steps=4)
     with pytest.raises(TypeError, match="model must be a CacheableDenoiser"):
         generate(None, "mdlm", batch_size=1, seq_len=8, num_steps=4)
+
+
+def test_a_model_in_training_mode_samples_without_dropout_and_keeps_its_mode():
+    torch.manual_seed(0)
+    model = _randomize(tadm_tiny(dropout=0.5))  # training mode, as built
+    assert model.training
+
+    def sample() -> torch.Tensor:
+        return generate(model, "mdlm", batch_size=2, seq_len=16, num_steps=8, refresh_interval=2,
+                        generator=torch.Generator().manual_seed(3)).tokens
+
+    first, second = sample(), sample()
+    assert model.training  # put back as it was
+    assert torch.equal(first, second)  # dropout on would draw other masks on each call
+    assert torch.equal(first, generate(model.eval(), "mdlm", batch_size=2, seq_len=16, num_steps=8,
+                                       refresh_interval=2, generator=torch.Generator().manual_seed(3)).tokens)

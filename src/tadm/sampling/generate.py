@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +38,19 @@ def _model_device(model: object) -> torch.device:
         for p in model.parameters():
             return p.device
     return torch.device("cpu")
+
+
+@contextmanager
+def _eval_mode(model: object) -> Iterator[None]:
+    """A torch module runs in eval mode (dropout off: a seed gives one sample); its own mode is restored after."""
+    training = isinstance(model, torch.nn.Module) and model.training
+    if training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if training:
+            model.train()
 
 
 def _resolve_policy(policy: Any, refresh_interval: int, skip_unchanged: bool) -> RefreshPolicy:
@@ -83,7 +98,8 @@ def generate(
     For i = T..1: c_i = S(z_i); if (T - i) mod K == 0 the anchor is refreshed, h = A(c_i);
     log x_theta = D(Phi(c_i, h)); z_{i-1} ~ sampler(z_i, x_theta, i). With K = 1 this is the
     uncached model. Baselines plug in through the same protocol (MDLM: no anchor layers; ADLM:
-    the anchor is reused as-is, i.e. naive reuse).
+    the anchor is reused as-is, i.e. naive reuse). A module left in training mode samples in eval mode (no
+    dropout) and is put back in training mode afterwards.
 
     Args:
         model: any ``CacheableDenoiser`` (TADM, MDLM, ADLM, a post-trained backbone, ...).
@@ -111,8 +127,9 @@ def generate(
 
     z = sampler.initial_canvas(batch_size, seq_len, generator, device)  # (B, L)
     start = time.perf_counter()
-    run = denoise(model, sampler, z, range(num_steps, 0, -1), policy=policy, generator=generator, progress=progress,
-                  full_output=full_output)
+    with _eval_mode(model):
+        run = denoise(model, sampler, z, range(num_steps, 0, -1), policy=policy, generator=generator,
+                      progress=progress, full_output=full_output)
     return GenerationOutput(
         tokens=run.z,
         layer_calls=run.layer_calls,
