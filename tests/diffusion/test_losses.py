@@ -9,6 +9,7 @@ from tadm.diffusion import (
     LinearSchedule,
     LogLinearSchedule,
     TANELBOTerms,
+    discrete_cached_nelbo,
     discrete_masked_nelbo,
     discrete_weight,
     kd_loss,
@@ -318,6 +319,28 @@ def test_discrete_nelbo_includes_the_reconstruction_term():
     without_reconstruction = (math.exp(-0.5) - math.exp(-20.0)) * math.log(V - 1)
     assert abs(out.mean().item() - expected) < 0.02
     assert abs(out.mean().item() - without_reconstruction) > 0.3
+
+
+def test_cached_bound_at_k1_with_its_own_anchor_stream_is_the_discrete_nelbo():
+    """K = 1 (t' = t) is the uncached bound draw for draw when the further masking has its own generator."""
+    V, B, L, T = 4, 3, 12, 9
+    x = torch.randint(0, MASK, (B, L), generator=_gen(21))
+    w = torch.randn(V, V, generator=_gen(22))
+
+    def log_probs(z_t, t):  # depends on the canvas and the time, so another z_t draw gives another value
+        lp = (w[z_t] + t[:, None, None]).log_softmax(-1)
+        return lp.masked_fill(F.one_hot(torch.tensor(MASK), V).bool(), float("-inf")).log_softmax(-1)
+
+    def cached(z_t, t, z_a, t_a):
+        assert torch.equal(z_a, z_t) and torch.equal(t_a, t)  # K = 1: every anchor is fresh
+        return log_probs(z_t, t)
+
+    sched = LogLinearSchedule()
+    reference = discrete_masked_nelbo(log_probs, x, T, sched, MASK, generator=_gen(23))
+    own = discrete_cached_nelbo(cached, x, T, [1], sched, MASK, generator=_gen(23), anchor_generator=_gen(24))[1]
+    torch.testing.assert_close(own, reference, rtol=0, atol=0)
+    shared = discrete_cached_nelbo(cached, x, T, [1], sched, MASK, generator=_gen(23))[1]  # interleaved draws
+    assert not torch.equal(shared, reference)
 
 
 def test_discrete_and_continuous_nelbo_agree_for_a_uniform_predictor():

@@ -309,8 +309,10 @@ def discrete_cached_nelbo(
     ``discrete_weight``; the reconstruction uses the anchor of step 1. One z_t(i) and one set of
     further-masking uniforms per step are shared by every K (common random numbers), so the bounds
     of different K differ only through the anchor ages. The z_t draws come from ``generator`` in the
-    order of :func:`discrete_masked_nelbo` and the further masking from ``anchor_generator``, so
-    K = 1 (t' = t) reproduces :func:`discrete_masked_nelbo` with the same ``generator`` exactly.
+    order of :func:`discrete_masked_nelbo` and the further masking from ``anchor_generator``. With a
+    separate ``anchor_generator`` (as :func:`tadm.eval.likelihood.cached_process_nelbo` passes), K = 1
+    (t' = t) reproduces :func:`discrete_masked_nelbo` with the same ``generator`` exactly; by default the
+    further-masking draws come from ``generator`` too, between the z_t draws, which shifts them.
     A step whose anchor is fresh (j = i) passes ``z_t`` itself as the anchor state.
 
     Args:
@@ -321,7 +323,7 @@ def discrete_cached_nelbo(
         schedule: the noise schedule.
         mask_id: id of the mask token.
         generator: source of the z_t draws.
-        anchor_generator: source of the further-masking draws (default: ``generator``).
+        anchor_generator: source of the further-masking draws (default: ``generator``, interleaved).
 
     Returns:
         {K: (B, L) per-token bound in nats}.
