@@ -92,6 +92,12 @@ class TrainSection:
     divides. An explicit value is kept as given: accumulation = global / (micro * W), which must
     be a whole number.
 
+    Validation scores ``eval_batches`` batches of ``eval_batch_size`` held-out blocks (unset:
+    ``global_batch_size``), batch ``i`` with its own seeded noise, so the same weights give the
+    same validation NELBO whatever the world size and micro-batch size. A batch larger than the
+    micro-batch is scored in micro-batch pieces (its noise drawn for the whole batch), which
+    bounds memory without changing the number.
+
     ``loggers`` names where metrics go, any of :data:`LOGGERS`: ``jsonl`` (``out_dir/metrics.jsonl``,
     the source of truth, written whether listed or not), ``tensorboard`` (``out_dir/tensorboard``
     event files) and ``wandb`` (Weights & Biases, run files in ``out_dir/wandb``; project
@@ -105,6 +111,7 @@ class TrainSection:
     log_every: int = 10
     eval_every: int = 200
     eval_batches: int = 8
+    eval_batch_size: Optional[int] = None  # blocks per validation batch; None: global_batch_size
     save_every: int = 500
     ema: float = 0.9999  # 0 disables EMA (evaluate and save the raw weights)
     seed: int = 0
@@ -261,6 +268,8 @@ def check_loggers(name: str, loggers: Sequence[str], *, error: type[ConfigError]
 def _validate_train(train: TrainSection) -> None:
     for name in ("max_steps", "global_batch_size", "log_every", "eval_every", "eval_batches", "save_every"):
         _positive_int(f"train.{name}", getattr(train, name))
+    if train.eval_batch_size is not None:  # None: train.global_batch_size
+        _positive_int("train.eval_batch_size", train.eval_batch_size)
     if train.micro_batch_size is not None:  # None: derived from the world size when the run starts
         _positive_int("train.micro_batch_size", train.micro_batch_size)
         if train.global_batch_size % train.micro_batch_size:

@@ -102,6 +102,7 @@ def test_overrides_and_round_trip(tmp_path: Path) -> None:
         ("train.ema=nan", "train.ema must be a finite number in [0, 1) (0 disables EMA), got nan"),
         ("data.val_fraction=inf", "data.val_fraction must be a finite number in (0, 1), got inf"),
         ("data.seq_len=0", "data.seq_len must be an integer >= 1, got 0"),
+        ("train.eval_batch_size=0", "train.eval_batch_size must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_values_fail_loudly_naming_the_key(override: str, needle: str) -> None:
@@ -236,3 +237,10 @@ def test_a_mapping_where_a_list_belongs_names_the_key(tmp_path):
 def test_an_override_that_replaces_a_section_with_a_value_names_the_section():
     with pytest.raises(ConfigError, match=r"^overrides: section 'model' must be a mapping of its keys \(arch, preset"):
         load_config(PRESET_DIR / "tadm-tiny.yaml", ["model=[1, 2]"])
+
+
+def test_eval_batch_size_defaults_to_the_global_batch() -> None:
+    assert load_config().train.eval_batch_size is None  # read as train.global_batch_size by the trainer
+    assert load_config(None, ["train.eval_batch_size=4"]).train.eval_batch_size == 4
+    for name in SHIPPED:  # no preset sets it: each keeps its validation blocks of one global batch
+        assert load_config(CONFIGS / name).train.eval_batch_size is None, name

@@ -239,6 +239,21 @@ def test_objectives_backpropagate_into_every_parameter() -> None:
         assert not missing, (arch, missing)
 
 
+@pytest.mark.parametrize("arch", ["tadm", "mdlm", "adlm", "ar"])
+def test_a_batch_scored_in_pieces_gives_the_whole_batch_loss(arch: str) -> None:
+    """``rows``: the noise is drawn for the whole batch, so the pieces' token-weighted losses add up to it."""
+    model = randomize(build_model(f"{arch}-tiny"))
+    x, objective, cfg = clean_tokens(), get_objective(arch), ObjectiveConfig(refresh_intervals=(1, 2, 4))
+    whole = objective(model, x, torch.Generator().manual_seed(5), cfg)
+    pieces = [objective(model, x, torch.Generator().manual_seed(5), cfg, rows=slice(lo, lo + 4)) for lo in (0, 4)]
+    assert [p.num_tokens for p in pieces] == ([4 * (L - 1), 2 * (L - 1)] if arch == "ar" else [4 * L, 2 * L])
+    total = sum(p.loss.double() * p.num_tokens for p in pieces) / sum(p.num_tokens for p in pieces)
+    torch.testing.assert_close(total, whole.loss.double(), rtol=1e-6, atol=1e-7)
+    if arch != "ar":  # the pieces saw the whole batch's noise, row for row
+        torch.testing.assert_close(torch.cat([p.tensors["z_t"] for p in pieces]), whole.tensors["z_t"])
+        torch.testing.assert_close(torch.cat([p.tensors["t"] for p in pieces]), whole.tensors["t"])
+
+
 # ---------------------------------------------------------------------------------- helpers
 def test_rare_token_mask_by_hand() -> None:
     counts = torch.tensor([5, 3, 1, 1, 0])  # total 10

@@ -14,7 +14,7 @@ from tadm.cli import main
 from tadm.config import ConfigError, ExperimentConfig, load_config
 from tadm.nn import load_model
 from tadm.training import objectives
-from tadm.training.checkpoint import CONFIG_FILENAME, load_training_state
+from tadm.training.checkpoint import CONFIG_FILENAME, load_training_state, save_training_state
 from tadm.training.ema import EMA
 from tadm.training.lr import WarmupSchedule, build_lr_scheduler
 from tadm.training.metrics import MetricsLogger, read_metrics
@@ -99,6 +99,39 @@ def test_golden_losses(tmp_path: Path) -> None:
     golden = json.loads(GOLDEN.read_text())
     assert len(golden["losses"]) == 10
     torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(golden["losses"]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["tadm", "ar"])
+def test_validation_does_not_depend_on_the_micro_batch(arch: str, tmp_path: Path, tokenizer_dir: Path,
+                                                       cache_dir: Path) -> None:
+    """Validation scores train.eval_batches batches of the global batch (eval_batch_size unset), whatever the
+    micro-batch, so the same weights give the same val NELBO. TADM's weights differ after a step (the training
+    noise is drawn per micro-batch), so its step 0 is compared; AR draws no noise, so its later steps are too."""
+    steps = 2 if arch == "ar" else 1
+    runs = {micro: train(tiny(tmp_path / f"m{micro}", tokenizer_dir, cache_dir, f"model.arch={arch}",
+                              f"train.micro_batch_size={micro}", f"train.max_steps={steps}", "train.eval_every=1",
+                              "train.ema=0.5"))
+            for micro in (8, 2)}
+    assert [s for s, _ in runs[8].val_history] == [s for s, _ in runs[2].val_history] == list(range(steps + 1))
+    v8, v2 = ([v for _, v in runs[m].val_history] for m in (8, 2))
+    compared = steps + 1 if arch == "ar" else 1
+    torch.testing.assert_close(torch.tensor(v2[:compared]), torch.tensor(v8[:compared]), rtol=1e-6, atol=0)
+    if arch == "tadm":  # an explicit eval_batch_size is another sample of blocks and noise
+        smaller = train(tiny(tmp_path / "e2", tokenizer_dir, cache_dir, "train.max_steps=1",
+                             "train.eval_batch_size=2"))
+        assert abs(smaller.val_history[0][1] - v8[0]) > 1e-4
+
+
+@pytest.mark.slow
+def test_a_run_saved_before_eval_batch_size_existed_resumes(tmp_path: Path, tokenizer_dir: Path,
+                                                            cache_dir: Path) -> None:
+    train(tiny(tmp_path, tokenizer_dir, cache_dir, "train.max_steps=1"))
+    state = load_training_state(tmp_path / "training_state.pt")
+    del state["config"]["train"]["eval_batch_size"]
+    save_training_state(state, tmp_path / "training_state.pt")
+    resumed = train(tiny(tmp_path, tokenizer_dir, cache_dir, "train.max_steps=2"), resume=True)
+    assert (resumed.start_step, resumed.step) == (1, 2)
 
 
 @pytest.mark.parametrize("arch, extra", [

@@ -2,7 +2,10 @@
 
 Every objective draws its own noise from ``generator``, runs the model once and returns a scalar
 loss normalised per token as MDLM does: the per-token losses of the batch summed and divided by
-the number of tokens B * L (B * (L - 1) for the autoregressive model). For the diffusion models
+the number of tokens B * L (B * (L - 1) for the autoregressive model). With ``rows`` (a slice of
+the batch) the noise is still drawn for all B rows, then only those rows are run and scored: the
+losses of pieces of a batch, weighted by their ``num_tokens``, add up to the whole batch's loss,
+so validation can score a large batch in pieces without changing its number. For the diffusion models
 this is a one-sample Monte-Carlo estimate of the continuous-time NELBO in nats per token, so
 ``exp(loss)`` averaged over batches bounds the perplexity.
 
@@ -68,10 +71,11 @@ class LossOutput:
 
 
 class Objective(Protocol):
-    """``objective(model, x (B, L) clean ids, generator, cfg) -> LossOutput``."""
+    """``objective(model, x (B, L) clean ids, generator, cfg, rows=None) -> LossOutput`` (of ``x[rows]``)."""
 
     def __call__(
-        self, model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig
+        self, model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig,
+        rows: slice | None = None,
     ) -> LossOutput: ...
 
 
@@ -85,6 +89,11 @@ def _mask_id(model: nn.Module) -> int:
     if mask_id is None:
         raise ValueError(f"{type(_unwrap(model)).__name__} has no mask token: it is not a masked diffusion model")
     return int(mask_id)
+
+
+def _take(rows: slice | None, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """``tensors`` cut to the batch rows ``rows`` (all of them when None); each is (B, ...)."""
+    return tensors if rows is None else tuple(t[rows] for t in tensors)
 
 
 def _per_token_mean(per_token: Tensor) -> Tensor:
@@ -105,7 +114,8 @@ def _anchored_output(total: Tensor, diffusion: Tensor, anchor: Tensor, x: Tensor
 
 
 def tadm_objective(
-    model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig
+    model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig,
+    rows: slice | None = None,
 ) -> LossOutput:
     """T-ANELBO with a stale anchor, Theorem (T-ANELBO) with sigma = 0 in continuous time.
 
@@ -120,6 +130,7 @@ def tadm_objective(
         x: (B, L) clean token ids.
         generator: source of every random draw here.
         cfg: objective settings.
+        rows: score only these rows of the batch (the noise is drawn for all of them).
 
     Returns:
         LossOutput with parts "diffusion" and "anchor" and tensors z_t, z_tp, t, t_anchor.
@@ -130,27 +141,29 @@ def tadm_objective(
     alpha_tp = schedule.alpha(times.t_anchor)  # (B,)
     z_t = mask_corrupt(x, alpha_t, mask_id, generator)  # (B, L)
     z_tp = further_mask(z_t, alpha_t, alpha_tp, mask_id, generator)  # (B, L)
-    out = model(z_t, z_anchor=z_tp, t=times.t, t_anchor=times.t_anchor)
+    x, z_t, z_tp, t, t_anchor, cache_age = _take(rows, x, z_t, z_tp, times.t, times.t_anchor, times.cache_age)
+    out = model(z_t, z_anchor=z_tp, t=t, t_anchor=t_anchor)
     if cfg.gamma > 0 and out.anchor_log_probs is None:
         raise ValueError("objective.gamma > 0 needs a TADM built with anchor_lm_head=True")
     terms = t_anelbo_loss(
         out.log_probs,
         x,
         z_t,
-        times.t,
+        t,
         schedule,
         mask_id,
         anchor_log_probs=out.anchor_log_probs,
         z_tp=z_tp,
-        t_anchor=times.t_anchor,
+        t_anchor=t_anchor,
         gamma=cfg.gamma,
     )
-    return _anchored_output(terms.total, terms.diffusion, terms.anchor, x, z_t=z_t, z_tp=z_tp, t=times.t,
-                            t_anchor=times.t_anchor, cache_age=times.cache_age)
+    return _anchored_output(terms.total, terms.diffusion, terms.anchor, x, z_t=z_t, z_tp=z_tp, t=t,
+                            t_anchor=t_anchor, cache_age=cache_age)
 
 
 def mdlm_objective(
-    model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig
+    model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig,
+    rows: slice | None = None,
 ) -> LossOutput:
     """Continuous-time masked NELBO of MDLM (Eq. (masked-nelbo) as T -> infinity).
 
@@ -159,9 +172,11 @@ def mdlm_objective(
         x: (B, L) clean ids.
         generator: source of the t and mask draws.
         cfg: objective settings (schedule, eps, antithetic).
+        rows: score only these rows of the batch (the noise is drawn for all of them).
     """
     schedule, mask_id, t = _schedule_mask_and_t(model, x, generator, cfg)
     z_t = mask_corrupt(x, schedule.alpha(t), mask_id, generator)  # (B, L)
+    x, z_t, t = _take(rows, x, z_t, t)
     log_probs = model(z_t, t)  # (B, L, V)
     per_token = masked_diffusion_loss(log_probs, x, z_t, t, schedule, mask_id)  # (B, L)
     loss = _per_token_mean(per_token)
@@ -169,7 +184,8 @@ def mdlm_objective(
 
 
 def adlm_objective(
-    model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig
+    model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig,
+    rows: slice | None = None,
 ) -> LossOutput:
     """ANELBO of ADLM, Eq. (anelbo-old) in continuous time, with fresh anchors (t' = t).
 
@@ -183,9 +199,11 @@ def adlm_objective(
         x: (B, L) clean ids.
         generator: source of the t and mask draws.
         cfg: objective settings; ``anchor_token_mask`` selects the anchor tokens.
+        rows: score only these rows of the batch (the noise is drawn for all of them).
     """
     schedule, mask_id, t = _schedule_mask_and_t(model, x, generator, cfg)
     z_t = mask_corrupt(x, schedule.alpha(t), mask_id, generator)  # (B, L)
+    x, z_t, t = _take(rows, x, z_t, t)
     log_probs, anchor_log_probs = model(z_t, t)  # (B, L, V) each
     diffusion = masked_diffusion_loss(log_probs, x, z_t, t, schedule, mask_id)  # (B, L)
     anchor = masked_diffusion_loss(anchor_log_probs, x, z_t, t, schedule, mask_id)  # (B, L)
@@ -197,12 +215,15 @@ def adlm_objective(
 
 
 def ar_objective(
-    model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig
+    model: nn.Module, x: Tensor, generator: torch.Generator | None, cfg: ObjectiveConfig,
+    rows: slice | None = None,
 ) -> LossOutput:
-    """Next-token cross-entropy: position i predicts x[i + 1]; mean over the B * (L - 1) predictions.
+    """Next-token cross-entropy: position i predicts x[i + 1]; mean over the B * (L - 1) predictions
+    (of the rows ``rows`` only, when given).
 
     ``generator`` and ``cfg`` are unused (the objective is deterministic given the model).
     """
+    (x,) = _take(rows, x)
     B, L = x.shape
     if L < 2:
         raise ValueError(f"the autoregressive objective needs sequences of at least 2 tokens, got L={L}")

@@ -12,7 +12,9 @@ One call runs a whole experiment described by an :class:`~tadm.config.Experiment
    unset: each rank then takes global / world size sequences at once), bf16 autocast on CUDA, an EMA
    copy of the weights;
 5. validation NELBO per token (and its perplexity bound ``exp``; for ``ar`` the exact NLL and perplexity)
-   of the EMA model on held-out blocks at the start, every ``train.eval_every`` steps and at the end;
+   of the EMA model on ``train.eval_batches`` batches of ``train.eval_batch_size`` held-out blocks
+   (default: the global batch size) at the start, every ``train.eval_every`` steps and at the end;
+   the same weights give the same number whatever the world size and micro-batch size;
 6. files in ``out_dir``: ``metrics.jsonl`` (and TensorBoard / W&B files, see ``train.loggers``),
    ``training_state.pt`` (every ``train.save_every`` steps and at the end; ``train(cfg,
    resume=True)`` continues from it), ``final/`` (EMA model, tokenizer, config) and optionally
@@ -28,8 +30,11 @@ process stops the run after the current step, saves the training state and raise
 
 Randomness. The model is initialised from ``train.seed`` on every rank; afterwards the global
 RNGs (dropout) are reseeded with ``seed + rank``. The diffusion noise of micro-batch ``j`` of a step
-is drawn from its own generator seeded by ``(seed, step, global micro-batch index)``, so it does not
-depend on the number of processes, and a resumed run draws exactly what an uninterrupted one does.
+is drawn from its own generator seeded by ``(seed, step, global micro-batch index)``. With an explicit
+``train.micro_batch_size`` it therefore does not depend on the number of processes; a derived one
+(global / world size) changes the micro-batches, and so the noise, with the world size. A resumed
+run draws exactly what an uninterrupted one does. Validation noise is keyed by the validation batch
+alone (see :func:`evaluate`).
 On CPU a resumed run reproduces the uninterrupted run's losses bit for bit.
 
 Under ``torchrun`` the run is data-parallel (:mod:`tadm.training.distributed`): each rank takes its
@@ -269,12 +274,16 @@ def evaluate(
     seed: int,
     info: DistInfo | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    max_rows: int | None = None,
 ) -> float:
     """Loss per token over the first ``batch_size * num_batches`` blocks of ``data`` (fewer if it has fewer).
 
     Batch ``i`` always sees the same noise (a generator seeded by ``(seed, i)``), so successive
-    evaluations differ only through the model. Under DDP the batches are shared out round-robin
-    and the sums reduced. Returns nats per token.
+    evaluations differ only through the model. Under DDP whole batches are shared out round-robin
+    and the sums reduced, so the result does not depend on the number of processes. ``max_rows``
+    bounds the blocks run through the model at once: a larger batch is scored in pieces, its noise
+    still drawn for the whole batch, so it changes the result only by float rounding. Returns nats
+    per token.
     """
     info = info or DistInfo()
     device = next(model.parameters()).device
@@ -287,10 +296,13 @@ def evaluate(
             if i % info.world_size != info.rank:
                 continue
             x = data.get_batch(range(lo, min(lo + batch_size, n_blocks))).to(device)  # (B, L)
-            with autocast():
-                out = objective(model, x, _noise_generator(seed, 0, i, "val"), cfg)
-            totals[0] += out.loss.double() * out.num_tokens
-            totals[1] += out.num_tokens
+            piece = x.shape[0] if max_rows is None else max_rows
+            for start in range(0, x.shape[0], piece):
+                rows = None if piece >= x.shape[0] else slice(start, start + piece)
+                with autocast():
+                    out = objective(model, x, _noise_generator(seed, 0, i, "val"), cfg, rows=rows)
+                totals[0] += out.loss.double() * out.num_tokens
+                totals[1] += out.num_tokens
     finally:
         model.train(was_training)
     totals = all_reduce_sum(totals, info)
@@ -569,8 +581,9 @@ def _report_setup(run: _Run, num_parameters: int) -> None:
 def _record_val(run: _Run, step: int) -> None:
     """Validation NELBO of the evaluated (EMA) model at ``step``; the best model is saved on request."""
     tc, info = run.cfg.train, run.info
-    nelbo = evaluate(run.eval_model, run.splits.val, run.objective, run.val_cfg, batch_size=run.micro,
-                     num_batches=tc.eval_batches, seed=tc.seed, info=info, autocast=run.autocast)
+    nelbo = evaluate(run.eval_model, run.splits.val, run.objective, run.val_cfg,
+                     batch_size=tc.eval_batch_size or tc.global_batch_size, num_batches=tc.eval_batches,
+                     seed=tc.seed, info=info, autocast=run.autocast, max_rows=run.micro)
     run.result.val_history.append((step, nelbo))
     if not run.metrics.holds(step, "val"):  # a run resumed at its last step evaluates it again: log it once
         run.metrics.log(step, "val", {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700.0))})
