@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tadm.cli import main
-from tadm.config import ConfigError, ExperimentConfig, load_config
+from tadm.config import ConfigError, ExperimentConfig, load_config, save_config
 from tadm.nn import load_model
 from tadm.training import objectives
 from tadm.training.checkpoint import CONFIG_FILENAME, load_training_state, save_training_state
@@ -194,6 +194,29 @@ def test_out_dir_guard_and_overwrite(tmp_path: Path, tokenizer_dir: Path, cache_
     again = train(tiny(tmp_path, tokenizer_dir, cache_dir, "train.max_steps=2", "train.overwrite=true"))
     assert again.losses[0] == first.losses[0]  # the same seed gives the same first step
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl", "train")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_overwrite_refuses_to_delete_its_own_tokenizer_or_corpus(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """train.overwrite=true deletes the previous run's final/, tokenizer/, ...: a data.tokenizer or data.source in
+    there is refused in one line before anything is deleted."""
+    out = tmp_path / "run"
+    train(tiny(out, tokenizer_dir, cache_dir, "train.max_steps=1"))
+    corpus = out / "final" / "corpus.jsonl"
+    corpus.write_text(FIXTURE.read_text())
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    for key, value in (("data.tokenizer", out / "final"), ("data.source", corpus)):
+        with pytest.raises(ConfigError, match=rf"{key}='.*' lies in .*final, which train.overwrite=true deletes"):
+            train(tiny(out, tokenizer_dir, cache_dir, f"{key}={value}", "train.overwrite=true"))
+    config = tmp_path / "c.yaml"
+    save_config(tiny(out, out / "final", cache_dir, "train.overwrite=true"), config)
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("tadm train: error: data.tokenizer=") and "copy it out of" in err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # nothing was deleted
+    # a tokenizer outside what is deleted is fine
+    assert train(tiny(out, tokenizer_dir, cache_dir, "train.max_steps=1", "train.overwrite=true")).step == 1
 
 
 def test_setup_errors_are_clear(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path) -> None:

@@ -323,7 +323,8 @@ def train(cfg: ExperimentConfig, *, resume: bool = False) -> TrainResult:
     Raises:
         ConfigError: settings that do not fit together (batch sizes vs world size, vocabulary,
             an ``out_dir`` that already holds a run without ``resume``/``train.overwrite``, that is
-            a file or read-only, a resumed run whose fixed settings changed). Subclasses:
+            a file or read-only, a resumed run whose fixed settings changed, ``train.overwrite=true``
+            where ``data.tokenizer`` or ``data.source`` lies in what it would delete). Subclasses:
             ``RunDirLockedError`` (another run holds ``out_dir``), ``TokenizerMismatchError``.
         CorruptStateError: the training state to resume from is truncated or corrupt.
         DataPreparationError: the corpus or tokenizer could not be loaded.
@@ -447,6 +448,8 @@ def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | Non
                           "give one of them")
     if resume and not state_path.is_file():
         raise _nothing_to_resume(state_path)
+    if not resume and cfg.train.overwrite:
+        _check_overwrite_keeps_inputs(cfg)
     if not resume and (state_path.exists() or (out_dir / FINAL_DIRNAME).exists()) and not cfg.train.overwrite:
         raise ConfigError(
             f"train.out_dir {str(out_dir)!r} already holds a run; pass --resume to continue it, "
@@ -464,12 +467,35 @@ def _previous_state(cfg: ExperimentConfig, resume: bool) -> dict[str, Any] | Non
     return state
 
 
+def _previous_run_paths(out_dir: Path) -> list[Path]:
+    """What ``train.overwrite=true`` deletes in ``out_dir``: the files and folders of the run it held."""
+    return [out_dir / name for name in (STATE_FILENAME, METRICS_FILENAME, FINAL_DIRNAME, BEST_DIRNAME,
+                                        TOKENIZER_DIRNAME, TENSORBOARD_DIRNAME)]
+
+
+def _check_overwrite_keeps_inputs(cfg: ExperimentConfig) -> None:
+    """Refuse ``train.overwrite=true`` when ``data.tokenizer`` or ``data.source`` lies in what it would delete
+    (e.g. ``data.tokenizer=OUT_DIR/final``), before anything is deleted."""
+    out_dir = Path(cfg.train.out_dir)
+    doomed = [p for p in _previous_run_paths(out_dir) if p.exists()]
+    for key, value in (("data.tokenizer", cfg.data.tokenizer), ("data.source", cfg.data.source)):
+        path = Path(value).expanduser()
+        if not path.exists():
+            continue
+        holder = next((p for p in doomed if path.resolve().is_relative_to(p.resolve())), None)
+        if holder is not None:
+            raise ConfigError(
+                f"{key}={value!r} lies in {holder}, which train.overwrite=true deletes with the previous run in "
+                f"train.out_dir {str(out_dir)!r}; copy it out of {out_dir} first, or choose another train.out_dir"
+            )
+
+
 def _remove_previous_run(out_dir: Path) -> None:
-    for stale in (out_dir / STATE_FILENAME, out_dir / METRICS_FILENAME):
-        stale.unlink(missing_ok=True)
-    for stale_dir in (out_dir / FINAL_DIRNAME, out_dir / BEST_DIRNAME, out_dir / TOKENIZER_DIRNAME,
-                      out_dir / TENSORBOARD_DIRNAME):
-        shutil.rmtree(stale_dir, ignore_errors=True)
+    for stale in _previous_run_paths(out_dir):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
 
 
 def _prepare_data(
