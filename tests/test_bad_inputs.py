@@ -8,6 +8,7 @@ cases check the exception type and message.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -53,6 +54,9 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "bad.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
     (d / "blank.jsonl").write_text('{"text": "   "}\n')
     (d / "plain.txt").write_text("some plain text\n")
+    packed = gzip.compress(FIXTURE.read_bytes())
+    (d / "trunc.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    (d / "notgz.txt.gz").write_text("not gzip\n")
     (d / "bad.json").write_text("{not json")
     (d / "data.csv").write_text("a,b\n1,2\n")
     (d / "afile").write_text("user data")
@@ -120,6 +124,10 @@ CLI_CASES = [
                  id="train-missing-corpus"),
     pytest.param([*TRAIN, "data.source={d}/bad.jsonl", "train.out_dir={d}/r2"], "{d}/bad.jsonl:2: not valid UTF-8",
                  id="train-corpus-not-utf8"),
+    pytest.param([*TRAIN, "data.source={d}/trunc.jsonl.gz", "train.out_dir={d}/r2gz"],
+                 "{d}/trunc.jsonl.gz: truncated or corrupt gzip file", id="train-corpus-truncated-gzip"),
+    pytest.param([*TRAIN, "data.source={d}/notgz.txt.gz", "train.out_dir={d}/r2ngz"],
+                 "{d}/notgz.txt.gz: truncated or corrupt gzip file", id="train-corpus-not-gzip"),
     pytest.param([*TRAIN, "data.source={d}/blank.jsonl", "train.out_dir={d}/r3"],
                  "corpus '{d}/blank.jsonl' holds no non-blank text", id="train-blank-corpus"),
     pytest.param([*TRAIN, "data.source={d}/data.csv", "train.out_dir={d}/r4"], "{d}/data.csv: unsupported file type",

@@ -336,6 +336,17 @@ def test_a_single_document_is_split_by_tokens(tmp_path: Path) -> None:
         assert inner == part[: len(inner)] and len(split) == len(part) // 4
 
 
+@pytest.mark.parametrize("name", ["c.jsonl.gz", "c.txt.gz"])
+def test_a_truncated_or_corrupt_gzip_file_is_named(name: str, tmp_path: Path) -> None:
+    whole = gzip.compress(FIXTURE.read_bytes())
+    for content, detail in ((whole[: len(whole) // 2], "ended before"), (b"not gzip at all\n", "Not a gzipped file"),
+                            (whole[:200] + b"\x00" * 64 + whole[264:], "")):
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=rf"{name.replace('.', '[.]')}: truncated or corrupt gzip file \(.*{detail}"):
+            list(load_texts(path))
+
+
 def test_non_utf8_files_name_the_file_and_line(tmp_path: Path) -> None:
     jsonl = tmp_path / "c.jsonl"
     jsonl.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')

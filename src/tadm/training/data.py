@@ -23,7 +23,9 @@ import itertools
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,15 @@ def _open_bytes(path: Path) -> Any:
     return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
 
 
+@contextmanager
+def _gzip_errors(path: Path) -> Iterator[None]:
+    """A truncated or corrupt ``.gz`` file (EOFError, BadGzipFile, zlib.error) as a ValueError naming it."""
+    try:
+        yield
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise ValueError(f"{path}: truncated or corrupt gzip file ({err}); re-download or re-compress it") from None
+
+
 def _decode(data: bytes, path: Path, lineno: int = 1) -> str:
     """``data`` as UTF-8, else a ValueError naming the file and line (``lineno`` is the line ``data`` starts on)."""
     try:
@@ -82,13 +93,13 @@ def _decode(data: bytes, path: Path, lineno: int = 1) -> str:
 
 
 def _read_txt(path: Path, doc_sep: str | None) -> Iterator[str]:
-    with _open_bytes(path) as f:
+    with _gzip_errors(path), _open_bytes(path) as f:
         text = _decode(f.read(), path)
     yield from ([text] if doc_sep is None else text.split(doc_sep))
 
 
 def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
-    with _open_bytes(path) as f:
+    with _gzip_errors(path), _open_bytes(path) as f:
         for lineno, raw in enumerate(f, 1):
             line = _decode(raw, path, lineno)
             if not line.strip():
