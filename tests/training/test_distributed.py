@@ -14,7 +14,8 @@ import torch.multiprocessing as mp
 from tadm.config import ExperimentConfig, load_config, save_config
 from tadm.training import trainer
 from tadm.training.checkpoint import load_training_state
-from tadm.training.distributed import DistInfo, all_reduce_mean, init_distributed, main_process_first, wrap_model
+from tadm.training.distributed import (DistInfo, all_reduce_mean, cleanup, init_distributed, main_process_first,
+                                       wrap_model)
 from tadm.training.tokenization import train_bpe_tokenizer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "brown_slice.jsonl"
@@ -107,6 +108,47 @@ def test_two_gloo_ranks_match_one_process(arch: str, micro: list[str], tmp_path:
     assert (tmp_path / "two" / "final" / "model.safetensors").is_file()
     assert len((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()) == 4 + 3
     assert load_training_state(tmp_path / "two" / "training_state.pt")["world_size"] == WORLD
+
+
+def _failing_worker(rank: int, port: int, out_dir: str, which: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(WORLD))
+    info = init_distributed("cpu")
+    ran = []
+    try:
+        with main_process_first(info):
+            ran.append(info.rank)
+            if info.is_main and which == "data":
+                raise trainer.DataPreparationError("corpus file or directory '/nonexistent.jsonl' does not exist")
+            if info.is_main and which == "local":
+                class Local(ValueError):  # pickle cannot name it in another process: rebuilt as a RuntimeError
+                    pass
+                raise Local("a class defined in a function")
+        outcome = ("ok", "")
+    except Exception as err:
+        outcome = (type(err).__name__, str(err))
+    finally:
+        cleanup(info)
+    torch.save({"outcome": outcome, "ran": ran}, Path(out_dir) / f"rank{rank}.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which, expected", [
+    ("data", ("DataPreparationError", "corpus file or directory '/nonexistent.jsonl' does not exist")),
+    ("local", ("RuntimeError", "a class defined in a function")),
+    ("none", ("ok", "")),
+])
+def test_an_error_of_rank_0_in_main_process_first_is_raised_on_every_rank(which: str, expected: tuple[str, str],
+                                                                        tmp_path: Path) -> None:
+    """Rank 1 raises rank 0's error (its class and one-line message) instead of dying in a gloo barrier."""
+    mp.start_processes(_failing_worker, args=(_free_port(), str(tmp_path), which), nprocs=WORLD, join=True,
+                       start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    if which != "local":
+        assert ranks[0]["outcome"] == expected
+    assert ranks[1]["outcome"] == expected
+    # rank 1 runs the body only after rank 0 succeeded
+    assert [r["ran"] for r in ranks] == ([[0], [1]] if which == "none" else [[0], []])
 
 
 def test_single_process_helpers_are_no_ops(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ here degrades to a no-op on a single process. The global batch is split over ran
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -132,18 +133,47 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
+def _portable(err: Exception) -> tuple[type[Exception], str]:
+    """``err``'s class (RuntimeError if it cannot be sent to another process) and message."""
+    kind: type[Exception] = type(err)
+    try:
+        pickle.loads(pickle.dumps(kind))
+    except Exception:  # a class pickle cannot name (defined inside a function)
+        kind = RuntimeError
+    return kind, str(err)
+
+
+def _rebuilt(kind: type[Exception], message: str) -> Exception:
+    """An exception of class ``kind`` with ``message`` (a RuntimeError if ``kind`` takes other arguments)."""
+    try:
+        return kind(message)
+    except Exception:
+        return RuntimeError(message)
+
+
 @contextmanager
 def main_process_first(info: DistInfo) -> Iterator[None]:
     """Rank 0 runs the body first (e.g. trains the tokenizer, packs the data); the others then reuse its files.
 
-    If rank 0 fails inside the body, the other ranks are released from the barrier only when
-    the process group is torn down (``torchrun`` does that when a worker exits).
+    If the body fails on rank 0, every other rank raises an error of the same class and message
+    (so under ``torchrun`` each prints the same one line), instead of waiting on a barrier that
+    rank 0's exit breaks with a gloo/NCCL traceback.
     """
+    if not info.distributed:
+        yield
+        return
     if not info.is_main:
-        barrier(info)
-    yield
-    if info.is_main:
-        barrier(info)
+        failure = all_gather_objects(None, info)[0]  # waits for rank 0's body
+        if failure is not None:
+            raise _rebuilt(*failure)
+        yield
+        return
+    try:
+        yield
+    except Exception as err:
+        all_gather_objects(_portable(err), info)
+        raise
+    all_gather_objects(None, info)
 
 
 def all_reduce_sum(tensor: Tensor, info: DistInfo) -> Tensor:
