@@ -328,6 +328,22 @@ def test_resume_refuses_a_lower_max_steps_and_overwrite(tmp_path: Path, tokenize
     assert config_file.read_text() == saved and (tmp_path / "run" / "training_state.pt").is_file()
 
 
+def test_resume_after_the_corpus_changed_says_so(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(FIXTURE.read_bytes())
+    cfg = run_config(tmp_path / "run", tokenizer_dir, cache_dir, f"data.source={corpus}", "train.max_steps=1")
+    train(cfg)
+    blocks = load_training_state(tmp_path / "run" / "training_state.pt")["sampler"]["num_blocks"]
+    corpus.write_text(corpus.read_text() + "".join(FIXTURE.read_text().splitlines(keepends=True)[:3]))
+    save_config(cfg, tmp_path / "run.yaml")
+    code, _, err = _run_cli(capsys, "train", str(tmp_path / "run.yaml"), "--resume", "train.max_steps=2")
+    line = _one_line(err)
+    assert code == 2 and f"cannot resume from {tmp_path / 'run' / 'training_state.pt'}: the corpus '{corpus}' changed " \
+        f"since the run was saved ({blocks:,} -> " in line, line
+    assert "training blocks of 32 tokens); resume on the corpus as it was, or start a new run" in line
+
+
 # ------------------------------------------------------------------------------------- tokenizers
 def test_tokenizer_train_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tok"
@@ -380,8 +396,11 @@ def test_a_run_reuses_only_a_tokenizer_trained_on_its_corpus(tmp_path: Path, cac
     text = moved.read_text()
     moved.write_text(text + json.dumps({"text": "one more document"}) + "\n")
     with pytest.raises(TokenizerMismatchError, match=f"on an earlier version of '{moved.resolve()}', not on the "
-                                                     r"text of .* now; delete .*tokenizer to train a new one"):
+                                                     r"text of .* now; the run was trained with this tokenizer: resume "
+                                                     r"on the corpus it was trained on, or start a new run "
+                                                     r"\(train.overwrite=true, or another train.out_dir\)$") as err:
         train(_bpe_run(out, cache_dir, moved, 300, "train.max_steps=2"), resume=True)
+    assert "data.tokenizer=" not in str(err.value)  # a resume refuses that change of config
     assert {p.name: p.read_bytes() for p in (out / "tokenizer").iterdir() if p.name != PROVENANCE_FILENAME} \
         == tok_files
     moved.write_text(text)

@@ -164,7 +164,9 @@ def prepare_tokenizer(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = Fa
 
     In a fresh run ``out_dir`` holds no run (:func:`train` checks this first), so a tokenizer found
     there that does not fit ``data`` is a leftover of a run that failed before its first save: it is
-    replaced, with a ``notice``. A resumed run keeps its own tokenizer or stops.
+    replaced, with a ``notice``. A resumed run keeps its own tokenizer or stops, advising to resume on
+    the corpus the tokenizer was trained on or to start a new run (``data.tokenizer`` may not change
+    on a resume).
 
     Raises:
         TokenizerMismatchError: resuming, and ``out_dir/tokenizer`` was trained on another corpus or
@@ -175,8 +177,12 @@ def prepare_tokenizer(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = Fa
         return load_tokenizer(data.tokenizer)
     tok_dir = out_dir / TOKENIZER_DIRNAME
     if (tok_dir / META_FILENAME).is_file():
-        advice = (f"delete {tok_dir} to train a new one, start afresh with train.overwrite=true, or set "
-                  f"data.tokenizer={tok_dir} to use it as it is")
+        if resume:  # the run's model was trained with this tokenizer, and data.* may not change on a resume
+            advice = ("the run was trained with this tokenizer: resume on the corpus it was trained on, or start a new "
+                      "run (train.overwrite=true, or another train.out_dir)")
+        else:
+            advice = (f"delete {tok_dir} to train a new one, start afresh with train.overwrite=true, or set "
+                      f"data.tokenizer={tok_dir} to use it as it is")
         try:
             check_provenance(tok_dir, data.source, data.tokenizer_vocab_size, text_field=data.text_field,
                              advice=advice, missing_ok=resume)  # a run saved before provenance records existed
@@ -578,6 +584,14 @@ def _restore(run: _Run, state: dict[str, Any]) -> None:
     run.scheduler.load_state_dict(state["lr_scheduler"])
     if run.ema is not None:
         run.ema.load_state_dict(state["ema"])
+    saved_blocks = int(state["sampler"]["num_blocks"])
+    if saved_blocks != run.sampler.num_blocks:  # seed and global batch are fixed settings (_RESUME_FIXED)
+        data = run.cfg.data
+        raise ConfigError(
+            f"cannot resume from {run.state_path}: the corpus {data.source!r} changed since the run was saved "
+            f"({saved_blocks:,} -> {run.sampler.num_blocks:,} training blocks of {data.seq_len} tokens); resume on "
+            "the corpus as it was, or start a new run (train.overwrite=true, or another train.out_dir)"
+        )
     run.sampler.load_state_dict(state["sampler"])
     run.start_step = run.last_saved = int(state["step"])
     run.best_val = state["best_val_nelbo"]
