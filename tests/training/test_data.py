@@ -227,6 +227,27 @@ def test_dataset_saved_to_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         load_texts(saved, split="test")
 
 
+def test_a_datasets_cache_folder_is_read_as_arrow_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``load_dataset``'s cache folder (dataset_info.json + *.arrow) is no save_to_disk output: its files are read;
+    a folder with state.json (a saved Dataset) still goes to ``datasets.load_from_disk``."""
+    pa = pytest.importorskip("pyarrow")
+    cache = tmp_path / "json" / "default-0" / "0.0.0"
+    cache.mkdir(parents=True)
+    (cache / "dataset_info.json").write_text('{"features": {"text": {"dtype": "string"}}}')
+    with pa.OSFile(str(cache / "json-train.arrow"), "wb") as sink:
+        with pa.ipc.new_stream(sink, pa.schema([("text", pa.string())])) as writer:
+            writer.write_table(pa.table({"text": ["first doc", "second doc"]}))
+    fake = types.SimpleNamespace(load_from_disk=lambda path: {"train": [{"text": f"saved {Path(path).name}"}]})
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    assert list(load_texts(cache)) == ["first doc", "second doc"]
+    assert data_mod.source_identity(cache)[1][0][0] == "json-train.arrow"  # the stamp follows the .arrow file
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    for name in ("dataset_info.json", "state.json", "data-00000-of-00001.arrow"):
+        (saved / name).write_text("{}")
+    assert list(load_texts(saved)) == ["saved saved"]
+
+
 # ================================================================== packing
 def test_pack_by_hand_with_char_tokenizer(tmp_path: Path) -> None:
     corpus = write_lines(tmp_path / "c.jsonl", ["abc", "de"])

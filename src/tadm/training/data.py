@@ -49,8 +49,12 @@ __all__ = ["TEXT_SUFFIXES", "BlockSampler", "PackedSplits", "PackedTokens", "bui
 # Hugging Face dataset loader downloads and caches (e.g. OpenWebText's train-000NN-of-000MM.parquet shards).
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".parquet", ".arrow")
 _PATHLIKE_SUFFIXES = TEXT_SUFFIXES + (".json", ".gz", ".csv")
-# Files written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`.
-_HF_DISK_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+# Files that only `datasets.Dataset.save_to_disk` (state.json) / `DatasetDict.save_to_disk` (dataset_dict.json)
+# write: a folder with one is read with `datasets.load_from_disk`. dataset_info.json alone is no marker, since
+# the `datasets` cache folder of `load_dataset` (dataset_info.json + *.arrow) holds it too.
+_HF_DISK_MARKERS = ("dataset_dict.json", "state.json")
+# The files whose sizes and times stamp a save_to_disk folder (source_identity).
+_HF_DISK_FILES = ("dataset_info.json", *_HF_DISK_MARKERS)
 _PACK_FORMAT = 1
 _CHUNK_TOKENS = 1 << 22  # tokens copied per step while packing: bounds memory, not results
 
@@ -160,6 +164,11 @@ def _read_file(path: Path, text_field: str, doc_sep: str | None) -> Iterator[str
     return _read_txt(path, doc_sep)
 
 
+def _saved_by_datasets(path: Path) -> bool:
+    """Whether the folder ``path`` was written by ``save_to_disk`` (see :data:`_HF_DISK_MARKERS`)."""
+    return any((path / m).is_file() for m in _HF_DISK_MARKERS)
+
+
 def _dir_files(root: Path) -> list[Path]:
     files = [p for p in root.rglob("*") if p.is_file() and _suffix(p) is not None]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
@@ -244,8 +253,9 @@ def load_texts(
     * a ``.jsonl`` / ``.jsonl.gz`` file: one JSON object per line, text in ``text_field``;
     * a ``.parquet`` / ``.arrow`` file: the files the Hugging Face dataset loader downloads and
       caches (e.g. OpenWebText's shards), column ``text_field``, read with pyarrow;
-    * a directory: a dataset saved by Hugging Face ``datasets.save_to_disk``, or else every file
-      above found recursively, in sorted relative-path order;
+    * a directory: a dataset saved by Hugging Face ``datasets.save_to_disk`` (it holds ``state.json``
+      or ``dataset_dict.json``), or else every file above found recursively, in sorted
+      relative-path order (so a ``datasets`` cache folder of ``*.arrow`` files is read as files);
     * anything else is a Hugging Face hub dataset name (``"openwebtext"``), loaded with
       ``datasets.load_dataset(source, split=split or "train")`` (needs ``datasets`` and network).
 
@@ -273,7 +283,7 @@ def load_texts(
         if _suffix(path) is None:
             raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(TEXT_SUFFIXES)}")
         files = [path]
-    elif path.is_dir() and not any((path / m).is_file() for m in _HF_DISK_MARKERS):
+    elif path.is_dir() and not _saved_by_datasets(path):
         files = _dir_files(path)
         if not files:
             raise ValueError(f"directory {path} holds no {'/'.join(TEXT_SUFFIXES)} files")
@@ -374,7 +384,8 @@ def source_identity(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
         st = path.stat()
         return str(path.resolve()), [[path.name, st.st_size, st.st_mtime_ns]]
     if path.is_dir():
-        files = [path / m for m in _HF_DISK_MARKERS if (path / m).is_file()] or _dir_files(path)
+        saved = _saved_by_datasets(path)
+        files = [path / m for m in _HF_DISK_FILES if (path / m).is_file()] if saved else _dir_files(path)
         stamp = [[f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
         return str(path.resolve()), stamp
     return f"hf:{spec}", []
