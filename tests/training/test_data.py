@@ -9,6 +9,7 @@ import os
 import pickle
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -562,6 +563,43 @@ def test_parquet_shards_and_arrow_cache_files_are_read(tmp_path: Path) -> None:
     (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(ValueError, match="broken.parquet: not a readable parquet file"):
         list(load_texts(tmp_path / "broken.parquet"))
+
+
+def test_a_folder_of_split_shards_is_read_for_its_train_split(tmp_path: Path) -> None:
+    """Hub shards named by split: only train-* is read (validation is held out by the packer, test never trained
+    on), with one warning naming what was skipped; a folder of train shards alone is read without one."""
+    pytest.importorskip("pyarrow")
+    docs = fixture_docs()
+    shards = _hub_shards(tmp_path / "owt", docs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no notice: nothing skipped
+        assert list(load_texts(shards)) == docs
+    write_lines(shards / "validation-00000-of-00001.jsonl", ["validation doc"])
+    write_lines(shards / "test-00000-of-00001.jsonl", ["test doc"])
+    with pytest.warns(UserWarning) as caught:
+        assert list(load_texts(shards)) == docs
+    assert [str(w.message) for w in caught] == [
+        f"{shards}: reading the train split only (2 file(s)); skipped the test, validation split(s) (2 file(s): "
+        "test-00000-of-00001.jsonl, validation-00000-of-00001.jsonl); point the source at a file to read it"]
+    assert [f[0] for f in data_mod.source_identity(shards)[1]] == ["train-00000-of-00002.parquet",
+                                                                    "train-00001-of-00002.parquet"]
+    assert list(load_texts(shards / "test-00000-of-00001.jsonl")) == ["test doc"]  # named, it is read
+    # splits as folders
+    layout = tmp_path / "layout"
+    for split, text in (("train", "t"), ("test", "x")):
+        (layout / "data" / split).mkdir(parents=True)
+        write_lines(layout / "data" / split / "0.jsonl", [text])
+    with pytest.warns(UserWarning, match="skipped the test split"):
+        assert list(load_texts(layout)) == ["t"]
+    # names that only start like a split are no split: "training.jsonl", "value.jsonl"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_lines(plain / "training.jsonl", ["a"])
+    write_lines(plain / "value.jsonl", ["b"])
+    write_lines(plain / "train.jsonl", ["c"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(load_texts(plain)) == ["c", "a", "b"]
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import re
+import warnings
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -53,6 +54,10 @@ _PATHLIKE_SUFFIXES = TEXT_SUFFIXES + (".json", ".gz", ".csv")
 # write: a folder with one is read with `datasets.load_from_disk`. dataset_info.json alone is no marker, since
 # the `datasets` cache folder of `load_dataset` (dataset_info.json + *.arrow) holds it too.
 _HF_DISK_MARKERS = ("dataset_dict.json", "state.json")
+# Split names of the Hub's shard files (train-00000-of-00004.parquet, validation-..., test/...): a folder holding
+# train files and files of another split is read for its train files only.
+_SPLIT_NAMES = ("train", "validation", "valid", "val", "dev", "test")
+_SPLIT_FILE = re.compile(r"(train|validation|valid|val|dev|test)(?:[-_.]|$)")
 # The files whose sizes and times stamp a save_to_disk folder (source_identity).
 _HF_DISK_FILES = ("dataset_info.json", *_HF_DISK_MARKERS)
 _PACK_FORMAT = 1
@@ -169,9 +174,41 @@ def _saved_by_datasets(path: Path) -> bool:
     return any((path / m).is_file() for m in _HF_DISK_MARKERS)
 
 
-def _dir_files(root: Path) -> list[Path]:
+def _all_dir_files(root: Path) -> list[Path]:
     files = [p for p in root.rglob("*") if p.is_file() and _suffix(p) is not None]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _split_of(path: Path, root: Path) -> str | None:
+    """The Hub split a file of ``root`` belongs to, from a folder named after it (``test/``) or its name
+    (``test-00000-of-00001.parquet``, ``validation.jsonl``); None for other names."""
+    rel = path.relative_to(root)
+    for part in rel.parts[:-1]:
+        if part.lower() in _SPLIT_NAMES:
+            return part.lower()
+    found = _SPLIT_FILE.match(rel.name.lower())
+    return found.group(1) if found else None
+
+
+def _dir_split_files(root: Path) -> tuple[list[Path], list[Path]]:
+    """``(files read, files skipped)`` of the directory ``root``: every data file, or, when it holds files named
+    after the train split and after another split (Hub shards), the train ones only."""
+    files = _all_dir_files(root)
+    splits = [_split_of(f, root) for f in files]
+    if "train" not in splits or not set(splits) - {"train", None}:
+        return files, []
+    return ([f for f, s in zip(files, splits) if s == "train"], [f for f, s in zip(files, splits) if s != "train"])
+
+
+def _dir_files(root: Path) -> list[Path]:
+    return _dir_split_files(root)[0]
+
+
+def _skipped_notice(root: Path, kept: list[Path], skipped: list[Path]) -> str:
+    splits = sorted({_split_of(f, root) or "unnamed" for f in skipped})
+    names = ", ".join(f.relative_to(root).as_posix() for f in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+    return (f"{root}: reading the train split only ({len(kept)} file(s)); skipped the {', '.join(splits)} split(s) "
+            f"({len(skipped)} file(s): {names}); point the source at a file to read it")
 
 
 def _hf_hint(source: str) -> str:
@@ -255,7 +292,12 @@ def load_texts(
       caches (e.g. OpenWebText's shards), column ``text_field``, read with pyarrow;
     * a directory: a dataset saved by Hugging Face ``datasets.save_to_disk`` (it holds ``state.json``
       or ``dataset_dict.json``), or else every file above found recursively, in sorted
-      relative-path order (so a ``datasets`` cache folder of ``*.arrow`` files is read as files);
+      relative-path order (so a ``datasets`` cache folder of ``*.arrow`` files is read as files).
+      A folder of Hub shards named by split (``train-00000-of-00002.parquet``,
+      ``validation-...``, ``test-...``, or ``train/``, ``test/`` subfolders) is read for its
+      train files only, with a one-line warning naming what was skipped: validation documents
+      are held out by :func:`build_packed_dataset`, and a test split is never trained on. Name a
+      file to read it anyway;
     * anything else is a Hugging Face hub dataset name (``"openwebtext"``), loaded with
       ``datasets.load_dataset(source, split=split or "train")`` (needs ``datasets`` and network).
 
@@ -284,9 +326,12 @@ def load_texts(
             raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(TEXT_SUFFIXES)}")
         files = [path]
     elif path.is_dir() and not _saved_by_datasets(path):
-        files = _dir_files(path)
+        files, skipped = _dir_split_files(path)
         if not files:
             raise ValueError(f"directory {path} holds no {'/'.join(TEXT_SUFFIXES)} files")
+        if skipped:
+            # issued here (no stacklevel): the default filter shows it once however often the corpus is read
+            warnings.warn(_skipped_notice(path, files, skipped))
     elif path.is_dir() or not _looks_like_path(spec):  # a dataset saved by `datasets`, or a hub name
         return _nonblank(_read_hf(_hf_rows(spec, split, path if path.is_dir() else None), spec, text_field), spec)
     else:
