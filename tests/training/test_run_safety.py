@@ -299,6 +299,38 @@ def test_ctrl_c_outside_a_step_boundary(tmp_path: Path, tokenizer_dir: Path, cac
         f"resume with: tadm train {tmp_path / 'run.yaml'} --resume")
 
 
+@pytest.mark.parametrize("rank, world, per_node, launch", [
+    (0, 2, 2, "torchrun --nproc_per_node=2 -m tadm train"),
+    (1, 2, 2, None),  # every rank gets the Ctrl-C; only rank 0 speaks
+    (0, 16, 8, "torchrun --nnodes=2 --nproc_per_node=8 -m tadm train"),
+])
+def test_ctrl_c_under_torchrun_is_one_line_with_the_torchrun_command(
+    rank: int, world: int, per_node: int, launch: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import tadm.cli.train as train_cli
+
+    def interrupted(cfg: ExperimentConfig, resume: bool = False) -> None:
+        raise KeyboardInterrupt  # what a rank gets when Ctrl-C reaches torchrun's process group
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "training_state.pt").write_bytes(b"saved")
+    monkeypatch.setattr(train_cli, "train", interrupted)
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+    code, _, err = _run_cli(capsys, "train", "tadm-tiny", f"train.out_dir={tmp_path / 'run'}")
+    assert code == 130
+    if launch is None:
+        assert err == ""
+        return
+    expected = (f"tadm train: interrupted; the last training state is {tmp_path / 'run' / 'training_state.pt'}; "
+                f"resume with: {launch} tadm-tiny train.out_dir={tmp_path / 'run'} --resume")
+    if world > per_node:
+        expected += " (on every node, with the run's rendezvous options)"
+    assert _one_line(err) == expected
+
+
 # ------------------------------------------------------------------------------- bad state files
 def test_a_truncated_training_state_is_a_one_line_error(tmp_path: Path, tokenizer_dir: Path, cache_dir: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -22,8 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "train.max_steps=200 model.overrides.hidden_size=128. Writes metrics.jsonl, training_state.pt "
             "and final/ (EMA model + tokenizer + config) into train.out_dir. Under torchrun "
             "(torchrun --nproc_per_node=N -m tadm train CONFIG) the run is data-parallel. "
-            "Only one run at a time may use an out_dir (a lock file names the holder). Ctrl-C stops after the "
-            "current step, saves the training state and prints the command that resumes. "
+            "Only one run at a time may use an out_dir (a lock file names the holder). On a single process Ctrl-C "
+            "stops after the current step, saves the training state and prints the command that resumes; under "
+            "torchrun it stops at once and rank 0 prints the torchrun command that resumes from the last saved state. "
             "Exit status: 0 done, 2 bad config or data (or out_dir in use), 3 the loss became NaN/inf, "
             "130 interrupted."
         ),
@@ -32,9 +34,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name) or default)
+    except ValueError:  # init_distributed has refused it already
+        return default
+
+
 def resume_command(args: argparse.Namespace) -> str:
-    """The ``tadm train`` command line that continues the run of ``args``."""
-    return shlex.join(["tadm", "train", args.config, *args.overrides, "--resume"])
+    """The command line that continues the run of ``args``: ``tadm train ... --resume``, or under ``torchrun``
+    (``WORLD_SIZE`` > 1) ``torchrun --nproc_per_node=N -m tadm train ... --resume`` (with ``--nnodes`` and a
+    reminder of the rendezvous options on several nodes)."""
+    command = [args.config, *args.overrides, "--resume"]
+    world = _env_int("WORLD_SIZE", 1)
+    if world <= 1:
+        return shlex.join(["tadm", "train", *command])
+    per_node = _env_int("LOCAL_WORLD_SIZE", world)
+    nodes = [f"--nnodes={world // per_node}"] if per_node < world else []
+    line = shlex.join(["torchrun", *nodes, f"--nproc_per_node={per_node}", "-m", "tadm", "train", *command])
+    return line + (" (on every node, with the run's rendezvous options)" if nodes else "")
 
 
 def _interrupted(args: argparse.Namespace, out_dir: str) -> str:
@@ -58,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"tadm train: {err}; resume with: {resume_command(args)}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
-        print(f"tadm train: {_interrupted(args, cfg.train.out_dir)}", file=sys.stderr)
+        if _env_int("RANK", 0) == 0:  # under torchrun every rank gets the Ctrl-C; one line is enough
+            print(f"tadm train: {_interrupted(args, cfg.train.out_dir)}", file=sys.stderr)
         return 130
     return 0
