@@ -19,6 +19,8 @@ def test_hand_made_sequence():
 
 def test_extremes():
     assert sample_entropy([7] * 16) == 0.0
+    assert math.copysign(1.0, sample_entropy([7] * 16)) == 1.0  # 0.0, not -0.0 (which prints as "-0.000")
+    assert f"{mean_entropy([[7] * 8, [3] * 8]):.3f}" == "0.000"
     assert sample_entropy(list(range(16))) == pytest.approx(math.log(16))
 
 

@@ -23,7 +23,8 @@ def sample_entropy(tokens: Tensor | Sequence[int]) -> float:
         raise ValueError("cannot take the entropy of an empty sample")
     _, counts = torch.unique(ids, return_counts=True)
     p = counts.double() / ids.numel()
-    return float(-(p * p.log()).sum())
+    # sum p log p <= 0; abs() so that one repeated id gives 0.0, not -0.0 (printed as "-0.000")
+    return abs(float((p * p.log()).sum()))
 
 
 def sample_entropies(samples: Tensor | Sequence[Sequence[int]]) -> list[float]:
