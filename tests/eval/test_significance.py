@@ -47,6 +47,23 @@ def test_prompts_seen_by_one_method_only_are_an_error():
         prompt_differences([[("p", True)]], [[("q", True)]])
 
 
+def test_runs_of_unequal_seeds_or_items_are_an_error():
+    """The paired design needs the same prompts with the same seeds: A with two seeds against B with one, or a run
+    where one method saw a prompt more often, is refused in one line instead of averaged."""
+    a = [[("p1", True), ("p2", False)], [("p1", False), ("p2", False)]]
+    with pytest.raises(ValueError, match=r"method A has 2 runs \(sampling seeds\) and method B 1") as err:
+        prompt_differences(a, [[("p1", True), ("p2", True)]])
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"same prompts in run 0 \(e.g. \['p1', 'p2'\]\)"):
+        prompt_differences([[("p1", True), ("p1", False), ("p2", True)]],
+                           [[("p1", False), ("p2", False), ("p2", True)]])
+    with pytest.raises(ValueError, match="same prompts in run 1"):  # the seeds' prompts swapped between runs
+        prompt_differences([[("p1", True)], [("p2", True)]], [[("p1", True)], [("p1", True)]])
+    # the same prompts and seeds in another item order pair up
+    assert prompt_differences([[("p1", True), ("p2", False)]], [[("p2", True), ("p1", True)]]) == \
+        {"p1": 0.0, "p2": -1.0}
+
+
 def test_paired_summary_counts_ties_and_tests_the_rest():
     s = paired_summary([0.5, -0.25, 0.0, 1 / 3])
     assert (s.units, s.ahead, s.behind, s.tied) == (4, 2, 1, 1)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -99,13 +99,22 @@ def prompt_differences(a_runs: Iterable[Sequence[tuple[Hashable, bool]]],
                        b_runs: Iterable[Sequence[tuple[Hashable, bool]]]) -> dict[Hashable, float]:
     """Per distinct prompt, A's mean correctness minus B's (means over items and runs, e.g. sampling seeds).
 
-    Each run is a sequence of ``(prompt, correct)`` items. Both methods must have seen the same
-    prompts; a prompt only one of them saw is an error, not a silent drop.
+    Each run is a sequence of ``(prompt, correct)`` items; run i of A and run i of B are the same
+    sampling seed. Both methods must have seen the same prompts with the same seeds: as many runs
+    each, and run i of both holding the same prompts as often. Anything else is an error, not a
+    silent drop or a mean over unequal seeds.
     """
+    a_runs, b_runs = list(a_runs), list(b_runs)
+    if len(a_runs) != len(b_runs):
+        raise ValueError(f"prompt_differences: method A has {len(a_runs)} runs (sampling seeds) and method B "
+                         f"{len(b_runs)}; pass the runs of the same seeds for both, in the same order")
+    for i, (run_a, run_b) in enumerate(zip(a_runs, b_runs)):
+        seen_a, seen_b = Counter(p for p, _ in run_a), Counter(p for p, _ in run_b)
+        if seen_a != seen_b:
+            only = sorted(map(str, (seen_a - seen_b) | (seen_b - seen_a)))[:3]
+            raise ValueError(f"the two methods were not run on the same prompts in run {i} (e.g. {only}): "
+                             "pass runs of the same seed on the same items for both")
     a, b = _per_prompt(a_runs), _per_prompt(b_runs)
-    if a.keys() != b.keys():
-        only = sorted(map(str, a.keys() ^ b.keys()))[:3]
-        raise ValueError(f"the two methods were not run on the same prompts (e.g. {only})")
     return {prompt: a[prompt] - b[prompt] for prompt in a}
 
 
