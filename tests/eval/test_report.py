@@ -28,9 +28,18 @@ ROWS = [
 ]
 
 
-def test_markdown_table_2_and_5_layouts():
+def test_markdown_table_2_and_4_layouts():
     text = markdown_report(ROWS, throughput_baseline="adlm")
     lines = text.splitlines()
+    # the refresh-interval sweep is the paper's Table 4 (tab:TADM-refresh-interval-sweep); Table 5 is the ADLM
+    # cache-reuse table
+    assert [line for line in lines if line.startswith("#")] == [
+        "# Evaluation sweep", "## Quality, compute and throughput (paper Table 2 layout)",
+        "## Refresh-interval sweep (paper Table 4 layout)"]
+    assert "Table 5" not in text
+    nested = markdown_report(ROWS, level=3).splitlines()
+    assert [line for line in nested if line.startswith("##")] == [
+        "### Quality, compute and throughput (paper Table 2 layout)", "### Refresh-interval sweep (paper Table 4 layout)"]
     header = next(line for line in lines if line.startswith("| Method |"))
     assert header.count("T=128") == 5 and header.count("T=256") == 5
     tadm2 = next(line for line in lines if line.startswith("| tadm (K=2) |"))

@@ -6,8 +6,9 @@ A sweep directory holds
   (seeds included), a description of the machine, and one row per finished cell;
 * ``results.csv``: the same rows, one line each (columns :data:`RESULT_FIELDS`);
 * ``table.md``: :func:`markdown_report`, the paper's Table 2 layout (MAUVE, Gen PPL, entropy,
-  compute (x MDLM) and throughput, one column per T) and Table 5 layout (per T: MAUVE, Gen PPL,
-  entropy, tok/s, one row per model and refresh interval K).
+  compute (x MDLM) and throughput, one column per T) and Table 4 layout (the refresh-interval
+  sweep, tab:TADM-refresh-interval-sweep: per T, MAUVE, Gen PPL, entropy, tok/s, one row per model
+  and refresh interval K).
 
 Both result files are rewritten atomically after every cell, so an interrupted sweep loses at most
 the cell it was working on.
@@ -172,8 +173,8 @@ def _table2(index: dict[tuple, dict[str, Any]], pairs: list[tuple[str, Any]], st
     return markdown_table(header, body)
 
 
-def _table5(index: dict[tuple, dict[str, Any]], pairs: list[tuple[str, Any]], steps: list[int]) -> str:
-    """Table 5 layout: per T, MAUVE / Gen PPL / entropy / tok/s for each (model, K)."""
+def _table4(index: dict[tuple, dict[str, Any]], pairs: list[tuple[str, Any]], steps: list[int]) -> str:
+    """Table 4 layout (the refresh-interval sweep): per T, MAUVE / Gen PPL / entropy / tok/s for each (model, K)."""
     header = ["Method (K)"] + [f"{label} T={T}" for T in steps
                                for label in ("MAUVE ↑", "Gen PPL ↓", "Entropy ↑", "Tok/s ↑")]
     body = []
@@ -193,8 +194,9 @@ def markdown_report(
     throughput_baseline: str | None = None,
     title: str = "Evaluation sweep",
     notes: Sequence[str] = (),
+    level: int = 2,
 ) -> str:
-    """Markdown tables of sweep rows in the paper's Table 2 and Table 5 layouts.
+    """Markdown tables of sweep rows in the paper's Table 2 and Table 4 layouts, under headings of ``level``.
 
     Compute is printed as "calls (ratio x)" relative to the baseline of each row
     (``compute_relative``, normalised to MDLM). Throughput is printed as "tok/s (ratio x)" relative
@@ -208,8 +210,10 @@ def markdown_report(
         value = index.get((throughput_baseline, T, 1), {}).get("tokens_per_second")
         base_tps[T] = float(value) if value else None
     parts = [f"# {title}", ""] + list(notes) + ([""] if notes else [])
-    parts += ["## Quality, compute and throughput (Table 2 layout)", "", _table2(index, pairs, steps, base_tps), ""]
-    parts += ["## Refresh-interval sweep (Table 5 layout)", "", _table5(index, pairs, steps), ""]
+    heading = "#" * level
+    parts += [f"{heading} Quality, compute and throughput (paper Table 2 layout)", "",
+              _table2(index, pairs, steps, base_tps), ""]
+    parts += [f"{heading} Refresh-interval sweep (paper Table 4 layout)", "", _table4(index, pairs, steps), ""]
     return "\n".join(parts)
 
 

@@ -1,4 +1,4 @@
-"""Evaluation sweeps over models, sampling budgets T and refresh policies K (paper Tables 2 and 5).
+"""Evaluation sweeps over models, sampling budgets T and refresh policies K (paper Tables 2 and 4).
 
 ``tadm eval sweep`` is a thin front over :mod:`tadm.eval.pipeline`, the stages a study runs too: for
 every cell (model, T, K) it samples, scores (Gen PPL and MAUVE under one evaluator, from one pass

@@ -444,10 +444,7 @@ def _sampling_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
         rows = _sweep_rows(res, ev)
         if not any(r["model"] != "data" for r in rows):
             continue
-        table = markdown_report(rows, throughput_baseline=adlm, title="x").split("\n", 2)[2]
-        table = table.replace("## Quality, compute and throughput (Table 2 layout)",
-                              "### Quality, compute and throughput (paper Table 2 layout)")
-        table = table.replace("## Refresh-interval sweep (Table 5 layout)", "### Refresh-interval sweep (paper Table 4 layout)")
+        table = markdown_report(rows, throughput_baseline=adlm, title="x", level=3).split("\n", 2)[2]
         lines += [f"## Sampling sweep, Gen PPL and MAUVE under {_ev_label(ev)}", "",
                   f"{cfg.sampling.num_samples} samples of {cfg.data.seq_len} tokens per cell (seed "
                   f"{cfg.sampling.seed}), sampler `{cfg.sampling.sampler.name}` (top-p {cfg.sampling.sampler.top_p}, nucleus "
