@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+import tadm.eval.throughput as throughput_mod
 from tadm.eval.compute import layer_calls
+from tadm.eval.pipeline import throughput_note
 from tadm.eval.throughput import measure_throughput, resolve_dtype
 from tadm.sampling import generate, get_sampler
 from tests.eval.test_evaluator import tiny_diffusion
@@ -82,3 +86,23 @@ def test_interleaved_timing_shuffles_every_round_and_reports_median_min_max():
         assert result.layer_calls["total"] == result.analytic_layer_calls
     with pytest.raises(ValueError, match="num_generations must be >= 5"):
         interleaved_throughput(cells, num_generations=2)
+
+
+def test_tokens_per_second_is_tokens_over_the_median_time_and_the_note_says_so(monkeypatch):
+    """With 4 timed generations of 0.05, 0.10, 0.30 and 0.40 s (after an untimed warm-up), tokens/s is
+    16 / median(seconds) = 16 / 0.2 = 80, not the median of the per-generation tokens/s (104.17); the report's
+    note names that quantity (the paper only divides tokens by end-to-end generation time)."""
+    # the warm-up reads the clock once (it is not timed); each timed generation reads it at its start and end
+    readings = iter([0.0, 9.0, 9.05, 10.0, 10.10, 11.0, 11.30, 12.0, 12.40])
+    monkeypatch.setattr(throughput_mod, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    model = tiny_diffusion("mdlm")
+    result = measure_throughput(model, get_sampler("mdlm", model.mask_token_id), seq_len=16, num_steps=2,
+                                num_generations=4, warmup=1)
+    assert result.seconds == pytest.approx([0.05, 0.10, 0.30, 0.40])  # the warm-up is not timed
+    assert result.tokens_per_second == pytest.approx(80.0)
+    assert (result.tokens_per_second_min, result.tokens_per_second_max) == pytest.approx((40.0, 320.0))
+    row = {"tokens_per_second": 80.0, "throughput_generations": 4, "throughput_batch_size": 1}
+    note = throughput_note([row], warmup=1)
+    assert note == ("Throughput: tokens/s = generated tokens / median generation time [slowest-fastest generation] "
+                    "of 4 timed generations of batch 1 after 1 warm-up, all cells interleaved in shuffled rounds")
+    assert "median tokens/s" not in note

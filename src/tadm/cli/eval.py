@@ -501,7 +501,8 @@ def _add_sweep(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--mauve-min-samples", type=positive_int, default=50, metavar="N",
                    help="cells with fewer samples or reference texts get no MAUVE (default 50)")
     p.add_argument("--throughput-generations", type=nonnegative_int, default=20, metavar="N",
-                   help="timed generations per cell, >= 5 (median with min and max); 0: skip")
+                   help="timed generations per cell, >= 5 (tokens over the median time, with the slowest and "
+                        "fastest); 0: skip")
     p.add_argument("--throughput-batch-size", type=positive_int, default=1, metavar="B")
     p.add_argument("--throughput-warmup", type=nonnegative_int, default=1, metavar="N")
     p.add_argument("--throughput-baseline", default=None, metavar="NAME", help="model whose K=1 tok/s is 1.00x")

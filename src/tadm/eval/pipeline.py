@@ -10,7 +10,7 @@ skipping the cells already done:
 2. :func:`score_cells`: per evaluator, Gen PPL with the MAUVE features of the same forward passes
    (one pass over the samples), MAUVE against the held-out reference, and the unigram entropy;
    the reference text's own row (``scores/EVALUATOR/…``);
-3. :func:`time_cells`: tokens/s of every cell, timed together in shuffled interleaved rounds
+3. :func:`time_cells`: tokens/s of every cell (tokens over the median generation time), timed together in shuffled interleaved rounds
    (``throughput.json``);
 4. :func:`cell_rows`: one row per (cell, evaluator) merging the three with the analytic compute.
 
@@ -514,7 +514,8 @@ def throughput_note(rows: Sequence[dict[str, Any]], warmup: int | None = None) -
         return "Throughput: not timed."
     how = "; ".join(f"{g} timed generations of batch {b}" for g, b in timed)
     after = f" after {warmup} warm-up" if warmup is not None else ""
-    return f"Throughput: median tokens/s [slowest-fastest] of {how}{after}, all cells interleaved in shuffled rounds"
+    return (f"Throughput: tokens/s = generated tokens / median generation time [slowest-fastest generation] of "
+            f"{how}{after}, all cells interleaved in shuffled rounds")
 
 
 def timing_warmup(store: PipelineStore) -> int | None:

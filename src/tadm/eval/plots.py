@@ -241,7 +241,7 @@ def plot_pareto(
     for axis in (ax.xaxis, ax.yaxis):  # plain numbers rather than 2 x 10^1 on the log axes
         axis.set_major_formatter(FormatStrFormatter("%g"))
         axis.set_minor_formatter(FormatStrFormatter("%g"))
-    ax.set(xlabel="measured throughput (tokens/s, median)",
+    ax.set(xlabel="measured throughput (tokens / median generation time, tokens/s)",
            ylabel=metric.replace("_", " ").replace("gen ppl", "Gen PPL") + " (lower is better)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3, which="both")

@@ -117,7 +117,7 @@ def format_mauve(row: dict[str, Any]) -> str:
 
 
 def format_tps(row: dict[str, Any], digits: int = 2) -> str:
-    """Median tokens/s with [slowest-fastest] when known."""
+    """Tokens/s (tokens over the median generation time) with the [slowest-fastest] generation's when known."""
     tps = row.get("tokens_per_second")
     if tps is None:
         return "-"

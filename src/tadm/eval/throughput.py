@@ -1,11 +1,15 @@
 """Measured generation throughput (tokens/s) with the exact and analytic Transformer-layer calls.
 
-Convention of the paper (Table 2, "Inference speed-up"): throughput counts all L generated
-positions of every sample, including those after the first end-of-text token, and is measured over
-a number of generations (20 in the paper, batch size 1) after warm-up. tokens/s is the MEDIAN over
-the timed generations (robust to a stray slow run), reported with the fastest and slowest. On CUDA
-the device is synchronised before the clock starts and before it stops. Lower precision runs under
-``torch.autocast``.
+What the paper states (Table 2 and its "Inference speed-up" paragraph; the post-training
+appendix): throughput is the number of generated tokens divided by the end-to-end generation time,
+counting all L generated positions of every sample (those after the first end-of-text token
+included), measured over 20 generations of length 1,024. How the timed generations are summarised
+is tadm's choice, not the paper's: tokens/s = tokens of one generation / the MEDIAN wall time of
+the timed generations (robust to a stray slow run), after ``warmup`` untimed generations (also a
+tadm choice: the first call pays for kernel selection and allocation). This is neither the median
+of the per-generation tokens/s (they differ for an even count) nor total tokens over total time.
+The slowest and fastest generation's tokens/s come with it. On CUDA the device is synchronised
+before the clock starts and before it stops. Lower precision runs under ``torch.autocast``.
 
 To compare configurations fairly, :func:`interleaved_throughput` times many (model, T, K) cells
 in rounds: every round times one generation of every cell in a freshly shuffled order, so a drift
@@ -43,7 +47,8 @@ DTYPES = DTYPE_SPELLINGS  # autocast dtypes, in tadm.devices' vocabulary
 
 @dataclass
 class ThroughputResult:
-    """Median tokens/s over timed generations plus the layer calls of one generation (counted and analytic)."""
+    """Tokens over the median time of the timed generations, plus the layer calls of one generation (counted and
+    analytic)."""
 
     tokens_per_second: float  # tokens of one generation / median seconds
     seconds: list[float]  # wall time of each timed generation
@@ -109,9 +114,9 @@ def interleaved_throughput(
 
     Round r (warm-up rounds first) runs one generation of every cell, in an order shuffled by
     ``random.Random(order_seed + r)``; generation g of a cell uses a generator seeded with
-    ``seed + g`` (warm-up included). Returns each cell's :class:`ThroughputResult` (median tokens/s
-    with min and max). Fewer than ``min_generations`` timed generations (5: no meaningful median)
-    or no cells is a ValueError.
+    ``seed + g`` (warm-up included). Returns each cell's :class:`ThroughputResult` (tokens over the
+    median generation time, with the slowest and fastest generation's tokens/s). Fewer than
+    ``min_generations`` timed generations (5: no meaningful median) or no cells is a ValueError.
     """
     if num_generations < min_generations:
         raise ValueError(f"num_generations must be >= {min_generations} for a median with min and max, "

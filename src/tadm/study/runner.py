@@ -14,7 +14,8 @@ only rebuilds the report. The units, in order:
 5. ``samples/NAME-sSEED/T*-K*.json``: the K x T sampling sweep (token ids, exact layer calls);
 6. ``scores/EVALUATOR/...json``: Gen PPL, entropy and MAUVE of each sample set, and of the held-out
    reference text (``data.json``), per evaluator;
-7. ``throughput.json``: tokens/s of every sampling cell, timed interleaved (median, min, max);
+7. ``throughput.json``: tokens/s of every sampling cell (tokens over the median generation time, with the
+   slowest and fastest generation's), timed interleaved;
 8. ``results.json`` / ``results.csv`` / ``report.md`` / ``plots/``: rebuilt from the units
    (:mod:`tadm.study.report`).
 
