@@ -58,6 +58,8 @@ def test_owt_small_is_the_paper_setting() -> None:
         2500, 1.0, 0.9999, "bf16")
     assert cfg.objective.refresh_intervals == [1, 2, 4, 8]
     assert cfg.objective.step_budgets == [128, 256, 512, 1024, 2048, 4096]
+    # validation keeps its cost: 16 batches of 16 blocks, not 16 of the 512-sequence global batch
+    assert (cfg.train.eval_batches, cfg.train.eval_batch_size) == (16, 16)
     with torch.device("meta"):
         model = build_training_model(cfg, FakeTokenizer(50258))  # type: ignore[arg-type]
     # 224M inference parameters (the paper's count; gamma = 0 builds no anchor LM head)
