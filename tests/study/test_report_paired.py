@@ -1,7 +1,7 @@
 """The study report's spreads are over training seeds, and its paired table tests seeds as pairs."""
 
 from tadm.study.config import load_study_config
-from tadm.study.report import _model_table, _paired_table
+from tadm.study.report import _likelihood_lines, _model_table, _paired_table, _sampling_lines
 
 
 def _cfg():
@@ -44,3 +44,28 @@ def test_model_table_spread_is_over_training_seeds_not_records():
 def test_no_pairs_no_table():
     res = {"staleness": [_staleness("tadm", 0, 0, 0.02)], "cached": [], "samples": []}
     assert _paired_table(_cfg(), res) is None
+
+
+def _sample(seed, gen_ppl, tps, mauve):
+    return {"evaluator": "ar", "model": "tadm", "seed": seed, "steps": 8, "refresh": 2, "gen_ppl": gen_ppl,
+            "entropy": 4.0, "mauve": mauve, "mauve_num_samples": 64, "mauve_buckets": 6, "tokens_per_second": tps,
+            "tokens_per_second_min": tps - 10.0, "tokens_per_second_max": tps + 10.0, "throughput_generations": 5,
+            "throughput_batch_size": 1, "layer_calls": 16, "compute_relative": 0.5}
+
+
+def test_sampling_and_cached_sections_say_they_show_means_over_two_training_seeds():
+    cfg = _cfg()
+    res = {"samples": [_sample(0, 20.0, 100.0, 0.5), _sample(1, 30.0, 200.0, 0.7)], "data": [], "baseline_layers": 3,
+           "models": [], "likelihood": [], "staleness": [],
+           "cached": [{"model": "tadm", "seed": s, "eval_seed": 0, "bounds": {"1": 2.0, "2": 2.0 * (1 + inc)},
+                       "increase": {"2": inc}} for s, inc in ((0, 0.10), (1, 0.20))]}
+    text = "\n".join(_sampling_lines(cfg, res))
+    assert "is the mean over the models of training seeds 0, 1" in text
+    assert "| tadm (K=2) | 0.600 [64, 6 cl.] | 25.00 | 4.000 | 150.00 [140.0-160.0] |" in text  # means of both seeds
+    assert "median tokens/s" not in text
+    one_seed = "\n".join(_sampling_lines(cfg, {**res, "samples": res["samples"][:1]}))
+    assert "mean over the models of training seeds" not in one_seed
+    cached = "\n".join(_likelihood_lines(cfg, res))
+    assert "| tadm | 2.0000 | 2.3000 (+15.00% ± 5.00) |" in cached  # increases 10% and 20%: ± is half their range
+    assert "mean over training seeds ± half the range of the per-training-seed values" in cached.split(
+        "## Cached reverse process")[1]

@@ -320,7 +320,8 @@ def _ev_label(ev: str) -> str:
 
 
 def _sweep_rows(res: dict[str, Any], ev: str) -> list[dict[str, Any]]:
-    """Sampling rows of one evaluator, averaged over sampled seeds, in the shape of ``markdown_report``."""
+    """Sampling rows of one evaluator in the shape of ``markdown_report``: per (model, T, K), Gen PPL, entropy,
+    MAUVE, tok/s and its slowest and fastest are each the mean over the sampled training seeds."""
     rows: list[dict[str, Any]] = [dict(r) for r in res["data"] if r["evaluator"] == ev]
     groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for r in res["samples"]:
@@ -432,7 +433,9 @@ def _likelihood_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
         discrete = cfg.staleness.discrete_steps or min(cfg.staleness.steps)
         lines += [f"## Cached reverse process, discrete-time bound (T = {discrete})", "",
                   "Nats/token of the discrete-time bound of Algorithm 1's cached process (t'(i) = time of the most "
-                  "recent refresh), and its increase over K = 1.", "", _cached_table(cfg, res), ""]
+                  "recent refresh), mean over training seeds (each averaged over its evaluation seeds); in "
+                  "parentheses its increase over K = 1, mean over training seeds ± half the range of the "
+                  "per-training-seed values where several were run.", "", _cached_table(cfg, res), ""]
     return lines
 
 
@@ -445,6 +448,10 @@ def _sampling_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
         if not any(r["model"] != "data" for r in rows):
             continue
         table = markdown_report(rows, throughput_baseline=adlm, title="x", level=3).split("\n", 2)[2]
+        seeds = sorted({r["seed"] for r in res["samples"] if r["evaluator"] == ev})
+        averaged = (f" Every number of a cell (MAUVE, Gen PPL, entropy, tok/s and its [slowest-fastest]) is the mean "
+                    f"over the models of training seeds {', '.join(map(str, seeds))}, not a median or a pooled value."
+                    if len(seeds) > 1 else "")
         lines += [f"## Sampling sweep, Gen PPL and MAUVE under {_ev_label(ev)}", "",
                   f"{cfg.sampling.num_samples} samples of {cfg.data.seq_len} tokens per cell (seed "
                   f"{cfg.sampling.seed}), sampler `{cfg.sampling.sampler.name}` (top-p {cfg.sampling.sampler.top_p}, nucleus "
@@ -452,7 +459,7 @@ def _sampling_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
                   f"{cfg.sampling.model_seeds or 'first'}. MAUVE [samples, k-means clusters] against "
                   f"{cfg.sampling.reference} ({cfg.sampling.reference_split}). Compute: Transformer-layer calls of one "
                   f"generation relative to a {res['baseline_layers']}-layer MDLM. " + throughput_note(rows).rstrip(".")
-                  + (f"; (x) relative to {adlm} at K = 1." if adlm else "."), "", table.strip(), ""]
+                  + (f"; (x) relative to {adlm} at K = 1." if adlm else ".") + averaged, "", table.strip(), ""]
     lines += ["## Degradation from K = 1 to the largest K", "",
               f"Relative change of Gen PPL from K = 1 to K = {_largest_fixed(cfg)} (same samples' settings), and "
               f"of the likelihood bound from cache age 0 to {cfg.staleness.max_age}; mean over training seeds ± half "
