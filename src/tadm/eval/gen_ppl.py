@@ -4,7 +4,8 @@ Procedure (MDLM / ReMDM reference code, evaluator GPT-2 Large in the paper):
 
 1. decode each sample's token ids to text with the diffusion model's tokenizer
    (:func:`decode_samples`; special tokens such as ``<|endoftext|>`` are kept as text);
-2. re-tokenize every text with the evaluator's tokenizer (no BOS/EOS added);
+2. re-tokenize every text with the evaluator's tokenizer (no BOS/EOS added), keeping all its tokens
+   (the reference truncates; see *Differences from the reference* below);
 3. cut each text into consecutive chunks of ``context_size`` tokens (1,024, or the evaluator's
    maximum length if smaller); each chunk is scored on its own, so its first token is context
    only and is never scored;
@@ -17,10 +18,25 @@ Which positions count. Target position j >= 1 of a chunk (predicting token j fro
 counts iff it is a real token (not padding) and either its token is not an end-of-text id, or
 it is the FIRST end-of-text token of the chunk, position 0 included. End-of-text ids are the
 evaluator's EOS and pad ids and ``<|endoftext|>`` (:attr:`Evaluator.end_ids`). This is the
-reference code's mask ``first_eos | (token != eos)`` with ``first_eos = cumsum(token == eos) == 1``;
-the one difference is that padding never counts here, while the reference pads with EOS and so
-scores the first pad of a sample that has no EOS in that chunk, which makes its number depend on
-the batch.
+reference code's mask ``first_eos | (token != eos)`` with ``first_eos = cumsum(token == eos) == 1``.
+
+Differences from the reference (ReMDM's ``compute_generative_perplexity`` / ``eval_retokenize``):
+
+* Length. The reference re-tokenizes with ``truncation=True, max_length=L`` (the model's
+  generation length), so it scores at most L evaluator tokens of a sample. tadm scores every
+  evaluator token of a decoded sample, the chunks past L included: a tadm model's tokenizer is not
+  the evaluator's, and L of its tokens usually re-tokenize into more than L evaluator tokens, so
+  cutting at L evaluator tokens would drop the end of the generated text. The numbers therefore
+  differ from the reference's whenever a sample re-tokenizes past L; ``gen_ppl(...,
+  max_tokens=L)`` gives the reference's truncation (the sweep and study pipeline does not pass it).
+* Padding. Padding never counts here. The reference tokenizes the whole sample set in one call
+  with ``padding=True``, padding with EOS, so every text shorter than the set's longest (truncated)
+  text has its first pad scored as a predicted end of text when its chunk holds no EOS of its own:
+  the extra scored position depends on the longest text of the set, not on the batch size. A
+  sample that starts with ``<|endoftext|>`` (as a BOS) never has its pad scored there, since its
+  first EOS is position 0, which is context only. When every sample re-tokenizes to L tokens or
+  more, nothing is padded and the two masks agree. (The reference's number does depend on its batch
+  size in another way: it scores only the first ``N // batch_size * batch_size`` samples.)
 """
 
 from __future__ import annotations
