@@ -109,7 +109,12 @@ def _how_to_supply(name: str = DEFAULT_EVALUATOR, supply: str = "pass --evaluato
 # ------------------------------------------------------------------------------------- the evaluator
 @dataclass
 class EvaluatorOutput:
-    """One forward pass: next-token logits (B, n, V) in float32 and last-layer hidden states (B, n, D) or None."""
+    """One forward pass: next-token logits (B, n, V) in float32 and last-layer hidden states (B, n, D) or None.
+
+    ``hidden`` (the MAUVE features) is ``hidden_states[-1]`` of a Hugging Face evaluator, after the final norm,
+    but the last DiT block's output before the output layer's norm for a tadm AR evaluator
+    (:func:`evaluator_from_ar_model`).
+    """
 
     logits: Tensor
     hidden: Tensor | None
@@ -170,7 +175,9 @@ def evaluator_from_hf(
     """Wrap a ``transformers`` causal LM and tokenizer (already loaded) as an :class:`Evaluator`.
 
     End-of-text ids: the tokenizer's EOS and pad ids and the id of ``<|endoftext|>`` if the
-    vocabulary has it (GPT-2's EOS; SmolLM2's document separator).
+    vocabulary has it (GPT-2's EOS; SmolLM2's document separator). Features are ``hidden_states[-1]``,
+    which transformers returns after the final norm (GPT-2's ``ln_f``, Llama's ``norm``), as mauve-text
+    featurizes text.
     """
     device = torch.device(device)
     model = model.to(device).eval()
@@ -208,7 +215,11 @@ def evaluator_from_ar_model(
 
     ``TextTokenizer.encode`` treats a literal ``<|endoftext|>`` as plain text, so the text is split
     on the tokenizer's EOS string and the pieces are joined with the EOS id, as a Hugging Face
-    tokenizer would. Features are the last DiT block's output (before the output layer's norm).
+    tokenizer would. Features are the last DiT block's output, BEFORE the output layer's norm
+    (``FinalLayer.norm_final`` and its modulation): unlike a Hugging Face evaluator's ``hidden_states[-1]``,
+    which comes after the final norm. This is kept on purpose, since moving it would change every MAUVE
+    already reported with a tadm AR evaluator (the studies' in-domain AR); MAUVE under a tadm AR and
+    under a Hugging Face evaluator are different numbers in any case.
     """
     device = torch.device(device)
     model = model.to(device).eval()

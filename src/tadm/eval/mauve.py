@@ -3,6 +3,11 @@
 As in the reference setup (MAUVE with GPT-2 Large features, ``max_text_length`` 1,024), each text
 is re-tokenized with the evaluator's tokenizer, truncated to its first ``max_tokens`` tokens, and
 represented by the evaluator's last-layer hidden state at its last token (:func:`text_features`).
+Which hidden state depends on the evaluator: for a Hugging Face evaluator it is ``hidden_states[-1]``,
+after the final norm, as mauve-text takes it; for a tadm AR evaluator it is the last DiT block's
+output before the output layer's norm (:func:`~tadm.eval.evaluator.evaluator_from_ar_model`). tadm
+keeps the latter as it is, because moving it would change every MAUVE already reported with an
+in-domain AR evaluator; compare MAUVE values only under the same evaluator.
 The score itself always comes from the ``mauve-text`` package,
 ``mauve.compute_mauve(p_features=..., q_features=...)``, with P the reference and Q the samples;
 its defaults are kept (``num_buckets="auto"`` = max(2, round(min(n_p, n_q) / 10)) clusters, PCA to
