@@ -206,3 +206,38 @@ def test_references_are_whole_blocks_decoded_like_samples(world, tmp_path):
     tok = tiny_tokenizer()
     texts, ids = sweep_mod._reference(cfg, tok, 16, lambda m: None)
     assert ids.shape[1] == 16 and texts == decode_samples(ids, tok)  # framing included, as in the samples
+
+
+def test_the_reference_spec_records_only_settings_other_than_those_of_earlier_units(world, tmp_path):
+    """Units made before the reference count and held-out share were recorded (count = num_samples, share 0.02)
+    keep their spec; any other value is recorded, so those units are not reused for it."""
+    assert config(world, tmp_path).reference_spec() == {}
+    assert config(world, tmp_path, num_reference=4).reference_spec() == {}  # = num_samples: the same reference
+    assert config(world, tmp_path, num_reference=3).reference_spec() == {"num_reference": 3}
+    assert config(world, tmp_path, reference_val_fraction=0.05).reference_spec() == {}  # split "all": no held-out share
+    held_out = config(world, tmp_path, reference_split="val", reference_val_fraction=0.05, num_reference=60)
+    assert held_out.reference_spec() == {"num_reference": 60, "reference_val_fraction": 0.05}
+    assert config(world, tmp_path, reference_split="val", reference_val_fraction=0.02).reference_spec() == {}
+
+
+@pytest.mark.slow
+def test_changed_mauve_clusters_or_reference_count_rescore_and_keep_the_samples(world, tmp_path):
+    quiet = {"progress": False, "log": lambda m: None}
+    out = tmp_path / "rescore"
+
+    def sweep(**changes):
+        result = run_sweep(config(world, out, refresh=[1], throughput_generations=0, **changes), **quiet)
+        return result, next(r for r in result.rows if r["model"] == "tadm")
+
+    first, row = sweep(mauve_num_buckets="auto")
+    assert row["mauve_buckets"] == 2 and row["mauve_num_reference"] == 4
+    unit = json.loads(next(out.glob("scores/*/tadm-T8-K1.json")).read_text())["spec"]
+    assert not {"mauve_num_buckets", "num_reference"} & set(unit)  # the defaults leave the spec as it always was
+    assert sweep(mauve_num_buckets="auto")[0].evaluated == []
+    three, row = sweep(mauve_num_buckets=3)
+    assert [u.split()[-3:] for u in three.evaluated] == [["tadm", "T=8", "K=1"]]  # the score only, not the samples
+    assert row["mauve_buckets"] == 3
+    fewer, row = sweep(mauve_num_buckets=3, num_reference=3)
+    assert sorted(u.split()[-1] for u in fewer.evaluated) == ["K=1", "data"]
+    assert row["mauve_num_reference"] == 3
+    assert sweep(mauve_num_buckets=3, num_reference=3)[0].evaluated == []

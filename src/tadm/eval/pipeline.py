@@ -50,6 +50,7 @@ __all__ = ["MAUVE_SEED", "Cell", "PipelineStore", "SamplerSection", "SamplingSet
            "score_cells", "throughput_note", "time_cells", "timing_warmup"]
 
 MAUVE_SEED = 25  # mauve-text's default k-means seed
+MAUVE_DEFAULT_BUCKETS = "auto"  # what every score unit was made with before the count was recorded
 Log = Callable[[str], None]
 PathForm = Callable[[str], str]  # how a unit spec writes a model or evaluator path
 
@@ -119,7 +120,7 @@ class SamplingSettings:
     reference_split: str = "val"
     mauve: bool = True
     mauve_min_samples: int = MAUVE_MIN_SAMPLES  # fewer samples or reference texts per side: no MAUVE
-    mauve_num_buckets: Any = "auto"
+    mauve_num_buckets: Any = MAUVE_DEFAULT_BUCKETS
     throughput_generations: int = 5  # 0: not timed
     throughput_warmup: int = 1
     throughput_batch_size: int = 1
@@ -373,13 +374,18 @@ def check_scoring_dependencies(settings: SamplingSettings) -> None:
 
 def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_spec: Callable[[str], str],
                 reference: Callable[[], tuple[list[str], Any]] | None,
-                load: Callable[[str], Any] | None = None) -> None:
+                load: Callable[[str], Any] | None = None, reference_spec: dict[str, Any] | None = None) -> None:
     """Stage 2: per evaluator, Gen PPL, MAUVE (features from the same pass) and entropy of every sample set.
 
     ``evaluator_spec(name)`` is the loadable spec of an evaluator name (recorded in the units as the store
     writes a path, :meth:`PipelineStore.recorded`);
     ``load(name)`` returns the evaluator (default: :func:`~tadm.eval.evaluator.load_evaluator` of its
-    spec), only when some unit needs it; ``reference()`` returns the held-out texts and their ids.
+    spec), only when some unit needs it; ``reference()`` returns the held-out texts and their ids;
+    ``reference_spec`` holds what else those texts depend on (a front door's own settings, such as a
+    sweep's reference count), recorded in the spec of the data unit and of every score unit.
+    A MAUVE cluster count other than "auto" is recorded in the score units' specs; like every key added
+    since units were first written, it is left out at the value earlier units were made with, so that
+    they are still reused.
     """
     s = run.settings
     use_mauve = s.mauve and s.reference is not None
@@ -387,15 +393,20 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
         run.log(f"note: MAUVE is not computed: {s.num_samples} samples per cell < the minimum of "
                 f"{s.mauve_min_samples} (raise the sample count, or lower mauve_min_samples knowingly)")
     forms = run.store.forms
+    described = dict(reference_spec or {}) if s.reference is not None else {}
+    buckets = ({"mauve_num_buckets": s.mauve_num_buckets}
+               if use_mauve and s.mauve_num_buckets != MAUVE_DEFAULT_BUCKETS else {})
     for name in s.evaluators:
         spec_of = evaluator_spec(name)
         bases = [{"evaluator": form(spec_of), "reference": s.reference, "reference_split": s.reference_split,
-                  "reference_blocks": "whole", "mauve": use_mauve, "mauve_min_samples": s.mauve_min_samples}
+                  "reference_blocks": "whole", "mauve": use_mauve, "mauve_min_samples": s.mauve_min_samples,
+                  **described}
                  for form in forms]
         data_path = run.store.score_path(name, None)
         data_specs = [{**base, "num_samples": s.num_samples, "length": run.length} for base in bases]
         need_data = s.reference is not None and not run.store.done_as_any(data_path, data_specs)
-        todo = [(c, [{**base, "samples": sample_spec(c, s, run.length, form)} for base, form in zip(bases, forms)])
+        todo = [(c, [{**base, **buckets, "samples": sample_spec(c, s, run.length, form)}
+                     for base, form in zip(bases, forms)])
                 for c in cells]
         todo = [(c, specs) for c, specs in todo if not run.store.done_as_any(run.store.score_path(name, c), specs)]
         run.skipped += [f"score {name} data"] if s.reference is not None and not need_data else []

@@ -37,6 +37,7 @@ __all__ = ["PAPER_BASELINE_LAYERS", "SweepConfig", "SweepOutput", "parse_model_s
            "run_sweep"]
 
 PAPER_BASELINE_LAYERS = 12  # the paper normalises compute to the 12-layer MDLM
+REFERENCE_VAL_FRACTION = 0.02  # the default held-out share of the reference, which every earlier unit used
 
 
 def parse_model_specs(specs: Sequence[str]) -> dict[str, str]:
@@ -73,7 +74,7 @@ class SweepConfig:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     length: int | None = None
     tokenizer: str | None = None
-    reference_val_fraction: float = 0.02
+    reference_val_fraction: float = REFERENCE_VAL_FRACTION
     num_reference: int | None = None
     baseline_layers: int | None = None
     throughput_baseline: str | None = None
@@ -90,6 +91,18 @@ class SweepConfig:
         if self.throughput_baseline is not None and self.throughput_baseline not in self.models:
             raise ValueError(f"throughput baseline {self.throughput_baseline!r} is not one of the sweep's models "
                              f"({', '.join(self.models)})")
+
+    def reference_spec(self) -> dict[str, Any]:
+        """What the held-out reference depends on besides ``sampling``, as the data and score units record it:
+        ``num_reference`` when it is set to another count than ``num_samples``, and ``reference_val_fraction``
+        when the reference is a held-out split of another share than the default. Each is left out at the
+        value every unit written before it was recorded was made with, so that those units are still reused."""
+        s, spec = self.sampling, {}
+        if self.num_reference is not None and self.num_reference != s.num_samples:
+            spec["num_reference"] = self.num_reference
+        if s.reference_split == "val" and self.reference_val_fraction != REFERENCE_VAL_FRACTION:
+            spec["reference_val_fraction"] = self.reference_val_fraction
+        return spec
 
     def cells(self, name: str) -> list[Cell]:
         return [Cell(label=name, model_path=self.models[name], steps=T, policy=policy)
@@ -212,7 +225,7 @@ def run_sweep(config: SweepConfig, *, evaluator: Evaluator | None = None, overwr
         sample_cells(run, config.cells(name))
         score_cells(run, config.cells(name), tokenizer=tok, evaluator_spec=lambda ev: ev, load=load,
                     reference=(lambda tok=tok, length=length: _reference(config, tok, length, log))
-                    if config.sampling.reference is not None else None)
+                    if config.sampling.reference is not None else None, reference_spec=config.reference_spec())
         ran += run.ran
     all_cells = [cell for name in config.models for cell in config.cells(name)]
     first = runs[next(iter(config.models))]
