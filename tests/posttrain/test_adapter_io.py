@@ -72,3 +72,57 @@ def test_mismatched_backbone_and_corrupt_files_are_refused(gemma, tmp_path):
         load_adapter_config(directory)
     with pytest.raises(FileNotFoundError, match="not a tadm adapter directory"):
         load_adapter_config(tmp_path)
+
+
+MALFORMED = {
+    "not-json": ("{not json", "is not valid JSON: Expecting property name"),
+    "a-list": ("[1, 2]", "must hold a JSON object, got list"),
+    "rank-as-text": ({"rank": "8"}, "'rank' must be an integer >= 1, got '8'"),
+    "zero-heads": ({"num_heads": 0}, "'num_heads' must be an integer >= 1, got 0"),
+    "negative-rank": ({"rank": -8}, "'rank' must be an integer >= 1, got -8"),
+    "null-count": ({"shared_layers": None}, "'shared_layers' must be an integer >= 0, got None"),
+    "bool-size": ({"hidden_size": True}, "'hidden_size' must be an integer >= 1, got True"),
+    "nan-gate": ({"gate_bias": float("nan")}, "'gate_bias' must be a finite number, got nan"),
+    "zero-eps": ({"eps": 0}, "'eps' must be a finite number > 0, got 0"),
+    "empty-base": ({"base_model": ""}, "'base_model' must be a non-empty string, got ''"),
+    "indivisible": ({"rank": 9}, "'rank' 9 must be divisible by 'num_heads' 2"),
+    "layers-disagree": ({"denoiser_layers": 5}, "= 9 must equal 'num_layers' 6"),
+    "missing-key": ({"hidden_size": KeyError}, "missing keys ['hidden_size']"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_adapter_config_is_one_line_naming_file_and_key(gemma, tmp_path, case):
+    edit, needle = MALFORMED[case]
+    directory = save_adapter(tmp_path / "a", _trained(gemma), base_model="tiny")
+    path = directory / ADAPTER_CONFIG_NAME
+    if isinstance(edit, str):
+        path.write_text(edit)
+    else:
+        payload = json.loads(path.read_text())
+        for key, value in edit.items():
+            if value is KeyError:
+                del payload[key]
+            else:
+                payload[key] = value
+        path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError) as error:
+        load_adapter_config(directory)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(str(path)) and needle in message, message
+    with pytest.raises(ValueError, match="^" + str(path)):  # attaching reads it the same way
+        attach_adapter(DiffusionGemmaBackbone(gemma), directory)
+
+
+def test_a_malformed_adapter_config_is_one_cli_line(gemma, tmp_path, capsys):
+    from tadm.cli import main
+
+    gemma.save_pretrained(tmp_path / "base")
+    directory = save_adapter(tmp_path / "a", _trained(gemma), base_model="tiny")
+    (directory / ADAPTER_CONFIG_NAME).write_text('{"format": 1, "num_heads": 0}')
+    code = main(["posttrain", "sample", "--base", str(tmp_path / "base"), "--adapter", str(directory), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("tadm ")]  # not transformers' progress bars
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("tadm posttrain sample: error: ") and "missing keys" in lines[0]
+    assert str(directory / ADAPTER_CONFIG_NAME) in lines[0]

@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from tadm.hf import first_line, is_repo_id
+from tadm.nn.hub import read_config
 from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.records import replace_atomically, write_text
@@ -156,21 +157,63 @@ def save_adapter(
     return directory
 
 
+_POSITIVE_KEYS = ("num_layers", "hidden_size", "rank", "num_heads")  # integers >= 1
+_COUNT_KEYS = ("shared_layers", "anchor_layers", "denoiser_layers")  # integers >= 0
+_TEXT_KEYS = ("base_model", "backbone", "adapter_type")  # non-empty strings
+
+
+def _check_adapter_values(path: Path, payload: dict[str, Any]) -> None:
+    """Raise a one-line ValueError naming ``path`` and the key whose value an :class:`AdapterConfig` cannot hold."""
+    def bad(key: str, valid: str) -> ValueError:
+        return ValueError(f"{path}: {key!r} must be {valid}, got {payload[key]!r}")
+
+    for key in _TEXT_KEYS:
+        if not isinstance(payload[key], str) or not payload[key].strip():
+            raise bad(key, "a non-empty string")
+    for key, minimum in [(k, 1) for k in _POSITIVE_KEYS] + [(k, 0) for k in _COUNT_KEYS]:
+        value = payload[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise bad(key, f"an integer >= {minimum}")
+    for key, positive in (("eps", True), ("gate_bias", False)):
+        value = payload[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+                positive and value <= 0):
+            raise bad(key, "a finite number > 0" if positive else "a finite number")
+    if not isinstance(payload["extra"], dict):
+        raise bad("extra", "a JSON object")
+    if payload["rank"] % payload["num_heads"]:
+        raise ValueError(f"{path}: 'rank' {payload['rank']} must be divisible by 'num_heads' {payload['num_heads']}")
+    layers = sum(payload[key] for key in _COUNT_KEYS)
+    if layers != payload["num_layers"]:
+        raise ValueError(f"{path}: 'shared_layers' + 'anchor_layers' + 'denoiser_layers' = {layers} must equal "
+                         f"'num_layers' {payload['num_layers']}")
+
+
 def load_adapter_config(directory: str | os.PathLike[str]) -> AdapterConfig:
-    """Read ``adapter_config.json`` of a directory or Hub id; unknown or missing keys are errors naming them."""
+    """Read ``adapter_config.json`` of a directory or Hub id.
+
+    Invalid JSON, a payload that is not an object, an unknown or missing key and a value of the wrong
+    type or range (counts and sizes are integers, ``eps`` a finite number > 0, ...) are one-line
+    ValueErrors naming the file and the key.
+    """
     path = resolve_adapter(directory) / ADAPTER_CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{directory} has no {ADAPTER_CONFIG_NAME}: not a tadm adapter directory")
-    payload = json.loads(path.read_text())
+    payload = read_config(path)
     if payload.get("format") != ADAPTER_FORMAT:
         raise ValueError(f"{path}: unsupported adapter format {payload.get('format')!r} (expected {ADAPTER_FORMAT})")
-    unknown = sorted(set(payload) - set(AdapterConfig.__dataclass_fields__))
+    fields = AdapterConfig.__dataclass_fields__
+    unknown = sorted(set(payload) - set(fields))
     if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown}")
-    try:
-        return AdapterConfig(**payload)
-    except TypeError as err:
-        raise ValueError(f"{path}: {err}") from None
+        raise ValueError(f"{path}: unknown keys {unknown}; valid keys: {sorted(fields)}")
+    required = {name for name, f in fields.items() if f.default is MISSING and f.default_factory is MISSING}
+    missing = sorted(required - set(payload))
+    if missing:
+        raise ValueError(f"{path}: missing keys {missing}")
+    values = {name: f.default for name, f in fields.items() if f.default is not MISSING}
+    values = {**values, "extra": {}, **payload}  # the optional keys' defaults, checked like the rest
+    _check_adapter_values(path, values)
+    return AdapterConfig(**values)
 
 
 def load_adapter_state(directory: str | os.PathLike[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
