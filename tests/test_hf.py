@@ -62,3 +62,19 @@ def test_a_tadm_checkpoints_tokenizer_loads_without_the_model_type_warning(tmp_p
     assert hf._no_model_type_warning not in config_logger.filters  # removed again
     assert not hf._no_model_type_warning(logging.makeLogRecord({"msg": "You are using a model of type `tadm` ..."}))
     assert hf._no_model_type_warning(logging.makeLogRecord({"msg": "something else"}))
+
+
+def test_a_model_directory_without_tokenizer_files_is_refused(tmp_path) -> None:
+    """From config.json alone transformers builds a tokenizer of five special tokens that encodes every text to
+    nothing; a directory without a tokenizer file is refused by name instead."""
+    from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+
+    tiny_diffusion_gemma_config().save_pretrained(tmp_path / "base")
+    with pytest.raises(FileNotFoundError) as error:
+        hf.load_hf_tokenizer(tmp_path / "base")
+    message = str(error.value)
+    assert "\n" not in message and f"'{tmp_path / 'base'}' is a model directory without a tokenizer" in message
+    assert "tokenizer.json, tokenizer_config.json, tokenizer.model" in message
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="is not a saved Hugging Face directory"):
+        hf.load_hf_tokenizer(tmp_path / "empty")

@@ -20,10 +20,12 @@ from urllib.parse import urlsplit
 from huggingface_hub import constants
 from huggingface_hub.utils import validate_repo_id
 
-__all__ = ["NO_CUSTOM_CODE", "check_hf_source", "first_line", "hub_reachable", "is_repo_id", "load_hf",
-           "load_hf_tokenizer", "refuse_custom_code"]
+__all__ = ["NO_CUSTOM_CODE", "TOKENIZER_FILES", "check_hf_source", "first_line", "hub_reachable", "is_repo_id",
+           "load_hf", "load_hf_tokenizer", "refuse_custom_code"]
 
 NO_CUSTOM_CODE = "tadm never runs code shipped with a model (trust_remote_code=False)"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""A local tokenizer directory holds at least one of these (fast, saved, SentencePiece, BPE or WordPiece vocabulary)."""
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
@@ -96,13 +98,20 @@ def load_hf(loader: Callable[..., Any], source: str | os.PathLike[str], what: st
 def load_hf_tokenizer(source: str | os.PathLike[str], what: str = "tokenizer", **kwargs: Any) -> Any:
     """``transformers.AutoTokenizer`` from a directory or Hub id without custom code; errors are one line.
 
-    Raises FileNotFoundError naming ``source`` when it cannot be found or read, ValueError when it
-    needs custom code (see :func:`load_hf`).
+    Raises FileNotFoundError naming ``source`` when it cannot be found or read, or when it is a
+    local directory without a tokenizer file (:data:`TOKENIZER_FILES`): from a model directory
+    holding only ``config.json``, ``transformers`` would build an empty tokenizer of its special
+    tokens, which encodes every text to nothing. ValueError when it needs custom code (see :func:`load_hf`).
     """
     from transformers import AutoTokenizer  # optional dependency (the eval, posttrain and tasks extras)
 
     text = os.fspath(source)
-    check_hf_source(text, what, files=("tokenizer_config.json", "tokenizer.json", "config.json"))
+    local = Path(text).expanduser()
+    if local.is_dir() and (local / "config.json").is_file() and not any(
+            (local / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{what} {text!r} is a model directory without a tokenizer (no "
+                                f"{', '.join(TOKENIZER_FILES[:-1])} or {TOKENIZER_FILES[-1]})")
+    check_hf_source(text, what, files=TOKENIZER_FILES)
     config_logger = logging.getLogger("transformers.configuration_utils")
     config_logger.addFilter(_no_model_type_warning)
     try:

@@ -103,3 +103,25 @@ def test_prompts_come_from_flags_then_from_a_prompt_file(base_dir, capsys):
                           ("binary.txt", "binary.txt is not UTF-8 text (byte 0xff at offset 0)")):
         assert main(argv[:6] + ["--prompt-file", str(base_dir / name)]) == 2
         assert capsys.readouterr().err.strip().endswith(message), name
+
+
+@pytest.mark.parametrize("action", ["sample", "train"])
+def test_a_base_without_a_tokenizer_is_one_line_naming_it(tmp_path, capsys, action):
+    """Used to sample with transformers' empty 5-token tokenizer: prompts encoded to nothing, replies decoded to ''."""
+    base = tmp_path / "base"
+    build_tiny_gemma().save_pretrained(base)
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"prompt": "hello", "response": "fine"}) + "\n")
+    if action == "sample":
+        argv = ["posttrain", "sample", "--base", str(base), "--split", "1,3", "--raw", "--prompt", "hello",
+                "--steps", "2", "--max-new-tokens", "8"]
+        hint = "pass --tokenizer DIR"
+    else:
+        argv = ["posttrain", "train", "posttrain-tiny", f"base.path={base}", f"data.train_file={tmp_path / 'chat.jsonl'}",
+                f"train.out_dir={tmp_path / 'run'}", "split.shared_layers=1", "split.anchor_layers=3",
+                "split.denoiser_layers=2", "fusion.rank=8"]
+        hint = "set data.tokenizer=DIR"
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("tadm ")]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert f"'{base}' is a model directory without a tokenizer" in lines[0] and hint in lines[0], lines[0]

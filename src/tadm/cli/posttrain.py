@@ -155,7 +155,12 @@ def run_sample(args: argparse.Namespace) -> int:
         raise CLIError(f"--base {args.base} (backbone {type(model.backbone).__name__}) cannot encode a prompt: "
                        f"posttrain sample continues prompts of a DiffusionGemma-class base; sample tadm's own models "
                        f"with tadm sample")
-    tokenizer = load_hf_tokenizer(args.tokenizer or args.base)
+    try:
+        tokenizer = load_hf_tokenizer(args.tokenizer or args.base)
+    except FileNotFoundError as err:
+        if args.tokenizer is not None:
+            raise
+        raise CLIError(f"{err}: pass --tokenizer DIR, the base model's tokenizer") from None
     if not args.raw and not getattr(tokenizer, "chat_template", None):
         raise CLIError(f"the tokenizer of {args.tokenizer or args.base} has no chat template: pass --raw to encode "
                        "prompts as plain text, or --tokenizer DIR with a chat tokenizer")

@@ -243,7 +243,12 @@ def canvas_batches(
 def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasDataset, int]:
     """The chat JSONL cut into canvases, and the pad id."""
     d = config.data
-    tokenizer = load_hf_tokenizer(d.tokenizer or config.base.path)
+    try:
+        tokenizer = load_hf_tokenizer(d.tokenizer or config.base.path)
+    except FileNotFoundError as err:
+        if d.tokenizer is not None:
+            raise
+        raise PosttrainConfigError(f"{err}: set data.tokenizer=DIR, the base model's chat tokenizer") from None
     if not getattr(tokenizer, "chat_template", None):
         raise PosttrainConfigError(
             f"the tokenizer of {d.tokenizer or config.base.path} has no chat template, which post-training needs to "
