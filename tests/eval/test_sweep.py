@@ -7,11 +7,14 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 import tadm.eval.sweep as sweep_mod
 from tadm.cli import main
 import tadm.eval.pipeline as pipeline_mod
-from tadm.eval.pipeline import SamplerSection, SamplingSettings
+from tadm.eval.gen_ppl import decode_samples
+from tadm.eval.likelihood import packed_eval_blocks
+from tadm.eval.pipeline import SamplerSection, SamplingSettings, draw_reference
 from tadm.eval.sweep import SweepConfig, parse_model_specs, run_sweep
 from tadm.specs import load_model_and_tokenizer
 from tests.eval.test_evaluator import FIXTURE, save_ar_evaluator, tiny_diffusion, tiny_tokenizer
@@ -199,13 +202,39 @@ def test_too_few_samples_get_no_mauve_and_say_why(world, tmp_path):
     assert "n<50" in out.files["table"].read_text()
 
 
-def test_references_are_whole_blocks_decoded_like_samples(world, tmp_path):
-    from tadm.eval.gen_ppl import decode_samples
-
+def test_references_are_random_whole_blocks_decoded_like_samples(world, tmp_path):
+    """The reference is num_samples blocks drawn from all held-out blocks by a permutation seeded with 0 (as ReMDM
+    shuffles its validation loader with a seed), not the first blocks (a few documents in corpus order)."""
     cfg = config(world, tmp_path / "ref")
     tok = tiny_tokenizer()
     texts, ids = sweep_mod._reference(cfg, tok, 16, lambda m: None)
-    assert ids.shape[1] == 16 and texts == decode_samples(ids, tok)  # framing included, as in the samples
+    assert ids.shape == (4, 16) and texts == decode_samples(ids, tok)  # framing included, as in the samples
+    blocks = packed_eval_blocks(str(FIXTURE), tok, 16, cache_dir=world["root"] / "cache", split="all")
+    drawn = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(0))[:4].tolist()
+    assert len(blocks) > 100 and torch.equal(ids, blocks.get_batch(drawn))
+    assert max(drawn) > len(blocks) // 2 and not torch.equal(ids, blocks.get_batch(range(4)))  # spread over the split
+    assert torch.equal(sweep_mod._reference(cfg, tok, 16, lambda m: None)[1], ids)  # the same blocks every time
+    few_texts, few = draw_reference(blocks, 3, tok)
+    assert torch.equal(few, ids[:3]) and few_texts == texts[:3]  # a smaller reference is a prefix of the same draw
+
+
+@pytest.mark.slow
+def test_units_scored_against_the_first_blocks_are_rescored_once(world, tmp_path):
+    """Score and data units made when the reference was the first blocks (no reference_order in their spec) are
+    scored again against the random draw, once; their samples are kept."""
+    quiet = {"progress": False, "log": lambda m: None}
+    cfg = config(world, tmp_path / "old", refresh=[1], throughput_generations=0)
+    run_sweep(cfg, **quiet)
+    units = sorted((tmp_path / "old" / "scores").glob("*/*.json"))
+    assert [p.name for p in units] == ["data.json", "tadm-T8-K1.json"]
+    for path in units:  # as an earlier tadm wrote them
+        record = json.loads(path.read_text())
+        assert record["spec"].pop("reference_order") == "random"
+        path.write_text(json.dumps(record))
+    again = run_sweep(cfg, **quiet)
+    assert sorted(u.split()[-1] for u in again.evaluated) == ["K=1", "data"]  # scores only, no sample
+    assert all(json.loads(p.read_text())["spec"]["reference_order"] == "random" for p in units)
+    assert run_sweep(cfg, **quiet).evaluated == []
 
 
 def test_the_reference_spec_records_only_settings_other_than_those_of_earlier_units(world, tmp_path):

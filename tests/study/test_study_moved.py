@@ -9,11 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import tadm.eval.pipeline as pipeline_mod
 import tadm.study.report as report_mod
 import tadm.study.runner as runner_mod
+from tadm.eval.likelihood import packed_eval_blocks
+from tadm.eval.pipeline import draw_reference
 from tadm.study import load_study_config, run_study
+from tadm.study.runner import open_study
 from tests.study.test_study import write_config
 
 QUIET = {"progress": False, "log": lambda m: None}
@@ -151,3 +155,25 @@ def test_without_matplotlib_the_report_is_written_and_the_plots_skipped(finished
         run_study(_config(tmp_path, study), stages=("report",), **QUIET)
     assert (study / "results.csv").is_file() and not (study / "plots").exists()
     assert "and k)." in (study / "report.md").read_text()  # the files listed are those written
+
+
+def test_scores_made_against_the_first_blocks_are_redone_once_against_random_ones(finished, tmp_path):
+    """The study's reference is the shared random draw of the held-out blocks; score units of a study made when it
+    was the first blocks (no reference_order in their spec) are scored again once, and nothing else is redone."""
+    study = _copy(finished, tmp_path / "study")
+    cfg = _config(tmp_path, study)
+    workspace = open_study(cfg, log=lambda m: None)
+    texts, ids = workspace.reference()
+    blocks = packed_eval_blocks(cfg.sampling.reference, workspace.tokenizer(), workspace.length(),
+                                cache_dir=cfg.data.cache_dir, split="val", val_fraction=cfg.data.val_fraction, seed=0)
+    assert len(blocks) > len(ids) == cfg.sampling.num_samples
+    drawn_texts, drawn = draw_reference(blocks, len(ids), workspace.tokenizer())
+    assert texts == drawn_texts and torch.equal(ids, drawn)
+    assert not torch.equal(ids, blocks.get_batch(range(len(ids))))
+    for path in study.glob("scores/*/*.json"):  # as an earlier tadm wrote them
+        record = json.loads(path.read_text())
+        assert record["spec"].pop("reference_order") == "random"
+        path.write_text(json.dumps(record))
+    out = run_study(cfg, **QUIET)
+    assert sorted(out.ran) == ["score ar data", "score ar tadm seed 0 T=4 K=1", "score ar tadm seed 0 T=4 K=2"]
+    assert run_study(cfg, **QUIET).ran == []

@@ -8,8 +8,9 @@ skipping the cells already done:
 1. :func:`sample_cells`: ``num_samples`` unconditional samples with anchor-cache inference
    (Algorithm 1), their token ids and the layer calls counted (``samples/…/T*-K*.json``);
 2. :func:`score_cells`: per evaluator, Gen PPL with the MAUVE features of the same forward passes
-   (one pass over the samples), MAUVE against the held-out reference, and the unigram entropy;
-   the reference text's own row (``scores/EVALUATOR/…``);
+   (one pass over the samples), MAUVE against the held-out reference (blocks drawn at random by
+   :func:`draw_reference`), and the unigram entropy; the reference text's own row
+   (``scores/EVALUATOR/…``);
 3. :func:`time_cells`: tokens/s of every cell (tokens over the median generation time), timed together in shuffled interleaved rounds
    (``throughput.json``);
 4. :func:`cell_rows`: one row per (cell, evaluator) merging the three with the analytic compute.
@@ -46,11 +47,14 @@ from tadm.sampling.categorical import NUCLEUS_RULES
 from tadm.sampling.refresh import RefreshPolicy, parse_refresh, parse_refresh_list
 from tadm.sampling.registry import SAMPLERS, build_sampler, sampler_config, sampler_options
 
-__all__ = ["MAUVE_SEED", "Cell", "PipelineStore", "SamplerSection", "SamplingSettings", "cell_rows", "sample_cells",
-           "score_cells", "throughput_note", "time_cells", "timing_warmup"]
+__all__ = ["MAUVE_SEED", "REFERENCE_SEED", "Cell", "PipelineStore", "SamplerSection", "SamplingSettings", "cell_rows",
+           "draw_reference", "sample_cells", "score_cells", "throughput_note", "time_cells", "timing_warmup"]
 
 MAUVE_SEED = 25  # mauve-text's default k-means seed
 MAUVE_DEFAULT_BUCKETS = "auto"  # what every score unit was made with before the count was recorded
+REFERENCE_SEED = 0  # seeds the permutation of the held-out blocks that the reference is drawn from
+# Recorded in data and score units since the reference is drawn at random; units without it used the first blocks.
+REFERENCE_ORDER = {"reference_order": "random"}
 Log = Callable[[str], None]
 PathForm = Callable[[str], str]  # how a unit spec writes a model or evaluator path
 
@@ -348,6 +352,22 @@ def sample_cells(run: Run, cells: Sequence[Cell]) -> None:
         run.done(f"sample {_unit(cell)}", seconds)
 
 
+def draw_reference(blocks: Any, count: int, tokenizer: Any, *, seed: int = REFERENCE_SEED) -> tuple[list[str], Any]:
+    """The held-out reference of MAUVE and the Data row: ``count`` blocks (at most all of them) drawn at random
+    without replacement, the first ``count`` of a permutation of every held-out block seeded with ``seed``; their
+    texts, decoded like samples (whole blocks, end-of-text framing included: the models learn the framing of the
+    blocks they train on, and MAUVE reads the last token), and their ids (count, L).
+
+    ReMDM draws its MAUVE references from the validation loader shuffled by a seeded generator; the first blocks
+    would instead be a few documents of the held-out split in corpus order (with Brown, two or three genres). The
+    permutation depends only on the number of blocks, so the models of a sweep that share a tokenizer and length,
+    and a study run again, get the same reference.
+    """
+    order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed))[:count]
+    ids = blocks.get_batch(order.tolist())  # (count, L)
+    return decode_samples(ids, tokenizer), ids
+
+
 def _mauve(settings: SamplingSettings, reference: Any, features: Any, num_samples: int) -> dict[str, Any]:
     record: dict[str, Any] = {"mauve": None, "mauve_num_samples": None, "mauve_num_reference": None,
                               "mauve_buckets": None, "mauve_note": None}
@@ -380,9 +400,11 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
     ``evaluator_spec(name)`` is the loadable spec of an evaluator name (recorded in the units as the store
     writes a path, :meth:`PipelineStore.recorded`);
     ``load(name)`` returns the evaluator (default: :func:`~tadm.eval.evaluator.load_evaluator` of its
-    spec), only when some unit needs it; ``reference()`` returns the held-out texts and their ids;
-    ``reference_spec`` holds what else those texts depend on (a front door's own settings, such as a
-    sweep's reference count), recorded in the spec of the data unit and of every score unit.
+    spec), only when some unit needs it; ``reference()`` returns the held-out texts and their ids, drawn by
+    :func:`draw_reference` (the units record ``reference_order: "random"``: units made when the reference was
+    the first blocks are scored again, once); ``reference_spec`` holds what else those texts depend on (a front
+    door's own settings, such as a sweep's reference count), recorded in the spec of the data unit and of
+    every score unit.
     A MAUVE cluster count other than "auto" is recorded in the score units' specs; like every key added
     since units were first written, it is left out at the value earlier units were made with, so that
     they are still reused.
@@ -393,7 +415,7 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
         run.log(f"note: MAUVE is not computed: {s.num_samples} samples per cell < the minimum of "
                 f"{s.mauve_min_samples} (raise the sample count, or lower mauve_min_samples knowingly)")
     forms = run.store.forms
-    described = dict(reference_spec or {}) if s.reference is not None else {}
+    described = {**REFERENCE_ORDER, **(reference_spec or {})} if s.reference is not None else {}
     buckets = ({"mauve_num_buckets": s.mauve_num_buckets}
                if use_mauve and s.mauve_num_buckets != MAUVE_DEFAULT_BUCKETS else {})
     for name in s.evaluators:

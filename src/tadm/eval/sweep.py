@@ -23,11 +23,10 @@ from typing import Any
 
 
 from tadm.eval.evaluator import Evaluator, check_evaluator
-from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import packed_eval_blocks
-from tadm.eval.pipeline import (MAUVE_SEED, Cell, PipelineStore, Run, SamplingSettings, cell_rows,
-                                check_scoring_dependencies, data_row, resolve_device, sample_cells, score_cells,
-                                throughput_note, time_cells, timing_warmup)
+from tadm.eval.pipeline import (MAUVE_SEED, REFERENCE_SEED, Cell, PipelineStore, Run, SamplingSettings, cell_rows,
+                                check_scoring_dependencies, data_row, draw_reference, resolve_device, sample_cells,
+                                score_cells, throughput_note, time_cells, timing_warmup)
 from tadm.eval.plots import PLOTS_SKIPPED, can_plot, write_plots
 from tadm.eval.report import DATA_MODEL, markdown_report, write_results
 from tadm.records import check_publishable, machine_info, provenance_note, read_json
@@ -151,8 +150,7 @@ class _Models:
 
 
 def _reference(config: SweepConfig, tokenizer: Any, length: int, log: Callable[[str], None]) -> tuple[list[str], Any]:
-    """Held-out texts and their (n, L) ids: whole packed blocks, decoded like a sample, end-of-text framing
-    included (the models learn the framing of the blocks they train on, and MAUVE reads the last token)."""
+    """Held-out texts and their (n, L) ids: n whole packed blocks drawn at random (:func:`draw_reference`)."""
     s = config.sampling
     blocks = packed_eval_blocks(s.reference, tokenizer, length, cache_dir=config.cache_dir, split=s.reference_split,
                                 val_fraction=config.reference_val_fraction, seed=0)
@@ -161,8 +159,7 @@ def _reference(config: SweepConfig, tokenizer: Any, length: int, log: Callable[[
     if n < wanted:
         log(f"note: {s.reference!r} ({s.reference_split}) has only {n} blocks of {length} tokens; "
             f"MAUVE uses {n} reference texts instead of {wanted}")
-    ids = blocks.get_batch(range(n))  # (n, L)
-    return decode_samples(ids, tokenizer), ids
+    return draw_reference(blocks, n, tokenizer)
 
 
 def _baseline_layers(config: SweepConfig, models: _Models) -> int:
@@ -185,7 +182,8 @@ def _notes(config: SweepConfig, rows: list[dict[str, Any]], baseline: int, warmu
         throughput_note(rows, warmup) + (f", all positions counted, {s.dtype} on {s.device}."
                                           if any(r.get("tokens_per_second") is not None for r in rows) else ""),
         f"MAUVE: [n = samples, clusters], k-means seed {MAUVE_SEED}; not computed for fewer than "
-        f"{s.mauve_min_samples} texts per side.",
+        f"{s.mauve_min_samples} texts per side; the reference is held-out blocks drawn at random (seed "
+        f"{REFERENCE_SEED}).",
     ]
     note = provenance_note(rows)
     return notes + ([note] if note else [])

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tadm.eval.pipeline import Cell, Run, cell_rows, data_row, throughput_note
+from tadm.eval.pipeline import REFERENCE_SEED, Cell, Run, cell_rows, data_row, throughput_note
 from tadm.eval.plots import PLOTS_SKIPPED, can_plot, plot_nelbo_vs_age, plot_pareto
 from tadm.eval.report import format_number, markdown_report
 from tadm.eval.significance import paired_summary
@@ -456,8 +456,9 @@ def _sampling_lines(cfg: StudyConfig, res: dict[str, Any]) -> list[str]:
                   f"{cfg.sampling.num_samples} samples of {cfg.data.seq_len} tokens per cell (seed "
                   f"{cfg.sampling.seed}), sampler `{cfg.sampling.sampler.name}` (top-p {cfg.sampling.sampler.top_p}, nucleus "
                   f"`{cfg.sampling.sampler.nucleus}`, time grid `{cfg.sampling.sampler.time_grid}`); models of training seeds "
-                  f"{cfg.sampling.model_seeds or 'first'}. MAUVE [samples, k-means clusters] against "
-                  f"{cfg.sampling.reference} ({cfg.sampling.reference_split}). Compute: Transformer-layer calls of one "
+                  f"{cfg.sampling.model_seeds or 'first'}. MAUVE [samples, k-means clusters] against blocks of "
+                  f"{cfg.sampling.reference} ({cfg.sampling.reference_split}) drawn at random (seed {REFERENCE_SEED}). "
+                  "Compute: Transformer-layer calls of one "
                   f"generation relative to a {res['baseline_layers']}-layer MDLM. " + throughput_note(rows).rstrip(".")
                   + (f"; (x) relative to {adlm} at K = 1." if adlm else ".") + averaged, "", table.strip(), ""]
     lines += ["## Degradation from K = 1 to the largest K", "",

@@ -38,10 +38,9 @@ from typing import Any
 from tadm.config import ConfigError
 from tadm.devices import resolve_device
 from tadm.eval.evaluator import check_evaluator
-from tadm.eval.gen_ppl import decode_samples
 from tadm.eval.likelihood import cached_process_nelbo, evaluate_likelihood, packed_eval_blocks, stale_anchor_nelbo
-from tadm.eval.pipeline import (Cell, PipelineStore, Run, check_scoring_dependencies, sample_cells, score_cells,
-                                time_cells)
+from tadm.eval.pipeline import (Cell, PipelineStore, Run, check_scoring_dependencies, draw_reference, sample_cells,
+                                score_cells, time_cells)
 from tadm.nn import NaiveReuse, load_model
 from tadm.records import git_commit, machine_info, read_json, write_json
 from tadm.sampling.refresh import parse_refresh
@@ -387,7 +386,8 @@ class _Study:
         return name
 
     def reference(self) -> tuple[list[str], Any]:
-        """Held-out blocks decoded like the samples (whole blocks, framing included) and their ids."""
+        """``num_samples`` held-out blocks drawn at random (:func:`~tadm.eval.pipeline.draw_reference`), decoded like
+        the samples (whole blocks, framing included), and their ids."""
         sp = self.cfg.sampling
         blocks = packed_eval_blocks(sp.reference, self.tokenizer(), self.length(), cache_dir=self.cfg.data.cache_dir,
                                     split=sp.reference_split, val_fraction=self.cfg.data.val_fraction, seed=0)
@@ -395,8 +395,7 @@ class _Study:
         if n < sp.num_samples:
             self.log(f"[study] note: {sp.reference!r} ({sp.reference_split}) has only {n} blocks of {self.length()} "
                      f"tokens for {sp.num_samples} samples per cell")
-        ids = blocks.get_batch(range(n))  # (n, L)
-        return decode_samples(ids, self.tokenizer()), ids
+        return draw_reference(blocks, n, self.tokenizer())
 
     def score_all(self) -> None:
         self._pipeline_stage(score_cells, tokenizer=self.tokenizer(), evaluator_spec=self.evaluator_spec,
