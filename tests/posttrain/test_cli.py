@@ -125,3 +125,33 @@ def test_a_base_without_a_tokenizer_is_one_line_naming_it(tmp_path, capsys, acti
     lines = [line for line in err.splitlines() if line.startswith("tadm ")]
     assert code == 2 and "Traceback" not in err and len(lines) == 1, err
     assert f"'{base}' is a model directory without a tokenizer" in lines[0] and hint in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("action", ["sample", "train", "train-pad-id"])
+def test_a_tokenizer_larger_than_the_base_vocabulary_is_one_line(base_dir, tmp_path, capsys, action):
+    """Used to end in an IndexError traceback from the embedding lookup."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tadm.posttrain.data import make_chat_tokenizer
+
+    words = ["[UNK]"] + [f"w{i}" for i in range(300)] + "hello how are you fine thanks the cat sat on a mat".split()
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    big = tmp_path / "bigtok"
+    make_chat_tokenizer(backend).save_pretrained(big)
+    if action == "sample":
+        argv = ["posttrain", "sample", "--base", str(base_dir / "base"), "--split", "1,3", "--tokenizer", str(big),
+                "--prompt", "hello how are you", "--steps", "2", "--max-new-tokens", "8"]
+    else:
+        argv = ["posttrain", "train", "posttrain-tiny", f"base.path={base_dir / 'base'}", f"data.tokenizer={big}",
+                f"data.train_file={base_dir / 'chat.jsonl'}", f"train.out_dir={tmp_path / 'run'}",
+                "split.shared_layers=1", "split.anchor_layers=3", "split.denoiser_layers=2", "fusion.rank=8"]
+    expected = f"tokenizer '{big}' has ids up to {len(words) + 3} but the base's vocabulary is 128"
+    if action == "train-pad-id":  # an id the tokenizer has, the base has not
+        argv += ["data.pad_id=200"]
+        expected = "data.pad_id 200 is not a token id of the base's vocabulary (0..127)"
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("tadm ")]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert expected in lines[0], lines[0]

@@ -122,3 +122,13 @@ def test_dataset_builds_every_canvas(tok):
     batch = collate_canvases(list(data), tok.pad_token_id)
     assert batch.targets.shape == (3, 4) and batch.context_mask.sum(1).tolist() == [7, 11, 9]
     assert torch.equal(batch.context_ids[1, -4:], torch.tensor(_ids(tok, "the cat sat on")))
+
+
+def test_dataset_refuses_ids_beyond_the_base_vocabulary(tok):
+    examples = [ChatExample("hello", "the cat sat on a mat")]
+    data = ChatCanvasDataset(examples, tok, canvas_length=4, pad_id=tok.pad_token_id, vocab_size=len(tok))
+    assert len(data) == 2
+    with pytest.raises(ValueError) as error:
+        ChatCanvasDataset(examples, tok, canvas_length=4, pad_id=tok.pad_token_id, vocab_size=len(tok) - 1)
+    assert "\n" not in str(error.value)
+    assert f"has ids up to {len(tok) - 1} but the base's vocabulary is {len(tok) - 1}" in str(error.value)

@@ -41,3 +41,15 @@ def test_end_of_sequence_prefers_the_generation_config():
     assert end_of_sequence_id(with_config, tok) == [1, 106]
     assert end_of_sequence_id(SimpleNamespace(), tok) == 2
     assert torch.is_tensor(encode_prompts(tok, ["a"])[0])
+
+
+def test_ids_beyond_the_base_vocabulary_are_one_line_naming_the_tokenizer():
+    tok = FakeTokenizer()
+    ids, _ = encode_prompts(tok, ["ab"], chat=False, vocab_size=10)  # ids 1, 1, 2 and pad 9 fit
+    assert ids.tolist() == [[1, 1, 2]]
+    with pytest.raises(ValueError) as error:
+        encode_prompts(tok, ["az"], chat=False, vocab_size=10)  # z -> 26
+    assert str(error.value) == ("tokenizer 'FakeTokenizer' has ids up to 26 but the base's vocabulary is 10 "
+                                "(ids 0..9): use the base model's own tokenizer")
+    with pytest.raises(ValueError, match="has ids up to 9 but the base's vocabulary is 9"):
+        encode_prompts(tok, ["ab"], chat=False, vocab_size=9)  # the pad id, written after a reply's end

@@ -164,7 +164,7 @@ def run_sample(args: argparse.Namespace) -> int:
     if not args.raw and not getattr(tokenizer, "chat_template", None):
         raise CLIError(f"the tokenizer of {args.tokenizer or args.base} has no chat template: pass --raw to encode "
                        "prompts as plain text, or --tokenizer DIR with a chat tokenizer")
-    ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw)
+    ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw, vocab_size=model.vocab_size)
     options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,
                "temperature_min": args.temperature_min}
     try:

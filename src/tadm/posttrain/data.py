@@ -28,8 +28,8 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 __all__ = ["CHAT_SPECIAL_TOKENS", "DEFAULT_CHAT_TEMPLATE", "CanvasBatch", "CanvasExample", "ChatCanvasDataset",
-           "ChatExample", "ChatTokenizer", "collate_canvases", "encode_chat", "left_pad", "make_chat_tokenizer",
-           "read_chat_jsonl", "split_into_canvases", "user_turn_ids"]
+           "ChatExample", "ChatTokenizer", "check_token_ids", "collate_canvases", "encode_chat", "left_pad",
+           "make_chat_tokenizer", "read_chat_jsonl", "split_into_canvases", "user_turn_ids"]
 
 
 DEFAULT_CHAT_TEMPLATE = (
@@ -250,8 +250,26 @@ def split_into_canvases(
     return canvases
 
 
+def check_token_ids(tokenizer: Any, max_id: int, vocab_size: int) -> None:
+    """Raise a one-line ValueError when ``max_id``, the largest id ``tokenizer`` gave (padding included), lies
+    outside a base vocabulary of ``vocab_size`` ids, which the base's embedding cannot look up."""
+    if max_id < vocab_size:
+        return
+    name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+    try:
+        top = max(max_id, len(tokenizer) - 1)  # the tokenizer's own range, when it has a length
+    except TypeError:
+        top = max_id
+    raise ValueError(f"tokenizer {name!r} has ids up to {top} but the base's vocabulary is {vocab_size} (ids 0.."
+                     f"{vocab_size - 1}): use the base model's own tokenizer")
+
+
 class ChatCanvasDataset(torch.utils.data.Dataset[CanvasExample]):
-    """Canvases of a list of chat examples, built once (the paper's "preprocessing")."""
+    """Canvases of a list of chat examples, built once (the paper's "preprocessing").
+
+    With ``vocab_size`` (the base's), an id of the tokenizer or ``pad_id`` outside ``0..vocab_size - 1``
+    is a one-line ValueError naming the tokenizer (:func:`check_token_ids`).
+    """
 
     def __init__(
         self,
@@ -264,8 +282,10 @@ class ChatCanvasDataset(torch.utils.data.Dataset[CanvasExample]):
         max_response_tokens: int = 2048,
         canvases_per_example: int | None = 8,
         template_kwargs: dict[str, Any] | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.canvases: list[CanvasExample] = []
+        max_id = pad_id
         for example in examples:
             prompt, response = encode_chat(
                 tokenizer,
@@ -275,8 +295,11 @@ class ChatCanvasDataset(torch.utils.data.Dataset[CanvasExample]):
                 template_kwargs=template_kwargs,
             )
             self.canvases.extend(split_into_canvases(prompt, response, canvas_length, pad_id, canvases_per_example))
+            max_id = max(max_id, *prompt, *response)
         if not self.canvases:
             raise ValueError("no canvases were built from the examples")
+        if vocab_size is not None:
+            check_token_ids(tokenizer, max_id, vocab_size)
 
     def __len__(self) -> int:
         return len(self.canvases)

@@ -259,13 +259,16 @@ def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasD
         raise PosttrainConfigError("the tokenizer has no pad token; set data.pad_id")
     if not 0 <= pad_id < len(tokenizer):
         raise PosttrainConfigError(f"data.pad_id {pad_id} is not a token id of the tokenizer (0..{len(tokenizer) - 1})")
+    if d.pad_id is not None and pad_id >= backbone.vocab_size:
+        raise PosttrainConfigError(f"data.pad_id {pad_id} is not a token id of the base's vocabulary "
+                                   f"(0..{backbone.vocab_size - 1})")
     canvas_length = d.canvas_length or getattr(backbone, "canvas_length", None)
     if canvas_length is None:
         raise PosttrainConfigError("data.canvas_length is required for backbones without a canvas length")
     examples = read_chat_jsonl(d.train_file, prompt_field=d.prompt_field, response_field=d.response_field)
     dataset = ChatCanvasDataset(examples, tokenizer, canvas_length=canvas_length, pad_id=pad_id,
                                 max_prompt_tokens=d.max_prompt_tokens, max_response_tokens=d.max_response_tokens,
-                                canvases_per_example=d.canvases_per_example)
+                                canvases_per_example=d.canvases_per_example, vocab_size=backbone.vocab_size)
     return dataset, pad_id
 
 
