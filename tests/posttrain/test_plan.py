@@ -132,3 +132,19 @@ def test_a_sharded_safetensors_base_loads_from_a_local_directory(tmp_path):
     expected = {k: v for k, v in model.state_dict().items()}
     got = loaded.model.state_dict()
     assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_a_base_that_is_no_diffusion_gemma_is_one_line(tmp_path, monkeypatch, capsys):
+    """Used to end in an AttributeError traceback (a GPT-2 config has no text_config)."""
+    import transformers
+
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text('{"model_type": "gpt2"}')
+    code = main(["posttrain", "plan", "posttrain-tiny", f"base.path={tmp_path / 'gpt2'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert f"base model '{tmp_path / 'gpt2'}' is a 'gpt2' checkpoint" in err and "'diffusion_gemma'" in err
+    # A Hub id whose config.json is in the local Hugging Face cache is checked the same way.
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: transformers.GPT2Config())
+    with pytest.raises(ValueError, match="base model 'acme/gpt' is a 'gpt2' checkpoint; a plan needs a 'diffusion_gemma'"):
+        resolve_base_config("acme/gpt")

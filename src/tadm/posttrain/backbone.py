@@ -37,7 +37,8 @@ from tadm.nn.baselines import MDLM
 from tadm.nn.dit import subs_log_probs, time_condition
 
 __all__ = ["BACKBONES", "DiffusionGemmaBackbone", "LayerStackBackbone", "MDLMBackbone", "PromptCache", "StackContext",
-           "load_backbone", "load_diffusion_gemma", "resolve_dtype", "tiny_diffusion_gemma_config", "wrap_backbone"]
+           "check_base", "load_backbone", "load_diffusion_gemma", "resolve_dtype", "tiny_diffusion_gemma_config",
+           "wrap_backbone"]
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -108,7 +109,7 @@ class LayerStackBackbone(Protocol):
         """The model's output parameterisation: logits (B, L, V) and canvas (B, L) -> log x_theta."""
 
 
-def _check_base(path: str | Path, *, model_type: str) -> None:
+def check_base(path: str | Path, *, model_type: str) -> None:
     """Refuse a base-model ``path`` that does not exist or is not a ``model_type`` checkpoint directory (one line)."""
     check_hf_source(path, "base model")
     config_file = Path(path).expanduser() / "config.json"
@@ -124,7 +125,7 @@ def _check_base(path: str | Path, *, model_type: str) -> None:
 
 
 def load_diffusion_gemma(path: str | Path, **kwargs: Any) -> nn.Module:
-    """``DiffusionGemmaForBlockDiffusion.from_pretrained(path, **kwargs)`` after :func:`_check_base`.
+    """``DiffusionGemmaForBlockDiffusion.from_pretrained(path, **kwargs)`` after :func:`check_base`.
 
     Never runs code shipped with the checkpoint (``trust_remote_code=False``). A missing path, a
     directory that is no DiffusionGemma checkpoint or an unreachable hub id is a one-line
@@ -133,7 +134,7 @@ def load_diffusion_gemma(path: str | Path, **kwargs: Any) -> nn.Module:
     # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    _check_base(path, model_type="diffusion_gemma")
+    check_base(path, model_type="diffusion_gemma")
     try:
         return load_hf(DiffusionGemmaForBlockDiffusion.from_pretrained, path, "base model", **kwargs)
     except OSError as err:
@@ -447,7 +448,7 @@ class MDLMBackbone(nn.Module):
         cls, path: str | Path, *, dtype: str | torch.dtype | None = "fp32", device: str | torch.device = "cpu"
     ) -> MDLMBackbone:
         """Load a tadm MDLM checkpoint directory (or hub id); a missing path is a one-line FileNotFoundError."""
-        _check_base(path, model_type="mdlm")
+        check_base(path, model_type="mdlm")
         return cls(load_model(path).to(device=device, dtype=resolve_dtype(dtype, device)))
 
     def train(self, mode: bool = True) -> MDLMBackbone:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from tadm.devices import resolve_dtype
-from tadm.posttrain.backbone import DIFFUSION_GEMMA_26B, DiffusionGemmaBackbone, diffusion_gemma_26b_config
+from tadm.posttrain.backbone import DIFFUSION_GEMMA_26B, DiffusionGemmaBackbone, check_base, diffusion_gemma_26b_config
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 
 __all__ = ["GPU_SIZES_GB", "INFER_VOCAB_COPIES", "KNOWN_BASES", "MemoryEstimate", "PosttrainPlan",
@@ -57,6 +57,7 @@ GPU_SIZES_GB = (80, 96, 189)  # H100 80 GB, H100 NVL / RTX PRO 6000 96 GB, GH200
 TRAIN_VOCAB_COPIES = 9
 INFER_VOCAB_COPIES = 4
 _GB = 1e9
+DIFFUSION_GEMMA_TYPE = "diffusion_gemma"  # config.json's model_type of a DiffusionGemma checkpoint
 
 
 def resolve_base_config(path: str, backbone: str = "diffusion-gemma") -> tuple[Any, str]:
@@ -64,7 +65,8 @@ def resolve_base_config(path: str, backbone: str = "diffusion-gemma") -> tuple[A
 
     Order: a local checkpoint directory, the Hugging Face cache, :data:`KNOWN_BASES`. Raises a one-line
     FileNotFoundError naming ``path`` when none has it, ValueError for a backbone kind other than
-    DiffusionGemma's.
+    DiffusionGemma's and for a checkpoint whose ``model_type`` is not ``diffusion_gemma`` (or whose
+    ``config.json`` is not a JSON object).
     """
     if backbone != "diffusion-gemma":
         raise ValueError(f"a plan needs a DiffusionGemma base (base.backbone diffusion-gemma), got {backbone!r}")
@@ -75,12 +77,17 @@ def resolve_base_config(path: str, backbone: str = "diffusion-gemma") -> tuple[A
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise FileNotFoundError(f"base {path!r} is a directory without config.json")
+        check_base(path, model_type=DIFFUSION_GEMMA_TYPE)  # as loading it would: one line naming its model type
         return AutoConfig.from_pretrained(str(local), trust_remote_code=False), f"{local / 'config.json'}"
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-        return config, f"the Hugging Face cache ({path})"
     except (OSError, ValueError):
-        pass
+        config = None
+    if config is not None:
+        if config.model_type != DIFFUSION_GEMMA_TYPE:
+            raise ValueError(f"base model {path!r} is a {config.model_type!r} checkpoint; a plan needs a "
+                             f"{DIFFUSION_GEMMA_TYPE!r} one")
+        return config, f"the Hugging Face cache ({path})"
     if path in KNOWN_BASES:
         return KNOWN_BASES[path](), f"tadm's record of {path} (tadm.posttrain.backbone.diffusion_gemma_26b_config)"
     known = ", ".join(KNOWN_BASES)
