@@ -131,6 +131,21 @@ def test_a_study_named_by_another_path_is_the_same_study(tmp_path, monkeypatch):
     assert out.ran == [] and "train ar seed 0" in out.skipped
 
 
+def test_a_unit_recorded_before_eval_batch_size_existed_is_still_trained(tmp_path, monkeypatch):
+    models = [{"name": "tadm", "kind": "tadm"}, {"name": "ar", "kind": "ar"}]
+    cfg = _load(tmp_path, models=models, seeds=[0])
+    _mark_trained(cfg)
+    for marker in (tmp_path / "out" / "models").glob(f"*/{UNIT_MARKER}"):  # as written by an earlier version
+        record = json.loads(marker.read_text())
+        del record["spec"]["config"]["train"]["eval_batch_size"]
+        marker.write_text(json.dumps(record))
+    out = _train_stage(cfg, monkeypatch)
+    assert out.ran == ["tokenizer"] and "train tadm seed 0" in out.skipped
+    # an explicit validation batch other than the micro-batch those records validated on is another setting
+    with pytest.raises(ConfigError, match="config.train.eval_batch_size: 4 there, 2 now"):
+        _train_stage(_load(tmp_path, "train.eval_batch_size=2", models=models, seeds=[0]), monkeypatch)
+
+
 def test_training_identity_keeps_a_tokenizer_outside_the_study():
     def spec(out_dir, tokenizer):
         return {"kind": "tadm", "config": {"train": {"out_dir": out_dir, "global_batch_size": 4},

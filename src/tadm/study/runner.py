@@ -101,7 +101,8 @@ WATCH_KEYS = ("loggers", "wandb_project", "tensorboard", "log_every", "overwrite
 
 def _training_identity(spec: Any) -> Any:
     """A training unit's spec as compared for "done": watch keys dropped, a derived micro-batch (None) written
-    as the global batch it is on the study's one process, and the paths inside the study's out_dir (the unit's
+    as the global batch it is on the study's one process, the validation batch as the size it was (a record
+    from before ``train.eval_batch_size`` validated on micro-batches; unset means the global batch), and the paths inside the study's out_dir (the unit's
     own directory, the shared tokenizer) written relative to it, so that the same study named by another path
     (relative or absolute, from another working directory, or moved) is the same study."""
     spec = json.loads(json.dumps(spec))
@@ -112,6 +113,10 @@ def _training_identity(spec: Any) -> Any:
             train.pop(key, None)
         if train.get("micro_batch_size") is None:
             train["micro_batch_size"] = train.get("global_batch_size")
+        if "eval_batch_size" not in train:  # recorded before the key existed: validation took micro-batches
+            train["eval_batch_size"] = train["micro_batch_size"]
+        elif train["eval_batch_size"] is None:
+            train["eval_batch_size"] = train.get("global_batch_size")
         if isinstance(train.get("out_dir"), str):
             unit_dir = PurePath(train["out_dir"])
             root = unit_dir.parent.parent  # the unit trains in out_dir/models/NAME-sSEED
