@@ -37,6 +37,7 @@ from tadm.eval.entropy import mean_entropy
 from tadm.eval.evaluator import load_evaluator
 from tadm.eval.gen_ppl import decode_samples, gen_ppl
 from tadm.eval.mauve import mauve_from_features, mauve_sample_problem
+from tadm.eval.pipeline import REFERENCE_ORDER
 from tadm.records import git_commit, machine_info
 from tadm.sampling import AdaptiveRefresh, FixedRefresh, generate
 from tadm.study import load_study_config
@@ -180,7 +181,9 @@ def main(argv=None) -> int:
     sample_files.sort()
     mauve_evaluator = "ar" if "ar" in sp.evaluators else sp.evaluators[0]  # in-domain features when there are some
     for n_ev, ev_name in enumerate(sp.evaluators):
-        todo = [f for f in sample_files if _read(f.with_name(f.name.replace("samples-", f"score-{ev_name}-"))) is None]
+        # a score made against another reference (the first held-out blocks, before REFERENCE_ORDER) is made again
+        todo = [f for f in sample_files if not _scored_against_the_reference(
+            _read(f.with_name(f.name.replace("samples-", f"score-{ev_name}-"))))]
         if not todo:
             continue
         evaluator = load_evaluator(study.evaluator_spec(ev_name), device=study.device)
@@ -191,7 +194,7 @@ def main(argv=None) -> int:
             texts = decode_samples(saved["token_ids"], study.tokenizer())
             ppl = gen_ppl(texts, evaluator, batch_size=sp.eval_batch_size, features=use_mauve)
             record = {"gen_ppl": ppl.gen_ppl, "data_gen_ppl": ref.gen_ppl, "entropy": mean_entropy(saved["token_ids"]),
-                      "mauve": None}
+                      "mauve": None, **REFERENCE_ORDER}
             if use_mauve and mauve_sample_problem(len(texts), len(ref.features), sp.mauve_min_samples) is None:
                 record["mauve"] = mauve_from_features(ref.features, ppl.features,
                                                       min_samples=sp.mauve_min_samples).mauve
@@ -231,6 +234,11 @@ def main(argv=None) -> int:
     (out_dir / "table.md").write_text("\n".join(header + lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _scored_against_the_reference(score) -> bool:
+    """A score record made against the study's reference as it is drawn now (:data:`REFERENCE_ORDER`)."""
+    return isinstance(score, dict) and all(score.get(k) == v for k, v in REFERENCE_ORDER.items())
 
 
 def _table(rows, evaluators):

@@ -297,3 +297,11 @@ def test_adaptive_refresh_benchmark_runs_on_a_finished_study(finished, tmp_path)
     assert [row.split(" | ")[1] for row in rows] == ["fixed K=1", "fixed K=2", rows[2].split(" | ")[1]]
     assert rows[2].split(" | ")[1].startswith("adaptive (matches K=2")
     assert "3 sequences generated one at a time" in table
+    # scores made against the first held-out blocks (records without reference_order) are made again, once
+    scores = sorted((tmp_path / "cells").glob("*/score-*.json"))
+    assert scores and all(json.loads(f.read_text())["reference_order"] == "random" for f in scores)
+    old = scores[0]
+    old.write_text(json.dumps({k: v for k, v in json.loads(old.read_text()).items() if k != "reference_order"}))
+    for expected in (1, 0):
+        again = subprocess.run(run.args, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0 and again.stdout.count("[adaptive] scored") == expected, again.stdout[-2000:]
