@@ -31,6 +31,30 @@ def test_entropy_matches_direct_formula():
     torch.testing.assert_close(token_entropy(logits), -(p * p.log()).sum(-1))
 
 
+def test_entropy_is_bit_identical_to_categorical_and_leaves_its_input_alone():
+    """The released sampler sorts Categorical(logits).entropy(); tadm's in-place version must give the same bits."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.cat([torch.randn(3, 16, 301, generator=g) * scale for scale in (0.01, 1.0, 40.0, 4000.0)], dim=1)
+    logits[0, 0, :5] = -math.inf  # tokens a processor removed
+    logits[1, 1, 7] = 1e30  # one overwhelming token
+    for x in (logits, logits / 0.37, logits.double()):
+        kept = x.clone()
+        assert torch.equal(token_entropy(x), torch.distributions.Categorical(logits=x).entropy())
+        assert torch.equal(x, kept)
+    # With gradients it is Categorical's own graph.
+    leaf = logits[:, :4].clone().requires_grad_()
+    token_entropy(leaf).sum().backward()
+    assert leaf.grad is not None and torch.isfinite(leaf.grad[2]).all()
+
+
+def test_a_steps_probabilities_are_recomputed_bit_identically():
+    """x0_probs is not kept by the step (one (B, L, V) tensor fewer); reading it gives softmax of the scaled logits."""
+    logits = torch.randn(2, 6, 50, generator=torch.Generator().manual_seed(2)) * 5
+    s = EntropyBoundSampler(50, num_steps=8)
+    out = s.step(logits, 5, torch.zeros(2, 6, dtype=torch.long), torch.Generator().manual_seed(0))
+    assert torch.equal(out.x0_probs, torch.softmax(s.scale_logits(logits, 5), dim=-1, dtype=torch.float32))
+
+
 def test_acceptance_by_hand():
     # sorted: .01 (3), .02 (1), .06 (4), .30 (0), .50 (2); C_m - M_m = 0, .01, .03, .09, .39
     entropy = torch.tensor([[0.30, 0.02, 0.50, 0.01, 0.06]])

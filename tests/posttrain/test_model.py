@@ -57,6 +57,20 @@ def test_fresh_split_reproduces_the_unsplit_model(gemma, split):
     torch.testing.assert_close(model(z, StackContext(prompt=model.backbone.prefill(prompt))), reference0, rtol=0, atol=0)
 
 
+def test_soft_capping_in_place_without_gradients_is_bit_identical(gemma):
+    """Sampling soft-caps the head's output in place (two (B, L, V) temporaries fewer); training keeps the graph."""
+    backbone = DiffusionGemmaBackbone(gemma)
+    h = torch.randn(2, L, backbone.hidden_size, generator=torch.Generator().manual_seed(0)) * 3
+    with torch.no_grad():
+        sampled = backbone.logits(h)
+    trained = backbone.logits(h.clone().requires_grad_())
+    cap = gemma.final_logit_softcapping
+    assert cap is not None and trained.requires_grad and not sampled.requires_grad
+    assert torch.equal(sampled, trained.detach())
+    assert torch.equal(sampled, torch.tanh(gemma.lm_head(backbone.decoder.norm(h)).float() / cap) * cap)
+    assert float(sampled.abs().max()) < cap
+
+
 def test_left_padded_prompts_match_the_model(gemma):
     prompt, z, sc = _inputs(seed=1, P=7)
     mask = torch.ones_like(prompt, dtype=torch.bool)

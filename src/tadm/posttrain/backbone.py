@@ -319,9 +319,13 @@ class DiffusionGemmaBackbone(nn.Module):
         """Final RMSNorm, tied LM head and soft-capping cap * tanh(x / cap): (B, L, d) -> float32 (B, L, V)."""
         logits = self.model.lm_head(self.decoder.norm(h)).to(torch.float32)  # (B, L, V)
         cap = self.model.final_logit_softcapping
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        if cap is None:
+            return logits
+        if torch.is_grad_enabled() and logits.requires_grad:
+            return torch.tanh(logits / cap) * cap
+        # Without gradients the same three operations in place (bit-identical), on the head's fresh output:
+        # two (B, L, V) float32 temporaries fewer at the peak of a sampling pass.
+        return logits.div_(cap).tanh_().mul_(cap)
 
     def log_probs(self, logits: Tensor, z: Tensor) -> Tensor:
         """Uniform-state model: a plain log-softmax over the vocabulary."""

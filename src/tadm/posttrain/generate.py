@@ -127,6 +127,10 @@ class _CanvasContext(LoopContext):
                     scaled = torch.where(done[:, None, None], self.sc_logits, scaled)
             self.done = done | self.stopping(new_greedy, scaled)
         self.sc_logits = scaled.to(self.embed_dtype)
+        if self.sc_logits is not output.scaled_logits:
+            # The loop keeps ``output`` alive until the next step returns, and nothing reads it again: let it hold
+            # the (bf16) copy kept here instead of a second, float32 (B, L, V) one through the next network pass.
+            output.scaled_logits = self.sc_logits
         self.greedy = new_greedy
         return new_z
 

@@ -49,10 +49,20 @@ def _randint(high: int, shape: tuple[int, ...], generator: torch.Generator | Non
 def token_entropy(logits: Tensor) -> Tensor:
     """Entropy in nats of softmax(logits) per position: (B, L, V) -> (B, L).
 
-    Computed by ``torch.distributions.Categorical``, as the released DiffusionGemma sampler does, so
-    that sorting and acceptance see bit-identical values.
+    Bit-identical to ``torch.distributions.Categorical(logits=logits).entropy()``, which the released
+    DiffusionGemma sampler uses, so that sorting and acceptance see the same values: the same
+    operations in the same order (normalise by logsumexp, softmax of the normalised logits, clamp at
+    the dtype's minimum, ``-sum(logits * probs)``), with the clamp and product done in place, so
+    that two (B, L, V) temporaries are made instead of four. With gradients required it is
+    ``Categorical``'s own computation (the in-place product would overwrite what backward needs).
     """
-    return torch.distributions.Categorical(logits=logits, validate_args=False).entropy()
+    if logits.requires_grad and torch.is_grad_enabled():
+        return torch.distributions.Categorical(logits=logits, validate_args=False).entropy()
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)  # (B, L, V)
+    probs = torch.softmax(normalized, dim=-1)  # (B, L, V)
+    p_log_p = normalized.clamp_(min=torch.finfo(normalized.dtype).min).mul_(probs)  # (B, L, V)
+    del probs
+    return -p_log_p.sum(-1)
 
 
 def entropy_bound_accept(entropy: Tensor, entropy_bound: float) -> Tensor:
@@ -73,19 +83,23 @@ class EntropyBoundOutput:
     """One step of Algorithm 2 (``prev_sample`` is what every tadm sampler step returns).
 
     prev_sample: the next canvas z_{n-1} (B, L); at n = 1 the greedy canvas.
-    x0_probs: p_n = softmax(L_n / tau_n) (B, L, V), float32.
     argmax: the greedy canvas x^_n (B, L).
     scaled_logits: L_n / tau_n (B, L, V), float32; the next step's self-conditioning logits.
     accepted: positions that took the sampled token (B, L) bool.
     entropy: per-position entropy of p_n (B, L).
+    x0_probs: p_n = softmax(L_n / tau_n) (B, L, V), float32, computed when read (bit-identical to the
+        probabilities the step drew from); not kept, so that a step's output holds one (B, L, V) tensor.
     """
 
     prev_sample: Tensor
-    x0_probs: Tensor
     argmax: Tensor
     scaled_logits: Tensor
     accepted: Tensor
     entropy: Tensor
+
+    @property
+    def x0_probs(self) -> Tensor:
+        return torch.softmax(self.scaled_logits, dim=-1, dtype=torch.float32)  # (B, L, V)
 
 
 @dataclass(frozen=True)
@@ -220,6 +234,7 @@ class EntropyBoundSampler(ConfiguredSampler):
         scaled = self.scale_logits(logits, step_index)  # (B, L, V)
         probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)  # (B, L, V)
         candidate = self._draw(probs, generator)  # (B, L)
+        del probs  # freed before the entropy's temporaries are made (EntropyBoundOutput.x0_probs recomputes it)
         argmax = torch.argmax(scaled, dim=-1)  # (B, L)
         entropy = token_entropy(scaled)  # (B, L)
         accepted = entropy_bound_accept(entropy, self.entropy_bound)  # (B, L)
@@ -232,9 +247,8 @@ class EntropyBoundSampler(ConfiguredSampler):
         else:
             # The draws at n = 1 are made and discarded, as the released sampler does.
             prev = argmax if step_index == 1 else renoised
-        return EntropyBoundOutput(
-            prev_sample=prev, x0_probs=probs, argmax=argmax, scaled_logits=scaled, accepted=accepted, entropy=entropy
-        )
+        return EntropyBoundOutput(prev_sample=prev, argmax=argmax, scaled_logits=scaled, accepted=accepted,
+                                  entropy=entropy)
 
 
 class StableConfidentStopping:
