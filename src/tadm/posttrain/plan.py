@@ -21,8 +21,12 @@ tadm knows: :data:`KNOWN_BASES`), builds the split model with its paired-attenti
   - vocabulary tensors: float32 (B, L, V) tensors alive at once (training: student logits,
     soft-capped logits, log-softmax, its gradient, the teacher's logits, probabilities and
     log-probabilities, the KD term, and the self-conditioning logits: :data:`TRAIN_VOCAB_COPIES`;
-    inference: logits, scaled logits, probabilities and log-probabilities of the entropy-bound
-    sampler: :data:`INFER_VOCAB_COPIES`) plus the bf16 self-conditioning logits carried between steps.
+    inference, at the entropy-bound sampler's step: the raw logits, kept for a step that reuses
+    them, the scaled logits, the probabilities and the draw's temporary, or the entropy's two:
+    :data:`INFER_VOCAB_COPIES`) plus the self-conditioning logits (base dtype) carried between
+    steps. At inference a denoiser pass and the sampler step do not overlap: a pass holds the raw
+    logits and two self-conditioning logits (this step's and the previous pass's) beside one
+    layer's working set, which counts only where it exceeds the sampler step's tensors.
 
 It is an estimate: allocator overhead, fragmentation and the CUDA context (about 0.5-1 GB) come on
 top; ``tests/posttrain/test_plan.py`` holds it against the measured peak of a tiny model.
@@ -55,7 +59,7 @@ _COLUMN_ITEMS = {"weights": ("backbone weights", "fusion weights"), "optimiser":
                  "vocabulary tensors": ("vocabulary tensors", "sampler vocabulary", "self-conditioning logits")}
 GPU_SIZES_GB = (80, 96, 189)  # H100 80 GB, H100 NVL / RTX PRO 6000 96 GB, GH200-class 189 GB
 TRAIN_VOCAB_COPIES = 9
-INFER_VOCAB_COPIES = 4
+INFER_VOCAB_COPIES = 4  # measured peak of a sampling step (tests/posttrain/test_plan.py), self-conditioning logits apart
 _GB = 1e9
 DIFFUSION_GEMMA_TYPE = "diffusion_gemma"  # config.json's model_type of a DiffusionGemma checkpoint
 
@@ -193,20 +197,25 @@ def estimate_training_memory(model: AnchoredBackbone, *, micro_batch: int, promp
 
 def estimate_inference_memory(model: AnchoredBackbone, *, batch: int, prompt: int, canvas: int,
                               new_tokens: int | None = None, dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
-    """Generation at ``batch`` (no gradients): weights, the KV cache of prompt + generated canvases, one layer's
-    working set, the anchor cache and the sampler's vocabulary tensors."""
+    """Generation at ``batch`` (no gradients): weights, the KV cache of prompt + generated canvases, the anchor
+    cache, the sampler step's vocabulary tensors and the self-conditioning logits, and what one layer's working
+    set during a denoiser pass adds beyond the sampler step's peak (module docstring)."""
     backbone, element = model.backbone, dtype.itemsize
     context = prompt + (new_tokens if new_tokens is not None else canvas)
     tokens = batch * canvas
     vocab = batch * canvas * backbone.vocab_size
     widest = max(_layer_activation_bytes(backbone, shape, tokens, element) for shape in _layer_shapes(backbone))
+    self_conditioning = vocab * element
+    # Beside the raw and self-conditioning logits, which live through both, a pass holds the previous pass's
+    # self-conditioning logits and a layer's working set, the sampler step its other INFER_VOCAB_COPIES - 1 copies.
+    pass_excess = max(0.0, self_conditioning + widest - (INFER_VOCAB_COPIES - 1) * vocab * 4.0)
     items = _weights(model, dtype)
     items.update({
         "KV cache (prompt + generated canvases)": _kv_cache_bytes(backbone, batch, context, element),
         "anchor cache [H0, C0] and shallow state": 3 * tokens * backbone.hidden_size * element,
-        "one layer's working set": widest,
+        "one layer's working set (beyond the sampler step's peak)": pass_excess,
         f"sampler vocabulary tensors ({INFER_VOCAB_COPIES} x float32 (B, L, V))": INFER_VOCAB_COPIES * vocab * 4.0,
-        "self-conditioning logits (bf16 (B, L, V))": vocab * element,
+        f"self-conditioning logits ({str(dtype).removeprefix('torch.')} (B, L, V))": self_conditioning,
     })
     return MemoryEstimate(f"inference, batch {batch}, prompt {prompt}, canvas {canvas}", items)
 
