@@ -25,6 +25,21 @@ def test_temperature_schedule_is_linear_in_step():
     assert torch.equal(per_row.flatten(), torch.stack([s.temperature(n) for n in (48, 24, 1)]))
 
 
+def test_a_zero_minimum_temperature_is_accepted_as_diffusion_gemma_accepts_t_min_0():
+    """tau_n = tau_min + (tau_max - tau_min) n / T at n >= 1: with tau_min = 0 every step is still at tau > 0."""
+    s = EntropyBoundSampler(10, temperature_max=0.8, temperature_min=0.0, num_steps=4)
+    assert s.temperature(1).item() == pytest.approx(0.2) and s.temperature(4).item() == pytest.approx(0.8)
+    logits = torch.randn(2, 3, 10, generator=torch.Generator().manual_seed(0))
+    out = s.step(logits, 1, torch.zeros(2, 3, dtype=torch.long), torch.Generator().manual_seed(1))
+    assert torch.isfinite(out.scaled_logits).all() and torch.equal(out.prev_sample, logits.argmax(-1))
+    for kwargs, message in ((dict(temperature_min=0.0, temperature_max=0.0), r"temperature_max must be a finite "
+                             r"number in \(0, inf\), got 0.0"),
+                            (dict(temperature_min=-0.1), r"temperature_min must be a finite number in \[0, inf\)"),
+                            (dict(temperature_min=0.0, temperature_max=1e-45), "the temperature at the last step")):
+        with pytest.raises(ValueError, match=message):
+            EntropyBoundSampler(10, **kwargs)
+
+
 def test_entropy_matches_direct_formula():
     logits = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(0)) * 3
     p = logits.softmax(-1)

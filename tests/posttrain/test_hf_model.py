@@ -60,9 +60,12 @@ CASES = {
     "no temperature, max_length": dict(max_new_tokens=24, max_length=15, max_denoising_steps=4, t_min=None,
                                        t_max=None, stability_threshold=None, confidence_threshold=None),
     "budget from max_length": dict(max_length=21, max_denoising_steps=3),
+    # t_min = 0, which the base accepts: tau_n = t_max n / T is positive at every step n >= 1
+    "zero minimum temperature": dict(max_new_tokens=16, max_denoising_steps=5, t_min=0.0, t_max=0.8, **FIXED_STEPS),
 }
 
-CANVASES = {"model defaults": 3, "explicit config": 3, "no temperature, max_length": 2, "budget from max_length": 2}
+CANVASES = {"model defaults": 3, "explicit config": 3, "no temperature, max_length": 2, "budget from max_length": 2,
+            "zero minimum temperature": 2}
 
 
 @pytest.mark.slow

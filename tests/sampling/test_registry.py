@@ -93,7 +93,7 @@ def test_unknown_options_and_names_are_errors_listing_the_valid_ones():
         ("mdlm", "time_grid", "linear", "unknown time grid"),
         ("mdlm", "schedule", "exp", "schedule"),
         ("entropy-bound", "entropy_bound", math.nan, r"entropy_bound must be a finite number in \(0, inf\)"),
-        ("entropy-bound", "temperature_min", -1.0, r"temperature_min must be a finite number in \(0, inf\)"),
+        ("entropy-bound", "temperature_min", -1.0, r"temperature_min must be a finite number in \[0, inf\)"),
         ("entropy-bound", "temperature_max", 0.1, "temperature_min <= temperature_max"),
         ("entropy-bound", "num_steps", 0, "number of steps T must be an integer >= 1"),
         ("entropy-bound", "categorical", "topk", "unknown categorical draw"),

@@ -107,7 +107,9 @@ class EntropyBoundSamplerConfig:
     """Settings of :class:`EntropyBoundSampler` (paper defaults; validated on construction).
 
     entropy_bound: eta > 0, finite (paper: 0.1).
-    temperature_max, temperature_min: tau at n = T and as n -> 0, 0 < min <= max (paper: 0.8, 0.4).
+    temperature_max, temperature_min: tau at n = T and as n -> 0, 0 <= min <= max and max > 0 (paper:
+        0.8, 0.4). Steps run at n >= 1, so tau_n >= tau_min + (tau_max - tau_min) / T is positive even
+        with tau_min = 0, which DiffusionGemma's generation config (``t_min``) accepts too.
     num_steps: T, the step budget (paper: 48).
     categorical: "multinomial" (the released sampler's draws) or "gumbel" (float64 Gumbel-max).
     """
@@ -120,14 +122,21 @@ class EntropyBoundSamplerConfig:
 
     def __post_init__(self) -> None:
         owner = "entropy-bound sampler"
-        for name in ("entropy_bound", "temperature_min", "temperature_max"):
+        for name in ("entropy_bound", "temperature_max"):
             check_number(owner, name, getattr(self, name), low=0.0, low_open=True)
+        check_number(owner, "temperature_min", self.temperature_min, low=0.0)
         if not self.temperature_min <= self.temperature_max:
             raise ValueError(
-                f"{owner}: temperatures must satisfy 0 < temperature_min <= temperature_max, got "
+                f"{owner}: temperatures must satisfy 0 <= temperature_min <= temperature_max, got "
                 f"min={self.temperature_min!r}, max={self.temperature_max!r}"
             )
         check_num_steps(self.num_steps)
+        lowest = self.temperature_min + (self.temperature_max - self.temperature_min) * (
+            torch.tensor(1, dtype=torch.int32) / self.num_steps)  # tau_1, the smallest, as step() computes it
+        if not float(lowest) > 0:
+            raise ValueError(f"{owner}: the temperature at the last step, temperature_min + (temperature_max - "
+                             f"temperature_min) / T = {float(lowest)!r}, must be > 0 (min={self.temperature_min!r}, "
+                             f"max={self.temperature_max!r}, T={self.num_steps})")
         if self.categorical not in CATEGORICAL_DRAWS:
             raise ValueError(f"unknown categorical draw {self.categorical!r}; valid: {', '.join(CATEGORICAL_DRAWS)}")
 
