@@ -17,8 +17,10 @@ from tadm.posttrain import (
     FusionSpec,
     SplitSpec,
     TimeAnchoredDiffusionGemma,
+    generate_blocks,
     save_adapter,
 )
+from tadm.sampling.entropy_bound import EntropyBoundSampler
 
 from .conftest import build_tiny_gemma, randomize
 
@@ -216,6 +218,26 @@ def test_what_generate_cannot_honour_is_refused(saved):
     # Text-only token types are accepted.
     model.generate(_prompt(), token_type_ids=torch.zeros(2, 5, dtype=torch.long), max_new_tokens=L,
                    max_denoising_steps=2)
+
+
+def test_prompts_of_any_integer_dtype_generate_as_the_base_does(saved):
+    """The base takes int32 input_ids (a tokenizer or a numpy array may give them); tadm used to refuse them with
+    a message about the "canvas"."""
+    base_dir, adapter = saved
+    base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base, adapter=adapter)
+    settings = dict(max_new_tokens=L, max_denoising_steps=2, **FIXED_STEPS)
+    torch.manual_seed(4)
+    reference = base.generate(_prompt().int(), **settings).sequences
+    for dtype in (torch.int32, torch.int16, torch.uint8, torch.int64):
+        torch.manual_seed(4)
+        out = model.generate(_prompt().to(dtype), **settings).sequences
+        assert out.dtype == reference.dtype == torch.long and torch.equal(out, reference), dtype
+    with pytest.raises(ValueError, match=r"input_ids must be a \(B, P\) tensor of token ids, got shape \(2, 5\), "
+                                         r"torch.bool"):
+        model.generate(_prompt() > 50, **settings)
+    with pytest.raises(ValueError, match="prompt_ids must be a \\(B, P\\) tensor of integer token ids, got torch.float32"):
+        generate_blocks(model.anchored, _prompt().float(), sampler=EntropyBoundSampler(V, num_steps=2), max_new_tokens=L)
 
 
 @pytest.mark.slow

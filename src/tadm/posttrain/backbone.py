@@ -141,9 +141,9 @@ def load_diffusion_gemma(path: str | Path, **kwargs: Any) -> nn.Module:
         raise FileNotFoundError(f"could not load base model {str(path)!r}: {first_line(err)}") from None
 
 
-def _check_tokens(z: Tensor) -> None:
+def _check_tokens(z: Tensor, what: str = "canvas (B, L)") -> None:
     if z.dim() != 2 or z.dtype != torch.long:
-        raise ValueError(f"canvas must be a LongTensor of token ids (B, L); got {z.dtype} of shape {tuple(z.shape)}")
+        raise ValueError(f"{what} must be a LongTensor of token ids; got {z.dtype} of shape {tuple(z.shape)}")
 
 
 # ----------------------------------------------------------------------------------- DiffusionGemma
@@ -240,7 +240,7 @@ class DiffusionGemmaBackbone(nn.Module):
         # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
         from transformers import DynamicCache
 
-        _check_tokens(prompt_ids)
+        _check_tokens(prompt_ids, "prompt ids (B, P)")
         if prompt_ids.shape[1] < 1:
             raise ValueError("DiffusionGemma needs a prompt of at least one token (e.g. BOS) to condition on")
         mask = (torch.ones_like(prompt_ids, dtype=torch.bool) if attention_mask is None

@@ -152,14 +152,21 @@ def encodes_prompts(backbone: Any) -> bool:
     return hasattr(backbone, "prefill") and hasattr(backbone, "append")
 
 
-def _check_block_inputs(model: AnchoredBackbone, max_new_tokens: int) -> Any:
-    """The model's backbone, after checking it can encode a prompt and that the budget is valid."""
+def _check_block_inputs(model: AnchoredBackbone, prompt_ids: Tensor, max_new_tokens: int) -> tuple[Any, Tensor]:
+    """The model's backbone and the prompt ids as int64, after checking that the backbone can encode a prompt,
+    that the prompt is a (B, P) tensor of integer ids (any integer dtype, as the base's ``generate`` takes) and
+    that the budget is valid."""
     backbone = model.backbone
     if not encodes_prompts(backbone):
         raise TypeError(f"{type(backbone).__name__} has no prompt encoder (prefill/append); use tadm.sampling.generate")
+    if (not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 2 or prompt_ids.dtype == torch.bool
+            or prompt_ids.is_floating_point() or prompt_ids.is_complex()):
+        got = (f"{prompt_ids.dtype} of shape {tuple(prompt_ids.shape)}" if isinstance(prompt_ids, Tensor)
+               else type(prompt_ids).__name__)
+        raise ValueError(f"prompt_ids must be a (B, P) tensor of integer token ids, got {got}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    return backbone
+    return backbone, prompt_ids.long()
 
 
 @torch.no_grad()
@@ -186,7 +193,7 @@ def generate_blocks(
     Args:
         model: a split backbone whose adapter has ``prefill``/``append`` (DiffusionGemma). Its
             ``fusion_mode`` picks paired fusion or the naive-reuse baseline.
-        prompt_ids: (B, P) token ids, left-padded when rows differ in length.
+        prompt_ids: (B, P) token ids of any integer dtype (used as int64), left-padded when rows differ in length.
         sampler: Algorithm 2; its ``num_steps`` is T.
         refresh_interval: K >= 1 (1 = fresh anchor every step).
         policy: a refresh policy instead of ``refresh_interval`` (reset for every canvas).
@@ -205,7 +212,7 @@ def generate_blocks(
         BlockGenerationOutput.
     """
     policy = _block_policy(policy, refresh_interval)
-    backbone = _check_block_inputs(model, max_new_tokens)
+    backbone, prompt_ids = _check_block_inputs(model, prompt_ids, max_new_tokens)
     L = int(canvas_length if canvas_length is not None else getattr(backbone, "canvas_length"))
     B, P = prompt_ids.shape
     device, encoder_layers = prompt_ids.device, model.layer_split.total

@@ -281,7 +281,8 @@ class TimeAnchoredDiffusionGemma(nn.Module):
                 raise ValueError(f"a custom {name} is not supported by the time-anchored generate")
         if input_ids is None:
             raise ValueError("generate needs input_ids (B, P), e.g. **tokenizer(text, return_tensors='pt')")
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+        if (not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point()
+                or input_ids.is_complex() or input_ids.dtype == torch.bool):  # any integer dtype, as the base takes
             got = f"shape {tuple(input_ids.shape)}, {input_ids.dtype}" if isinstance(input_ids, Tensor) else (
                 type(input_ids).__name__)
             raise ValueError(f"input_ids must be a (B, P) tensor of token ids, got {got}; a single prompt is "
