@@ -373,6 +373,10 @@ CLI_CASES = [
                  "got nan", id="posttrain-lr-nan"),
     pytest.param(["posttrain", "train", "posttrain-tiny", "loss.kd_temperature=inf"], "loss.kd_temperature",
                  id="posttrain-kd-temperature-inf"),
+    pytest.param(["posttrain", "train", "posttrain-tiny", "data.canvas_length=0"], "data.canvas_length must be null "
+                 "(the base's canvas length) or an integer >= 1, got 0", id="posttrain-canvas-length-0"),
+    pytest.param(["posttrain", "plan", "posttrain-diffusiongemma", "data.canvas_length=-4"], "data.canvas_length must "
+                 "be null (the base's canvas length) or an integer >= 1, got -4", id="posttrain-plan-canvas-length-neg"),
     pytest.param(["posttrain", "sample", "--base", "{d}/nobase", "--prompt", "hi"], "'{d}/nobase' does not exist",
                  id="posttrain-missing-base"),
     pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--split", "x,y", "--prompt", "hi"], "got 'x,y'",

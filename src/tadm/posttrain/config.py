@@ -185,6 +185,9 @@ def _validate(cfg: PosttrainConfig) -> None:
         raise PosttrainConfigError(f"fusion.rank {cfg.fusion.rank} must be divisible by fusion.num_heads {cfg.fusion.num_heads}")
     for name in ("max_prompt_tokens", "max_response_tokens", "canvases_per_example"):
         positive(f"data.{name}", getattr(cfg.data, name))
+    if cfg.data.canvas_length is not None and cfg.data.canvas_length < 1:
+        raise PosttrainConfigError(f"data.canvas_length must be null (the base's canvas length) or an integer >= 1, "
+                                   f"got {cfg.data.canvas_length!r}")
     validate_optim(cfg.optim, error=PosttrainConfigError)
     for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "log_every", "save_every"):
         positive(f"train.{name}", getattr(cfg.train, name))

@@ -270,7 +270,7 @@ def plan_posttrain(config: Any, *, inference_batches: tuple[int, ...] = (1, 8),
     base_config, source = resolve_base_config(config.base.path, config.base.backbone)
     model = build_meta_model(base_config, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
     dtype = resolve_dtype(config.base.dtype, "cuda")
-    canvas = int(config.data.canvas_length or model.backbone.canvas_length)
+    canvas = int(config.data.canvas_length if config.data.canvas_length is not None else model.backbone.canvas_length)
     prompt = int(config.data.max_prompt_tokens)
     estimates = [estimate_training_memory(model, micro_batch=int(config.train.micro_batch_size), prompt=prompt,
                                           canvas=canvas, dtype=dtype)]

@@ -262,7 +262,7 @@ def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasD
     if d.pad_id is not None and pad_id >= backbone.vocab_size:
         raise PosttrainConfigError(f"data.pad_id {pad_id} is not a token id of the base's vocabulary "
                                    f"(0..{backbone.vocab_size - 1})")
-    canvas_length = d.canvas_length or getattr(backbone, "canvas_length", None)
+    canvas_length = d.canvas_length if d.canvas_length is not None else getattr(backbone, "canvas_length", None)
     if canvas_length is None:
         raise PosttrainConfigError("data.canvas_length is required for backbones without a canvas length")
     examples = read_chat_jsonl(d.train_file, prompt_field=d.prompt_field, response_field=d.response_field)
