@@ -238,3 +238,15 @@ def test_the_model_card_has_its_yaml_keys_and_the_k_table(gemma, tmp_path):
     assert "## Results" not in text and "base_model" not in ModelCard(text).data.to_dict()
     with pytest.raises(ValueError, match="card_results must be a Markdown string or a non-empty list of mappings"):
         write_model_card(directory, card_results=[1, 2])
+
+
+def test_a_relative_local_base_is_not_written_as_the_cards_base_model(gemma, tmp_path, monkeypatch):
+    """'tadm posttrain train base.path=runs/base' records runs/base, which reads like a Hub id 'owner/name'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "base").mkdir(parents=True)
+    directory = save_adapter_pretrained(tmp_path / "a", _trained(gemma), base_model="runs/base")
+    card = ModelCard((directory / MODEL_CARD_NAME).read_text())
+    assert "base_model" not in card.data.to_dict() and "`runs/base`" in card.text
+    # A Hub id with no directory of that name here is written.
+    hub = save_adapter_pretrained(tmp_path / "b", _trained(gemma), base_model="org/base")
+    assert ModelCard((hub / MODEL_CARD_NAME).read_text()).data.base_model == "org/base"

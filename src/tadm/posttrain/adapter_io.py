@@ -293,10 +293,14 @@ def model_card(
 ) -> str:
     """The ``README.md`` of an adapter: YAML front matter (``base_model`` when it is a Hub id,
     ``library_name: tadm``, :data:`CARD_TAGS`, ``license`` only when given), what the adapter is,
-    how to use it, and the measured results table when ``card_results`` is given."""
+    how to use it, and the measured results table when ``card_results`` is given.
+
+    A base recorded as a local path is no Hub id, even when spelled like one (``runs/base`` is an
+    existing directory): the Hub would link the card to a repository of that name.
+    """
     base = config.base_model
     front = ["---"]
-    if is_repo_id(base):
+    if is_repo_id(base) and not Path(base).expanduser().exists():
         front.append(f"base_model: {base}")
     front.append("library_name: tadm")
     if license:
