@@ -227,6 +227,8 @@ def test_the_model_card_has_its_yaml_keys_and_the_k_table(gemma, tmp_path):
     table = ["| K | accuracy | tokens/s |", "| --- | --- | --- |", "| 1 | 0.625 | 41 |", "| 2 | 0.61 | 63.5 |"]
     assert "\n".join(table) in text
     assert "1 shared, 3 anchor and 2 denoiser layers" in text
+    # The gate bias in adapter_config.json is the initialisation, not a property of the trained weights.
+    assert "gate's bias was initialised at -2 before training" in text and "gate bias -2" not in text
     # A Markdown table as given, and a license when one is named.
     markdown = "| K | pass@1 |\n| --- | --- |\n| 4 | 0.5 |"
     write_model_card(directory, card_results=markdown, license="apache-2.0")

@@ -316,7 +316,8 @@ def model_card(
          f"{config.anchor_layers} anchor and {config.denoiser_layers} denoiser layers: while generating, the anchor "
          "layers run only every K denoising steps and the fusion corrects their cached (stale) output with the "
          "current state. At K = 1 the output is the base model's own. Fusion: rank "
-         f"{config.rank}, {config.num_heads} heads, gate bias {config.gate_bias:g}."),
+         f"{config.rank}, {config.num_heads} heads; its gate's bias was initialised at {config.gate_bias:g} before "
+         "training."),
         "",
         "## Use it",
         "",
