@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 from huggingface_hub import constants
 from huggingface_hub.utils import validate_repo_id
 
-__all__ = ["NO_CUSTOM_CODE", "TOKENIZER_FILES", "check_hf_source", "first_line", "hub_reachable", "is_repo_id",
-           "load_hf", "load_hf_tokenizer", "refuse_custom_code"]
+__all__ = ["NO_CUSTOM_CODE", "TOKENIZER_FILES", "check_hf_source", "first_line", "hub_reachable",
+           "is_connection_error", "is_repo_id", "load_hf", "load_hf_tokenizer", "refuse_custom_code"]
 
 NO_CUSTOM_CODE = "tadm never runs code shipped with a model (trust_remote_code=False)"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -45,6 +45,15 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     except OSError:
         return False
     return True
+
+
+def is_connection_error(err: BaseException) -> bool:
+    """Whether ``err`` means the Hub could not be reached (no network, a refused connection, a timeout, a proxy
+    error, ``HF_HUB_OFFLINE``), as opposed to an answer from the Hub (401, 404, ...)."""
+    if isinstance(err, (ConnectionError, TimeoutError)):  # huggingface_hub's OfflineModeIsEnabled among them
+        return True
+    # huggingface_hub's HTTP client (httpx, or its fork httpx2) raises subclasses of its TransportError for these
+    return any(cls.__name__ == "TransportError" for cls in type(err).__mro__)
 
 
 def first_line(err: BaseException) -> str:

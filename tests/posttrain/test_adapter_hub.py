@@ -168,18 +168,25 @@ def test_a_hub_id_loads_from_the_local_cache_offline(gemma, tmp_path, offline_hu
 @pytest.fixture
 def hub_calls(monkeypatch):
     """HfApi.create_repo and upload_folder replaced by recorders (the uploaded folder's files are read in the call)."""
-    calls = {}
+    calls = {"order": []}
 
     def create_repo(self, repo_id, **kwargs):
         calls["create_repo"] = (repo_id, kwargs)
+        calls["order"].append("create_repo")
         return f"https://huggingface.co/{repo_id}"
+
+    def create_branch(self, repo_id, **kwargs):
+        calls["create_branch"] = (repo_id, kwargs)
+        calls["order"].append("create_branch")
 
     def upload_folder(self, *, repo_id, folder_path, **kwargs):
         folder = Path(folder_path)
         calls["upload_folder"] = (repo_id, kwargs, {p.name: p.read_bytes() for p in folder.iterdir()})
+        calls["order"].append("upload_folder")
         return "commit-info"
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_branch", create_branch)
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)  # anything else would fail, not reach the network
     return calls
@@ -212,6 +219,35 @@ def test_push_uploads_exactly_the_three_files(gemma, tmp_path, hub_calls):
     plain = TimeAnchoredDiffusionGemma.from_pretrained(build_tiny_gemma(), split=(1, 3))
     with pytest.raises(ValueError, match="no adapter to save"):
         plain.push_to_hub("me/nothing")
+
+
+def test_a_push_to_a_revision_creates_its_branch_first(gemma, tmp_path, hub_calls):
+    """upload_folder(revision=...) fails on a branch that does not exist; transformers creates it first."""
+    source = save_adapter(tmp_path / "adapter", _trained(gemma), base_model="org/base")
+    push_adapter_to_hub("me/tadm-adapter", source, revision="v2")
+    assert hub_calls["order"] == ["create_repo", "create_branch", "upload_folder"]
+    assert hub_calls["create_branch"] == ("me/tadm-adapter", dict(branch="v2", repo_type="model", exist_ok=True))
+    assert hub_calls["upload_folder"][1]["revision"] == "v2"
+    hub_calls["order"].clear()
+    push_adapter_to_hub("me/tadm-adapter", source)  # the default branch exists
+    push_adapter_to_hub("me/tadm-adapter", source, revision="refs/pr/3")  # a pull request's ref is no branch to make
+    assert hub_calls["order"] == ["create_repo", "upload_folder"] * 2
+
+
+@pytest.mark.parametrize("how", ["connection refused", "offline mode"])
+def test_a_push_without_the_hub_is_one_line_naming_repo_and_endpoint(gemma, tmp_path, monkeypatch, how):
+    """Used to be a raw ConnectError ('[Errno -2] Name or service not known') naming neither the Hub nor the repo."""
+    source = save_adapter(tmp_path / "adapter", _trained(gemma), base_model="org/base")
+    if how == "connection refused":  # a real request to a local port nothing listens on: no network needed
+        monkeypatch.setattr(hub_constants, "ENDPOINT", "http://127.0.0.1:9")
+        monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    else:
+        monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(OSError) as error:
+        push_adapter_to_hub("me/tadm-adapter", source)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("could not push adapter 'me/tadm-adapter': the Hugging Face Hub "
+                                                        f"at {hub_constants.ENDPOINT} cannot be reached ("), message
 
 
 def test_the_model_card_has_its_yaml_keys_and_the_k_table(gemma, tmp_path):

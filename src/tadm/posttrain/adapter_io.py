@@ -33,7 +33,7 @@ from huggingface_hub import HfApi, snapshot_download
 from safetensors.torch import load_file, save
 from torch import nn
 
-from tadm.hf import first_line, is_repo_id
+from tadm.hf import first_line, is_connection_error, is_repo_id
 from tadm.nn.hub import read_config
 from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
@@ -388,7 +388,9 @@ def push_adapter_to_hub(
     Exactly ``adapter_config.json``, ``adapter_model.safetensors`` and ``README.md`` are uploaded
     (an older ``adapter.safetensors`` goes up under the new name; training state and other files
     in ``directory`` stay local). The directory's ``README.md`` is used unless it has none or
-    ``card_results``/``license`` are given, in which case the card is written afresh.
+    ``card_results``/``license`` are given, in which case the card is written afresh. A ``revision``
+    branch is created first when missing (as ``transformers``' ``push_to_hub`` does). When the Hub
+    cannot be reached (no network, ``HF_HUB_OFFLINE``), an OSError names ``repo_id`` and the endpoint.
     """
     source = Path(directory)
     config = load_adapter_config(source)  # refuses a folder that is no adapter before anything is created
@@ -403,9 +405,17 @@ def push_adapter_to_hub(
             shutil.copyfile(card, folder / MODEL_CARD_NAME)
         else:
             write_model_card(folder, card_results=card_results, license=license, repo_id=repo_id)
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
-                                 commit_message=commit_message or f"Upload tadm adapter for {config.base_model}")
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            if revision is not None and not revision.startswith("refs/pr"):  # upload_folder needs the branch
+                api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+            return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
+                                     commit_message=commit_message or f"Upload tadm adapter for {config.base_model}")
+        except Exception as err:  # the Hub client raises many types; only "could not connect" is reworded here
+            if not is_connection_error(err):
+                raise
+            raise OSError(f"could not push adapter {repo_id!r}: the Hugging Face Hub at {api.endpoint} cannot be "
+                          f"reached ({first_line(err)})") from None
 
 
 def load_anchored(
