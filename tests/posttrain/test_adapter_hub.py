@@ -250,6 +250,29 @@ def test_a_push_without_the_hub_is_one_line_naming_repo_and_endpoint(gemma, tmp_
                                                         f"at {hub_constants.ENDPOINT} cannot be reached ("), message
 
 
+def test_save_and_push_take_transformers_arguments(gemma, tmp_path, hub_calls, monkeypatch):
+    source = save_adapter(tmp_path / "adapter", _trained(gemma), base_model="org/base")
+    model = TimeAnchoredDiffusionGemma.from_pretrained(build_tiny_gemma(), adapter=source)
+    # save_pretrained(..., push_to_hub=True, repo_id=...): saved, then uploaded with the Hub options.
+    saved = model.save_pretrained(tmp_path / "out", push_to_hub=True, repo_id="me/x", commit_message="first",
+                                  private=True)
+    assert sorted(p.name for p in saved.iterdir()) == HUB_FILES
+    repo_id, options, files = hub_calls["upload_folder"]
+    assert repo_id == "me/x" and options["commit_message"] == "first" and sorted(files) == HUB_FILES
+    assert hub_calls["create_repo"] == ("me/x", dict(private=True, exist_ok=True, repo_type="model"))
+    assert files[MODEL_CARD_NAME] == (saved / MODEL_CARD_NAME).read_bytes()  # the card names the repo
+    assert 'adapter="me/x"' in files[MODEL_CARD_NAME].decode()
+    # Without repo_id the folder's name, as transformers does; other ranks write nothing.
+    model.save_pretrained(tmp_path / "my-adapter", push_to_hub=True)
+    assert hub_calls["upload_folder"][0] == "my-adapter"
+    assert model.save_pretrained(tmp_path / "rank1", False) == tmp_path / "rank1" and not (tmp_path / "rank1").exists()
+    # push_to_hub's keywords are transformers'.
+    model.push_to_hub("me/y", commit_message="second", commit_description="K = 2", create_pr=True, revision="dev")
+    repo_id, options, _ = hub_calls["upload_folder"]
+    assert repo_id == "me/y" and (options["commit_message"], options["commit_description"]) == ("second", "K = 2")
+    assert options["create_pr"] is True and options["revision"] == "dev"
+
+
 def test_the_model_card_has_its_yaml_keys_and_the_k_table(gemma, tmp_path):
     base = "google/diffusiongemma-26B-A4B-it"
     directory = save_adapter_pretrained(tmp_path / "a", _trained(gemma), base_model=base, card_results=RESULTS)

@@ -266,3 +266,51 @@ def test_a_split_without_adapter_is_the_base_at_k1_and_naive_reuse_beyond(saved)
     assert torch.equal(at_k2(plain), at_k2(fused, naive=True))
     with pytest.raises(ValueError, match="no adapter to save"):
         plain.save_pretrained(base_dir.parent / "nothing")
+
+
+def test_an_adapter_alone_loads_the_base_it_records(saved, tmp_path, monkeypatch):
+    """As PEFT's AutoPeftModel: from_pretrained(adapter) loads adapter_config.json's base_model."""
+    import json
+
+    import tadm.hf
+
+    base_dir, adapter = saved
+    alone = TimeAnchoredDiffusionGemma.from_pretrained(adapter, refresh_interval=2)
+    paired = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, refresh_interval=2)
+    settings = dict(max_new_tokens=L, max_denoising_steps=4, **FIXED_STEPS)
+    run = lambda m: m.generate(_prompt(), generator=torch.Generator().manual_seed(0), **settings).sequences
+    assert alone.adapter_config == paired.adapter_config and torch.equal(run(alone), run(paired))
+    # A recorded base that cannot be loaded here: one line saying to pass the base.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for file in adapter.iterdir():
+        (moved / file.name).write_bytes(file.read_bytes())
+    config = json.loads((moved / "adapter_config.json").read_text())
+    # a path that is gone; a relative one recorded elsewhere, which reads like a Hub id
+    for recorded in (str(tmp_path / "gone"), "runs/tadm-no-such-base"):
+        config["base_model"] = recorded
+        (moved / "adapter_config.json").write_text(json.dumps(config))
+        monkeypatch.setattr(tadm.hf.constants, "HF_HUB_OFFLINE", True)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        tadm.hf.hub_reachable.cache_clear()
+        with pytest.raises(FileNotFoundError) as error:
+            TimeAnchoredDiffusionGemma.from_pretrained(moved)
+        tadm.hf.hub_reachable.cache_clear()
+        message = str(error.value)
+        assert "\n" not in message and f"adapter '{moved}' records its base model as '{recorded}'" in message
+        assert f"pass the base: TimeAnchoredDiffusionGemma.from_pretrained(BASE_DIR_OR_HUB_ID, adapter='{moved}')" in message
+    # A base without an adapter, and no split: as before.
+    with pytest.raises(ValueError, match="no adapter given"):
+        TimeAnchoredDiffusionGemma.from_pretrained(base_dir)
+
+
+def test_num_parameters_counts_as_transformers_does(saved):
+    base_dir, adapter = saved
+    base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()
+    expected = {flags: base.num_parameters(exclude_embeddings=flags[1]) for flags in ((False, False), (False, True))}
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base, adapter=adapter)
+    fusion = sum(p.numel() for p in model.anchored.fusion.parameters())
+    assert fusion > 0
+    assert model.num_parameters() == expected[(False, False)] + fusion
+    assert model.num_parameters(exclude_embeddings=True) == expected[(False, True)] + fusion
+    assert model.num_parameters(only_trainable=True) == fusion  # the base is frozen

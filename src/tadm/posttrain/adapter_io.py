@@ -382,6 +382,8 @@ def push_adapter_to_hub(
     commit_message: str | None = None,
     card_results: CardResults | None = None,
     license: str | None = None,
+    commit_description: str | None = None,
+    create_pr: bool = False,
 ) -> Any:
     """Upload a saved adapter to the Hub repository ``repo_id`` (created if missing); returns the commit info.
 
@@ -410,7 +412,8 @@ def push_adapter_to_hub(
             if revision is not None and not revision.startswith("refs/pr"):  # upload_folder needs the branch
                 api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
             return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
-                                     commit_message=commit_message or f"Upload tadm adapter for {config.base_model}")
+                                     commit_message=commit_message or f"Upload tadm adapter for {config.base_model}",
+                                     commit_description=commit_description, create_pr=create_pr)
         except Exception as err:  # the Hub client raises many types; only "could not connect" is reworded here
             if not is_connection_error(err):
                 raise

@@ -35,9 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tadm.hf import NO_CUSTOM_CODE
-from tadm.posttrain.adapter_io import (AdapterConfig, CardResults, attach_adapter, load_adapter_config,
-                                       push_adapter_to_hub, resolve_adapter, save_adapter_pretrained)
+from tadm.hf import NO_CUSTOM_CODE, first_line, hub_reachable, is_repo_id
+from tadm.posttrain.adapter_io import (ADAPTER_CONFIG_NAME, AdapterConfig, CardResults, attach_adapter,
+                                       load_adapter_config, push_adapter_to_hub, resolve_adapter,
+                                       save_adapter_pretrained)
 from tadm.posttrain.backbone import DiffusionGemmaBackbone, load_diffusion_gemma
 from tadm.posttrain.generate import BlockGenerationOutput, generate_blocks
 from tadm.posttrain.model import AnchoredBackbone, SplitSpec
@@ -63,6 +64,22 @@ def resolve_refresh(refresh_interval: Any = None, refresh_policy: Any = None) ->
     if refresh_policy is not None:
         return parse_refresh(refresh_policy)
     return None
+
+
+def _adapter_directory(source: Any, adapter_kwargs: dict[str, Any]) -> Path | None:
+    """The directory of the adapter ``source`` names (a directory or Hub id holding ``adapter_config.json``), else
+    None (a loaded model, a base checkpoint, nothing fetchable)."""
+    if isinstance(source, nn.Module):
+        return None
+    text = os.fspath(source)
+    local = Path(text).expanduser()
+    if not local.is_dir() and not is_repo_id(text):
+        return None
+    try:
+        directory = resolve_adapter(text, **adapter_kwargs)
+    except FileNotFoundError:
+        return None
+    return directory if (directory / ADAPTER_CONFIG_NAME).is_file() else None
 
 
 def _load_base(base: Any, base_kwargs: dict[str, Any]) -> nn.Module:
@@ -131,7 +148,10 @@ class TimeAnchoredDiffusionGemma(nn.Module):
                 (used as is; it is frozen and put in eval mode).
             adapter: a directory or Hub id of a tadm fusion adapter (resolved through the local Hub cache
                 when offline). Without one, ``split`` must be given: the base is split (shared, anchor
-                layers) with no fusion, and every K > 1 runs naive reuse; without either, a ValueError.
+                layers) with no fusion, and every K > 1 runs naive reuse. Without either, ``base`` may be
+                the adapter itself: the base its ``adapter_config.json`` records is loaded (as PEFT's
+                ``AutoPeftModel`` does), and a recorded base that cannot be loaded here is a one-line error
+                saying to pass the base; otherwise a ValueError.
             refresh_interval, refresh_policy: the default K (or policy) of :meth:`generate` (default K = 1).
             split: (shared, anchor) layer counts or a :class:`SplitSpec`, only without an adapter.
             adapter_kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only`` for a Hub adapter.
@@ -142,14 +162,30 @@ class TimeAnchoredDiffusionGemma(nn.Module):
         policy = resolve_refresh(refresh_interval, refresh_policy) or FixedRefresh(1)
         if adapter is not None and split is not None:
             raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
+        recorded_by = None  # the adapter given as ``base``, whose recorded base is loaded
         if adapter is None and split is None:
-            raise ValueError("no adapter given: pass adapter=DIR_OR_HUB_ID, or split=(shared, anchor) layer counts "
-                             "to run the base split with naive reuse of the cached anchor (no fusion)")
+            found = _adapter_directory(base, adapter_kwargs or {})
+            if found is None:
+                raise ValueError("no adapter given: pass adapter=DIR_OR_HUB_ID, or split=(shared, anchor) layer "
+                                 "counts to run the base split with naive reuse of the cached anchor (no fusion)")
+            recorded_by, adapter, adapter_kwargs = os.fspath(base), found, None
+            base = load_adapter_config(found).base_model
+            if not Path(base).expanduser().is_dir() and not hub_reachable():
+                # a relative path recorded elsewhere reads like a Hub id: fail at once, not after the client's retries
+                base_kwargs.setdefault("local_files_only", True)
         if split is not None and not isinstance(split, SplitSpec) and (
                 not isinstance(split, (tuple, list)) or len(split) not in (2, 3)):
             raise ValueError(f"split must be (shared, anchor) layer counts, e.g. split=(2, 20), or a SplitSpec; "
                              f"got {split!r}")
-        backbone = DiffusionGemmaBackbone(_load_base(base, dict(base_kwargs)))
+        try:
+            backbone = DiffusionGemmaBackbone(_load_base(base, dict(base_kwargs)))
+        except (OSError, ValueError) as err:
+            if recorded_by is None:
+                raise
+            error = ValueError if isinstance(err, ValueError) else FileNotFoundError
+            raise error(f"adapter {recorded_by!r} records its base model as {base!r}, which cannot be loaded here "
+                        f"({first_line(err)}); pass the base: TimeAnchoredDiffusionGemma.from_pretrained(BASE_DIR_OR_"
+                        f"HUB_ID, adapter={recorded_by!r})") from None
         if adapter is not None:
             directory = resolve_adapter(adapter, **(adapter_kwargs or {}))
             config: AdapterConfig | None = load_adapter_config(directory)
@@ -195,6 +231,16 @@ class TimeAnchoredDiffusionGemma(nn.Module):
 
     def can_generate(self) -> bool:
         return True
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """Parameters of the base and the fusion, as ``PreTrainedModel.num_parameters`` counts them.
+
+        ``only_trainable``: the fusion's only (the base is frozen). ``exclude_embeddings``: without the
+        weights of ``nn.Embedding`` modules (a tied output head shares the input embedding's weight).
+        """
+        embeddings = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding) and exclude_embeddings}
+        return sum(p.numel() for p in self.parameters()
+                   if (p.requires_grad or not only_trainable) and id(p) not in embeddings)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """One denoising pass of the base model: with a fresh anchor the fusion is the identity."""
@@ -328,41 +374,69 @@ class TimeAnchoredDiffusionGemma(nn.Module):
     def save_pretrained(
         self,
         save_directory: str | os.PathLike[str],
+        is_main_process: bool = True,
         *,
+        push_to_hub: bool = False,
         card_results: CardResults | None = None,
         license: str | None = None,
         base_model: str | None = None,
         repo_id: str | None = None,
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        commit_message: str | None = None,
+        commit_description: str | None = None,
+        create_pr: bool = False,
     ) -> Path:
         """Save the adapter (not the base): ``adapter_config.json``, ``adapter_model.safetensors``, ``README.md``.
 
         ``card_results`` (rows such as ``{"K": 2, "accuracy": 0.61, "tokens/s": 63.5}`` or Markdown) go
         into the model card; ``base_model`` overrides the base recorded in the adapter (e.g. the Hub id
-        of the base it was trained on from a local copy).
+        of the base it was trained on from a local copy). As in ``transformers``: ``is_main_process``
+        False writes nothing (the other ranks of a distributed run), and ``push_to_hub=True`` then
+        uploads the folder to ``repo_id`` (default: the folder's name) with the Hub options
+        (``private``, ``token``, ``revision``, ``commit_message``, ``commit_description``, ``create_pr``).
         """
         config = self.adapter_config
         if config is None:
             raise ValueError("this model has no adapter to save (it was built with a split and no fusion)")
-        return save_adapter_pretrained(
-            save_directory, self.anchored, base_model=base_model or config.base_model, extra=config.extra,
+        directory = Path(save_directory)
+        if not is_main_process:
+            return directory
+        if push_to_hub and repo_id is None:
+            repo_id = directory.resolve().name  # transformers' default: the folder's name
+        directory = save_adapter_pretrained(
+            directory, self.anchored, base_model=base_model or config.base_model, extra=config.extra,
             card_results=card_results, license=license, repo_id=repo_id,
         )
+        if push_to_hub:
+            push_adapter_to_hub(repo_id, directory, private=private, token=token, revision=revision,
+                                commit_message=commit_message, commit_description=commit_description,
+                                create_pr=create_pr)
+        return directory
 
     def push_to_hub(
         self,
         repo_id: str,
         *,
-        card_results: CardResults | None = None,
-        license: str | None = None,
-        base_model: str | None = None,
+        commit_message: str | None = None,
+        commit_description: str | None = None,
         private: bool | None = None,
         token: str | bool | None = None,
         revision: str | None = None,
-        commit_message: str | None = None,
+        create_pr: bool = False,
+        card_results: CardResults | None = None,
+        license: str | None = None,
+        base_model: str | None = None,
     ) -> Any:
-        """Upload the adapter (:meth:`save_pretrained`'s three files) to ``repo_id``; returns the commit info."""
+        """Upload the adapter (:meth:`save_pretrained`'s three files) to ``repo_id``; returns the commit info.
+
+        The Hub options are ``transformers``' ``push_to_hub``'s (keyword-only, as there); ``card_results``,
+        ``license`` and ``base_model`` go to the model card as in :meth:`save_pretrained`.
+        """
         with tempfile.TemporaryDirectory(prefix="tadm-adapter-") as folder:
             self.save_pretrained(folder, card_results=card_results, license=license, base_model=base_model,
                                  repo_id=repo_id)
             return push_adapter_to_hub(repo_id, folder, private=private, token=token, revision=revision,
-                                       commit_message=commit_message)
+                                       commit_message=commit_message, commit_description=commit_description,
+                                       create_pr=create_pr)
