@@ -14,6 +14,18 @@ from tadm.cli import main
 from tadm.posttrain import load_posttrain_config
 from tadm.posttrain.plan import plan_posttrain, resolve_base_config
 
+# both measuring scripts: the peak-memory reader and the config of a tiny base of the sizes given
+PEAK_AND_CONFIG = textwrap.dedent("""
+    def status(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+
+    torch.manual_seed(0)
+    config = tiny_diffusion_gemma_config(vocab_size=V, hidden_size=d, num_layers=6, canvas_length=L, num_heads=2,
+                                         head_dim=d // 2, sliding_window=64)
+""").strip()
+
 MEASURE = textwrap.dedent("""
     import json, sys, torch
     from transformers import DiffusionGemmaForBlockDiffusion
@@ -26,14 +38,7 @@ MEASURE = textwrap.dedent("""
     torch.set_num_threads(1)
     V, d, L, B, P = (int(a) for a in sys.argv[1:6])
 
-    def status(field):
-        for line in open("/proc/self/status"):
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-
-    torch.manual_seed(0)
-    config = tiny_diffusion_gemma_config(vocab_size=V, hidden_size=d, num_layers=6, canvas_length=L, num_heads=2,
-                                         head_dim=d // 2, sliding_window=64)
+    # PEAK_AND_CONFIG
     model = AnchoredBackbone(DiffusionGemmaBackbone(DiffusionGemmaForBlockDiffusion(config)), SplitSpec(1, 3),
                              FusionSpec(rank=32, num_heads=4))
     trainer = PosttrainTrainer(model, load_posttrain_config(None, [
@@ -55,7 +60,7 @@ MEASURE = textwrap.dedent("""
     resident = sum(v for k, v in estimate.items.items()
                    if k.startswith(("backbone weights", "fusion weights", "fusion gradients")))
     print(json.dumps({"measured": measured, "estimated": estimate.total - resident}))
-""")
+""").replace("# PEAK_AND_CONFIG", PEAK_AND_CONFIG)
 
 MEASURE_INFERENCE = textwrap.dedent("""
     import json, sys, torch
@@ -69,14 +74,7 @@ MEASURE_INFERENCE = textwrap.dedent("""
     V, d, L, B, P = (int(a) for a in sys.argv[1:6])
     dtype = getattr(torch, sys.argv[6])
 
-    def status(field):
-        for line in open("/proc/self/status"):
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-
-    torch.manual_seed(0)
-    config = tiny_diffusion_gemma_config(vocab_size=V, hidden_size=d, num_layers=6, canvas_length=L, num_heads=2,
-                                         head_dim=d // 2, sliding_window=64)
+    # PEAK_AND_CONFIG
     model = AnchoredBackbone(DiffusionGemmaBackbone(DiffusionGemmaForBlockDiffusion(config).to(dtype)),
                              SplitSpec(1, 3), FusionSpec(rank=32, num_heads=4)).eval()
     prompt = torch.randint(3, V, (B, P), generator=torch.Generator().manual_seed(1))
@@ -94,7 +92,7 @@ MEASURE_INFERENCE = textwrap.dedent("""
     estimate = estimate_inference_memory(model, batch=B, prompt=P, canvas=L, new_tokens=L, dtype=dtype)
     resident = sum(v for k, v in estimate.items.items() if k.startswith(("backbone weights", "fusion weights")))
     print(json.dumps({"measured": measured, "estimated": estimate.total - resident}))
-""")
+""").replace("# PEAK_AND_CONFIG", PEAK_AND_CONFIG)
 
 
 def test_the_26b_plan_counts_the_papers_fusion():
