@@ -439,15 +439,8 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
         evaluator = load(name) if load is not None else load_evaluator(spec_of, device=run.device)
         ref_features = None
         if s.reference is not None and reference is not None:
-            ref_texts, ref_ids = reference()
-            start = time.perf_counter()
-            ref = gen_ppl(ref_texts, evaluator, batch_size=s.eval_batch_size, features=use_mauve, progress=run.progress)
-            ref_features = ref.features
-            if need_data:
-                run.store.save(data_path, data_specs[0], {
-                    "gen_ppl": ref.gen_ppl, "gen_ppl_nll": ref.nll, "gen_ppl_tokens": ref.num_tokens,
-                    "entropy": mean_entropy(ref_ids), "num_texts": len(ref_texts)})
-                run.done(f"score {name} data", time.perf_counter() - start)
+            ref_features = _score_reference(run, name, evaluator, reference, use_mauve,
+                                            (data_path, data_specs[0]) if need_data else None)
         for cell, specs in todo:
             start = time.perf_counter()
             ids = run.store.load(run.store.sample_path(cell))["token_ids"]
@@ -458,6 +451,21 @@ def score_cells(run: Run, cells: Sequence[Cell], *, tokenizer: Any, evaluator_sp
                 "gen_ppl": ppl.gen_ppl, "gen_ppl_nll": ppl.nll, "gen_ppl_tokens": ppl.num_tokens,
                 "entropy": mean_entropy(ids), **_mauve(s, ref_features, ppl.features, len(texts))})
             run.done(f"score {name} {_unit(cell)}", time.perf_counter() - start)
+
+
+def _score_reference(run: Run, name: str, evaluator: Any, reference: Callable[[], tuple[list[str], Any]],
+                     use_mauve: bool, data_unit: tuple[Path, dict[str, Any]] | None) -> Any:
+    """The reference texts under ``evaluator``: their MAUVE features (None without MAUVE), and the Data row's
+    unit saved when ``data_unit`` (its path and spec) is given."""
+    s = run.settings
+    ref_texts, ref_ids = reference()
+    start = time.perf_counter()
+    ref = gen_ppl(ref_texts, evaluator, batch_size=s.eval_batch_size, features=use_mauve, progress=run.progress)
+    if data_unit is not None:
+        run.store.save(*data_unit, {"gen_ppl": ref.gen_ppl, "gen_ppl_nll": ref.nll, "gen_ppl_tokens": ref.num_tokens,
+                                    "entropy": mean_entropy(ref_ids), "num_texts": len(ref_texts)})
+        run.done(f"score {name} data", time.perf_counter() - start)
+    return ref.features
 
 
 def timed_sample_spec(run: Run, cell: Cell, form: PathForm = _as_given) -> dict[str, Any]:
