@@ -27,8 +27,8 @@ seconds, nothing can be downloaded, and at most 8 result files of 16 MB come bac
 
 The GPU machine has no network and its own torch (2.11) and transformers (5.17), but neither omegaconf (a core
 requirement) nor mauve-text. ``bash benchmarks/gpu_wheels.sh`` downloads those wheels here into ``.whl/``; carry it
-and, there, ``python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl`` and
-``export PYTHONPATH=/tmp/site:$PWD/src`` before this script (it starts tadm as ``python -m tadm``). To install tadm
+and, there, ``python3 -m pip install -q --no-index --no-deps --target .site .whl/*.whl`` and
+``export PYTHONPATH=$PWD/.site:$PWD/src`` before this script (it starts tadm as ``python -m tadm``). To install tadm
 itself there instead, ``pip install --no-deps --no-build-isolation -e .``: without network pip cannot fetch the
 build's setuptools (>= 77) into an isolated environment.
 """

@@ -2,7 +2,7 @@
 # Wheels of tadm's requirements that the GPU machine's image lacks, built for its Python (3.12, x86-64 Linux),
 # into DIR (default .whl, git-ignored; a relative DIR is taken from the repository root). That machine has no
 # network: carry DIR to it, then there
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site:$PWD/src
+#   python3 -m pip install -q --no-index --no-deps --target .site DIR/*.whl && export PYTHONPATH=$PWD/.site:$PWD/src
 # and run python benchmarks/gpu_campaign.py (which starts tadm as python -m tadm, so PYTHONPATH is all it needs).
 # The image has torch 2.11, transformers 5.17, accelerate, safetensors, huggingface_hub, tokenizers, numpy, scipy,
 # pyyaml, tqdm, matplotlib, scikit-learn and tensorboard. It lacks omegaconf (a core requirement; it carries its own
