@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -427,16 +427,35 @@ def _diffusion_gemma(ctx: Any) -> tuple[Any, Any]:
     return model.eval(), config
 
 
-def _split(model: Any) -> Any:
-    from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, SplitSpec
+def _time_anchored(model: Any) -> Any:
+    """``model`` time-anchored in place (the anchor cache inside the model): split 2 / 20 / 8, a rank-256 fusion."""
+    from tadm.posttrain import FusionSpec
+    from tadm.posttrain.hf_model import TimeAnchoredDiffusionGemma
 
-    split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(2, 20, 8), FusionSpec(rank=256, num_heads=4))
-    split.fusion.to(next(model.parameters()).device)
+    anchored = TimeAnchoredDiffusionGemma.from_pretrained(model, split=(2, 20), fusion=FusionSpec(rank=256, num_heads=4))
     with torch.no_grad():  # random weights: the fusion is not the identity, so it costs what a trained one does
         generator = torch.Generator(device=next(model.parameters()).device).manual_seed(1)
-        for p in split.fusion.parameters():
+        for p in anchored.fusion.parameters():
             p.normal_(0.0, 0.02, generator=generator)
-    return split
+    return anchored
+
+
+@contextmanager
+def _plain_base(model: Any) -> Any:
+    """transformers' own ``DiffusionGemmaForBlockDiffusion`` for the baseline cells: the time-anchored model with its
+    class and its anchor layers' classes as they were before (the same weights, no second copy)."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from tadm.posttrain.layer_cache import install_layer_cache, remove_layer_cache
+
+    cls, layers = type(model), model.model.decoder.layers
+    remove_layer_cache(layers)
+    model.__class__ = DiffusionGemmaForBlockDiffusion
+    try:
+        yield model
+    finally:
+        model.__class__ = cls
+        install_layer_cache(layers, model.anchor_cache)
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -458,11 +477,12 @@ def stage_c(ctx: Any) -> None:
         return
     start = time.perf_counter()
     model, config = _diffusion_gemma(ctx)
-    split = _split(model)
+    model = _time_anchored(model)
     record.data["build_seconds"] = round(time.perf_counter() - start, 1)
-    params = sum(p.numel() for p in model.parameters())
-    record.data["parameters"] = {"backbone": params, "fusion": sum(p.numel() for p in split.fusion.parameters()),
-                                 "bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    fusion = list(model.fusion.parameters())
+    base = [p for name, p in model.named_parameters() if not name.startswith("fusion.")]
+    record.data["parameters"] = {"backbone": sum(p.numel() for p in base), "fusion": sum(p.numel() for p in fusion),
+                                 "bytes": sum(p.numel() * p.element_size() for p in base)}
     V = int(config.text_config.vocab_size)
     methods = [("base (transformers generate)", "hf", 1), ("tadm K=1", "paired", 1), ("tadm K=2", "paired", 2),
                ("tadm K=3", "paired", 3), ("naive K=2", "naive", 2), ("naive K=3", "naive", 3)]
@@ -478,43 +498,42 @@ def stage_c(ctx: Any) -> None:
             break
         prompt = torch.randint(3, V, (B, prompt_len), generator=torch.Generator().manual_seed(B)).to(ctx.device)
         _peak_reset(ctx.device)
-        _generate_26b(ctx, model, split, prompt, mode, K, canvas, steps, V, seed=0)  # warm-up
+        _generate_26b(ctx, model, prompt, mode, K, canvas, steps, seed=0)  # warm-up
         times, calls = [], 0
         for r in range(ctx.repeats):
-            seconds, calls = _generate_26b(ctx, model, split, prompt, mode, K, canvas, steps, V, seed=r + 1)
+            seconds, calls = _generate_26b(ctx, model, prompt, mode, K, canvas, steps, seed=r + 1)
             times.append(seconds)
         seconds = statistics.median(times)
         record.record(cell, {"method": label, "B": B, "K": K, "seconds": seconds, "seconds_all": times,
                              "tokens_per_second": B * canvas / seconds, "decoder_layer_calls": calls,
                              "peak_memory_gb": _peak_gb(ctx.device)})
     if complete and not record.done("posttrain step") and ctx.budget.allows(120):
-        record.record("posttrain step", _posttrain_step(ctx, split, V, prompt_len, canvas, steps))
+        record.record("posttrain step", _posttrain_step(ctx, model.stage_view(), V, prompt_len, canvas, steps))
     record.save(complete=complete and record.done("posttrain step"))
 
 
-def _generate_26b(ctx: Any, model: Any, split: Any, prompt: torch.Tensor, mode: str, K: int, canvas: int, steps: int,
-                  V: int, *, seed: int) -> tuple[float, int]:
+def _generate_26b(ctx: Any, model: Any, prompt: torch.Tensor, mode: str, K: int, canvas: int, steps: int, *,
+                  seed: int) -> tuple[float, int]:
     """Seconds of one canvas after ``prompt`` and the decoder layer calls of one row's denoising passes.
 
-    ``mode`` "hf" is transformers' own ``generate`` (every layer at every step); "paired" and "naive" are
-    tadm's :func:`~tadm.posttrain.generate_blocks` with the fusion or with naive reuse of the stale anchor.
+    ``mode`` "hf" is transformers' own ``generate`` on its own class (every layer at every step); "paired" and
+    "naive" are the same ``generate`` on the time-anchored model (the anchor cache inside the model), with the
+    fusion or with naive reuse of the stale anchor.
     """
-    from tadm.posttrain import generate_blocks
-    from tadm.sampling.entropy_bound import EntropyBoundSampler
-
     _sync(ctx.device)
     start = time.perf_counter()
+    settings = dict(max_new_tokens=canvas, max_denoising_steps=steps, stability_threshold=None,
+                    confidence_threshold=None)
     with torch.no_grad():
         if mode == "hf":
-            torch.manual_seed(seed)
-            model.generate(prompt, max_new_tokens=canvas, max_denoising_steps=steps, stability_threshold=None,
-                           confidence_threshold=None)
+            with _plain_base(model):
+                torch.manual_seed(seed)
+                model.generate(prompt, **settings)
             calls = len(model.config.text_config.layer_types) * steps
         else:
-            split.fusion_mode = mode
-            out = generate_blocks(split, prompt, sampler=EntropyBoundSampler(V, num_steps=steps), refresh_interval=K,
-                                  max_new_tokens=canvas, generator=torch.Generator(device=ctx.device).manual_seed(seed))
-            calls = out.layer_calls.total
+            model.generate(prompt, refresh_interval=K, naive=mode == "naive",
+                           generator=torch.Generator(device=ctx.device).manual_seed(seed), **settings)
+            calls = model.last_generation.layer_calls.total
     _sync(ctx.device)
     return time.perf_counter() - start, calls
 

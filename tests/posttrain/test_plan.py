@@ -64,32 +64,31 @@ MEASURE = textwrap.dedent("""
 
 MEASURE_INFERENCE = textwrap.dedent("""
     import json, sys, torch
-    from transformers import DiffusionGemmaForBlockDiffusion
-    from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, SplitSpec, generate_blocks
+    from tadm.posttrain import FusionSpec
     from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+    from tadm.posttrain.hf_model import TimeAnchoredDiffusionGemma
     from tadm.posttrain.plan import estimate_inference_memory
-    from tadm.sampling.entropy_bound import EntropyBoundSampler
 
     torch.set_num_threads(1)
     V, d, L, B, P = (int(a) for a in sys.argv[1:6])
     dtype = getattr(torch, sys.argv[6])
 
     # PEAK_AND_CONFIG
-    model = AnchoredBackbone(DiffusionGemmaBackbone(DiffusionGemmaForBlockDiffusion(config).to(dtype)),
-                             SplitSpec(1, 3), FusionSpec(rank=32, num_heads=4)).eval()
+    model = TimeAnchoredDiffusionGemma(config, split=(1, 3), fusion=FusionSpec(rank=32, num_heads=4),
+                                       refresh_interval=2).to(dtype).eval()
+    model.fusion.float()
     prompt = torch.randint(3, V, (B, P), generator=torch.Generator().manual_seed(1))
-    sampler = EntropyBoundSampler(V, num_steps=4)
 
-    def generate():  # K = 2: refresh and reuse steps
-        generate_blocks(model, prompt, sampler=sampler, refresh_interval=2, max_new_tokens=L,
-                        generator=torch.Generator().manual_seed(0))
+    def generate():  # K = 2: refresh and reuse steps; every step runs (no adaptive stopping)
+        model.generate(prompt, max_new_tokens=L, max_denoising_steps=4, stability_threshold=None,
+                       confidence_threshold=None, generator=torch.Generator().manual_seed(0))
 
     generate()  # lazily built state (rotary tables, ...) is allocated here
     open("/proc/self/clear_refs", "w").write("5")  # resets the peak (VmHWM) to the current size
     before = status("VmRSS:")
     generate()
     measured = status("VmHWM:") - before
-    estimate = estimate_inference_memory(model, batch=B, prompt=P, canvas=L, new_tokens=L, dtype=dtype)
+    estimate = estimate_inference_memory(model.stage_view(), batch=B, prompt=P, canvas=L, new_tokens=L, dtype=dtype)
     resident = sum(v for k, v in estimate.items.items() if k.startswith(("backbone weights", "fusion weights")))
     print(json.dumps({"measured": measured, "estimated": estimate.total - resident}))
 """).replace("# PEAK_AND_CONFIG", PEAK_AND_CONFIG)

@@ -16,10 +16,10 @@ import torch
 
 from tadm.diffusion import get_schedule
 from tadm.nn import adlm_tiny, mdlm_tiny, tadm_tiny
-from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, MDLMBackbone, SplitSpec, generate_blocks
+from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, MDLMBackbone, SplitSpec
 from tadm.posttrain.rollout import on_policy_rollout
 from tadm.sampling import generate, get_sampler
-from tadm.sampling.entropy_bound import EntropyBoundSampler, StableConfidentStopping
+from tadm.sampling.entropy_bound import EntropyBoundSampler
 
 from tests.posttrain.conftest import _one_thread  # noqa: F401  (autouse: tiny tensors run fastest on one thread)
 
@@ -92,26 +92,34 @@ def _gemma_model(mode="paired"):
 
 
 def _run_blocks():
-    model = _gemma_model()
-    V = model.vocab_size
+    """Block-wise generation, now the base's own ``generate`` on the time-anchored model (the cache inside the
+    model): the tokens tadm's former block loop recorded, with its sampler settings (eta 0.1, tau 0.8 -> 0.4)."""
+    from tadm.posttrain import TimeAnchoredDiffusionGemma
+    from tadm.tasks.generation import _passes
+
+    split = _gemma_model()
+    model = TimeAnchoredDiffusionGemma.from_pretrained(split.backbone.model, split=(1, 3),
+                                                       fusion=FusionSpec(rank=8, num_heads=2))
+    model.fusion.load_state_dict(split.fusion.state_dict())
+    V = model.config.text_config.vocab_size
     prompt = torch.randint(3, V, (2, 5), generator=torch.Generator().manual_seed(0))
     out = {}
     for mode in ("paired", "naive"):
-        model.fusion_mode = mode
         for K in (1, 2, 3):
             for stop in (None, (0, 1.0)):
                 for sc in (True, False):
-                    result = generate_blocks(
-                        model, prompt, sampler=EntropyBoundSampler(V, num_steps=6), refresh_interval=K,
-                        max_new_tokens=20, self_conditioning=sc, eos_token_id=[7], pad_token_id=0,
-                        stopping=None if stop is None else StableConfidentStopping(*stop),
+                    result = model.generate(
+                        prompt, refresh_interval=K, naive=mode == "naive", self_conditioning=sc,
+                        max_new_tokens=20, max_denoising_steps=6, t_min=0.4, t_max=0.8, eos_token_id=[7],
+                        pad_token_id=0, stability_threshold=None if stop is None else stop[0],
+                        confidence_threshold=None if stop is None else stop[1],
                         generator=torch.Generator().manual_seed(3),
                     )
+                    record = model.last_generation
                     key = f"blocks/{mode}/K{K}/stop={stop}/sc={sc}"
-                    out[key] = {"tokens": result.sequences.tolist(), "refresh_steps": result.refresh_steps,
-                                "layer_calls": result.layer_calls.as_dict(),
-                                "passes": result.decoder_forward_passes.tolist()}
-    model.fusion_mode = "paired"
+                    out[key] = {"tokens": result.sequences.tolist(), "refresh_steps": record.refresh_steps,
+                                "layer_calls": record.layer_calls.as_dict(),
+                                "passes": _passes(result.sequences[:, 5:], result.tokens_per_forward, 0)}
     return out
 
 

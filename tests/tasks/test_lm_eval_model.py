@@ -145,15 +145,15 @@ def test_one_loaded_model_serves_several_settings(adapter_lm):
 
 def test_entropy_bound_settings_reach_the_sampler(base_dir):
     lm = base_lm(base_dir, entropy_bound=0.3, temperature_max=0.9, temperature_min=0.5, canvas_length=4)
-    sampler = lm.generator.sampler
-    assert (sampler.entropy_bound, sampler.temperature_max, sampler.temperature_min) == (0.3, 0.9, 0.5)
-    assert sampler.num_steps == STEPS and lm.generator.canvas_length == 4
+    settings = lm.generator.generation_kwargs(8)  # what the base's own generate is given
+    assert (settings["sampler_config"].entropy_bound, settings["t_max"], settings["t_min"]) == (0.3, 0.9, 0.5)
+    assert settings["max_denoising_steps"] == STEPS and lm.generator.canvas_length == 4
     lm.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
     calls, stop = lm.batch_stats[0].layer_calls["denoiser_calls"], lm.request_stats[0].stop
     one_canvas = stop == "eos" and lm.request_stats[0].generated_tokens < 4
     assert calls == (STEPS if one_canvas else 2 * STEPS)  # canvases of 4 tokens
     default = TadmLM(base=str(base_dir), split="1:3", device="cpu")
-    assert default.generator.steps == 48 and default.generator.sampler.entropy_bound == 0.1  # the paper's
+    assert default.generator.steps == 48 and default.generator.options.entropy_bound == 0.1  # the paper's
 
 
 def test_chat_template_has_thinking_off_and_one_bos(adapter_lm):

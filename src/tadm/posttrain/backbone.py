@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tadm.devices import resolve_dtype
 from tadm.hf import check_hf_source, first_line, load_hf, refuse_custom_code
@@ -141,6 +142,13 @@ def load_diffusion_gemma(path: str | Path, **kwargs: Any) -> nn.Module:
         raise FileNotFoundError(f"could not load base model {str(path)!r}: {first_line(err)}") from None
 
 
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether ``model``'s gradient (activation) checkpointing is on (transformers renamed the property in 5.x)."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
 def _check_tokens(z: Tensor, what: str = "canvas (B, L)") -> None:
     if z.dim() != 2 or z.dtype != torch.long:
         raise ValueError(f"{what} must be a LongTensor of token ids; got {z.dtype} of shape {tuple(z.shape)}")
@@ -175,7 +183,7 @@ class DiffusionGemmaBackbone(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        if type(model).__name__ != "DiffusionGemmaForBlockDiffusion":
+        if not any(cls.__name__ == "DiffusionGemmaForBlockDiffusion" for cls in type(model).__mro__):
             raise TypeError(f"expected a DiffusionGemmaForBlockDiffusion, got {type(model).__name__}")
         model.requires_grad_(False)
         model.eval()
@@ -308,11 +316,19 @@ class DiffusionGemmaBackbone(nn.Module):
         if not 0 <= start <= stop <= self.num_layers:
             raise ValueError(f"layer range [{start}, {stop}) is outside 0..{self.num_layers}")
         cache = prepared.context.prompt.past_key_values if prepared.context.prompt is not None else None
+        # The frozen layers stay in eval mode, where transformers' own checkpointing is off: with the model's
+        # gradient checkpointing on, a pass that needs gradients (the fusion's, through the denoiser) recomputes
+        # each layer in backward instead of keeping its activations.
+        checkpointing = torch.is_grad_enabled() and h.requires_grad and _checkpointing(self.model)
         for i in range(start, stop):
             layer_type = self.layer_types[i]
-            h = self.decoder.layers[i](h, position_embeddings=prepared.position_embeddings[layer_type],
-                                       attention_mask=prepared.masks[layer_type], position_ids=prepared.position_ids,
-                                       past_key_values=cache)  # (B, L, d)
+            inputs = dict(position_embeddings=prepared.position_embeddings[layer_type],
+                          attention_mask=prepared.masks[layer_type], position_ids=prepared.position_ids,
+                          past_key_values=cache)
+            if checkpointing:
+                h = checkpoint(self.decoder.layers[i], h, use_reentrant=False, **inputs)  # (B, L, d)
+            else:
+                h = self.decoder.layers[i](h, **inputs)  # (B, L, d)
         return h
 
     def logits(self, h: Tensor, prepared: _GemmaPass | None = None) -> Tensor:
@@ -512,7 +528,7 @@ def wrap_backbone(model: nn.Module) -> nn.Module:
     """The adapter for an already-built model: a DiffusionGemmaForBlockDiffusion or a tadm MDLM."""
     if isinstance(model, (DiffusionGemmaBackbone, MDLMBackbone)):
         return model
-    if type(model).__name__ == "DiffusionGemmaForBlockDiffusion":
+    if any(cls.__name__ == "DiffusionGemmaForBlockDiffusion" for cls in type(model).__mro__):
         return DiffusionGemmaBackbone(model)
     if isinstance(model, MDLM):
         return MDLMBackbone(model)

@@ -21,9 +21,9 @@ tadm knows: :data:`KNOWN_BASES`), builds the split model with its paired-attenti
   - vocabulary tensors: float32 (B, L, V) tensors alive at once (training: student logits,
     soft-capped logits, log-softmax, its gradient, the teacher's logits, probabilities and
     log-probabilities, the KD term, and the self-conditioning logits: :data:`TRAIN_VOCAB_COPIES`;
-    inference, at the entropy-bound sampler's step: the raw logits, kept for a step that reuses
-    them, the scaled logits, the probabilities and the draw's temporary, or the entropy's two:
-    :data:`INFER_VOCAB_COPIES`) plus the self-conditioning logits (base dtype) carried between
+    inference, at a step of the base's own entropy-bound sampler (``generate``): the raw and the
+    temperature-scaled logits, the probabilities and the draw's temporaries, the entropy's normalised
+    logits and terms, as measured: :data:`INFER_VOCAB_COPIES`) plus the self-conditioning logits (base dtype) carried between
     steps. At inference a denoiser pass and the sampler step do not overlap: a pass holds the raw
     logits and two self-conditioning logits (this step's and the previous pass's) beside one
     layer's working set, which counts only where it exceeds the sampler step's tensors.
@@ -59,7 +59,7 @@ _COLUMN_ITEMS = {"weights": ("backbone weights", "fusion weights"), "optimiser":
                  "vocabulary tensors": ("vocabulary tensors", "sampler vocabulary", "self-conditioning logits")}
 GPU_SIZES_GB = (80, 96, 189)  # H100 80 GB, H100 NVL / RTX PRO 6000 96 GB, GH200-class 189 GB
 TRAIN_VOCAB_COPIES = 9
-INFER_VOCAB_COPIES = 4  # measured peak of a sampling step (tests/posttrain/test_plan.py), self-conditioning logits apart
+INFER_VOCAB_COPIES = 7  # measured peak of a step of the base's own sampler (tests/posttrain/test_plan.py), self-conditioning logits apart
 _GB = 1e9
 DIFFUSION_GEMMA_TYPE = "diffusion_gemma"  # config.json's model_type of a DiffusionGemma checkpoint
 

@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from tadm import posttrain as package  # the package's lazy names (the transformers model class)
 from tadm.config import check_resumable
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.hf import load_hf_tokenizer
@@ -277,13 +278,22 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo) -> tuple[PosttrainTr
     torch.manual_seed(config.train.seed)
     if not config.data.train_file:
         raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
-    backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
-    if backbone.prior != "uniform":
-        raise PosttrainConfigError(
-            f"base.backbone {config.base.backbone} cannot be post-trained: the rollouts corrupt canvases with uniform "
-            f"noise (DiffusionGemma's prior), and this backbone's prior is {backbone.prior!r}")
+    split, fusion = SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion))
+    if config.base.backbone == "diffusion-gemma":
+        # The fusion trains inside the model class that serves it: the time-anchored DiffusionGemma, seen stage by
+        # stage (its stage view shares its layers and fusion).
+        served, _ = package.load_time_anchored(config.base.path, split=split, fusion=fusion, dtype=config.base.dtype,
+                                               device=info.device)
+        model = served.stage_view()
+        backbone = model.backbone
+    else:
+        backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
+        if backbone.prior != "uniform":
+            raise PosttrainConfigError(
+                f"base.backbone {config.base.backbone} cannot be post-trained: the rollouts corrupt canvases with "
+                f"uniform noise (DiffusionGemma's prior), and this backbone's prior is {backbone.prior!r}")
+        model = AnchoredBackbone(backbone, split, fusion)
     dataset, pad_id = _canvas_dataset(config, backbone)
-    model = AnchoredBackbone(backbone, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
     model.fusion.to(info.device)
     runner = wrap_model(model.fusion, info)  # every fusion parameter takes part in every step
     trainer = PosttrainTrainer(model, config, device=info.device, fusion_runner=runner, rank=info.rank)
