@@ -202,6 +202,19 @@ def test_a_judge_whose_answers_never_parse_is_reported_as_such(data_dir, tmp_pat
     assert "| 1 | 0.0 | no verdict parsed | - | 3/3 | 100.0 | no verdict parsed | - | 3/3 |" in table
 
 
+def test_code_tasks_on_a_sandbox_with_gaps_need_each_gap_accepted(data_dir, tmp_path, monkeypatch):
+    from tadm.tasks import runner
+    from tadm.tasks.sandbox import Containment
+
+    monkeypatch.setattr(runner, "containment", lambda: Containment(False, 0, True))
+    with pytest.raises(ValueError, match="^humaneval: this machine's code sandbox \\(seccomp\\) does not contain "
+                                         "file-writes \\(the program can write wherever the user can"):
+        config(data_dir, tmp_path, tasks="humaneval").check()
+    with pytest.raises(ValueError, match="--allow-uncontained-code signals$"):
+        config(data_dir, tmp_path, tasks="humaneval", allow_uncontained_code=["file-writes", "process-files"]).check()
+    config(data_dir, tmp_path, tasks="humaneval", allow_uncontained_code=["file-writes", "process-files", "signals"]).check()
+
+
 def test_bad_settings_are_errors(data_dir, tmp_path):
     with pytest.raises(ValueError, match="exactly one of --base"):
         run_fake(TaskRunConfig(tasks="gsm8k", data_dir=str(data_dir), out_dir=str(tmp_path)))
