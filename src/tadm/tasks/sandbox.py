@@ -35,11 +35,11 @@ compared; there ``SystemExit`` 0 is a normal end, as on a judge.
   ``connect``, ``sendto`` an address, io_uring, ptrace and other processes' memory refused; no signal to
   the harness, to the evaluator (its threads when the run starts) or to every process at once.
 
-Always: a wall-clock time limit after which everything the program started is killed, reading its
-output never waits past that limit (plus a second for the harness to answer), a CPU-time limit
-(``RLIMIT_CPU``), an address-space limit (``RLIMIT_AS``), no new privileges (setuid programs run without
-theirs), and removal of the temporary directory (one left by an evaluator that was killed is removed by
-the next run). Never contained: reading the files the user can read (outside ``/proc`` under Landlock);
+Always: a wall-clock time limit after which everything the program started is killed (but for the gap
+``leftover-processes``), reading its output never waits past that limit (plus a second for the harness to
+answer), a CPU-time limit (``RLIMIT_CPU``), an address-space limit (``RLIMIT_AS``), no new privileges on
+Linux (setuid programs run without theirs), and removal of the temporary directory (one left by an
+evaluator that was killed is removed by the next run). Never contained: reading the files the user can read (outside ``/proc`` under Landlock);
 what is read can leave only through the program's own output.
 
 What the machine cannot contain is a **gap**; :meth:`Containment.gaps` names each with its sentence:
