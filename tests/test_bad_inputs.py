@@ -313,7 +313,8 @@ CLI_CASES = [
                  "program's first line), got '0.001'", id="tasks-code-timeout-below-the-floor"),
     pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "humaneval", "--allow-uncontained-code",
                   "network,everything"], "--allow-uncontained-code: unknown sandbox gap 'everything'; valid: network, "
-                 "local-sockets, file-writes, process-files, signals, leftover-processes", id="tasks-unknown-sandbox-gap"),
+                 "local-sockets, file-writes, process-files, signals, leftover-processes",
+                 id="tasks-unknown-sandbox-gap"),
     pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "gsm8k", "--data-dir", "{d}/tasks", "--judge",
                   "foo"], "unknown judge 'foo': use none, local, local:PATH, local-free:PATH, or an http(s):// URL",
                  id="tasks-unknown-judge"),

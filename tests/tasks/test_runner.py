@@ -235,7 +235,8 @@ def test_code_tasks_on_a_sandbox_with_gaps_need_each_gap_accepted(data_dir, tmp_
         config(data_dir, tmp_path, tasks="humaneval").check()
     with pytest.raises(ValueError, match="--allow-uncontained-code signals$"):
         config(data_dir, tmp_path, tasks="humaneval", allow_uncontained_code=["file-writes", "process-files"]).check()
-    config(data_dir, tmp_path, tasks="humaneval", allow_uncontained_code=["file-writes", "process-files", "signals"]).check()
+    accepted = ["file-writes", "process-files", "signals"]
+    config(data_dir, tmp_path, tasks="humaneval", allow_uncontained_code=accepted).check()
 
 
 def test_bad_settings_are_errors(data_dir, tmp_path):

@@ -179,8 +179,8 @@ def test_each_level_names_exactly_what_it_does_not_contain():
     assert list(Containment(True, 7, False).gaps()) == ["local-sockets"]
 
 
-@pytest.mark.parametrize("weak", [Containment(False, 5, True), Containment(False, 0, True), Containment(False, 0, False)],
-                         ids=["landlock-below-6", "neither", "nothing"])
+@pytest.mark.parametrize("weak", [Containment(False, 5, True), Containment(False, 0, True),
+                                  Containment(False, 0, False)], ids=["landlock-below-6", "neither", "nothing"])
 def test_a_level_with_gaps_runs_code_only_when_the_user_accepts_each_one(monkeypatch, weak):
     monkeypatch.setattr(sandbox, "containment", lambda: weak)
     gaps = list(weak.gaps())
@@ -192,7 +192,8 @@ def test_a_level_with_gaps_runs_code_only_when_the_user_accepts_each_one(monkeyp
     with pytest.raises(SandboxUnavailable, match=f"--allow-uncontained-code {','.join(gaps)}$"):
         run_program("print(1)", timeout=5)
     result = run_program("print(1)", timeout=5, allow_uncontained=gaps)
-    assert result.ok and result.containment == weak.describe() and "NOT CONTAINED: " + ", ".join(gaps) in result.containment
+    assert result.ok and result.containment == weak.describe()
+    assert "NOT CONTAINED: " + ", ".join(gaps) in result.containment
     assert uncontained_message(weak, GAPS) is None
 
 
@@ -276,8 +277,8 @@ def test_writes_outside_the_working_directory_are_refused(tmp_path, level):
 def test_a_correct_program_that_writes_by_relative_path_is_scored_correct(level):
     """The working directory is the program's writable one (in a mount namespace: the bind mount, not the
     read-only directory under it)."""
-    completion = "    with open('scratch.txt', 'w') as f:\n        f.write(str(a + b))\n    with open('scratch.txt') as f:\n" \
-                 "        return int(f.read())\n"
+    completion = ("    with open('scratch.txt', 'w') as f:\n        f.write(str(a + b))\n"
+                  "    with open('scratch.txt') as f:\n        return int(f.read())\n")
     result = score(get_benchmark("humaneval"), HUMANEVAL, completion,
                    limits=CodeLimits(timeout=5, allow_execution=True, **accepting(level)))
     assert result.correct, result.detail
@@ -341,7 +342,8 @@ def test_the_raw_socket_module_cannot_reach_the_network_where_namespaces_are_all
 
 def test_containment_is_described():
     level = containment()
-    assert level.describe().startswith(level.name + ": ") and ("NOT CONTAINED" in level.describe()) == bool(level.gaps())
+    assert level.describe().startswith(level.name + ": ")
+    assert ("NOT CONTAINED" in level.describe()) == bool(level.gaps())
     assert Containment(True, 7, True).describe() == (
         "namespaces+landlock-abi7+seccomp: network, local-sockets, file-writes, process-files, signals, "
         "leftover-processes contained; file reads not contained")
@@ -487,7 +489,8 @@ def test_no_variable_of_the_evaluator_reaches_the_program(level, monkeypatch):
     seen = eval(result.stdout)  # noqa: S307 (our own program's printed dict)
     assert seen["environ"] is False and seen["parent"] in (False, "unreadable")
     monkeypatch.setenv("PATH", "/evaluator-only-bin:" + os.environ.get("PATH", ""))
-    names = run_program("import os; print(sorted(os.environ), os.environ['PATH'])", timeout=5, **accepting(level)).stdout
+    code = "import os; print(sorted(os.environ), os.environ['PATH'])"
+    names = run_program(code, timeout=5, **accepting(level)).stdout
     assert names.startswith("['HOME', 'LANG', 'PATH', 'PYTHONIOENCODING', 'TADM_SANDBOX_RUN', 'TMPDIR', 'no_proxy'] ")
     assert "evaluator-only" not in names
     if "process-files" not in level.gaps():  # where it is a gap, a user's evaluator is readable (not root's: the

@@ -333,8 +333,9 @@ def check_stdio(example: Example, response: str, *, limits: CodeLimits) -> Score
     code = extract_code(response) or response  # a block found is never empty
     for n, test in enumerate(example.tests or []):
         if test.get("testtype") == "functional":
-            result = run_program(functional_program(code, example.entry_point), mode="tests",
-                                 checks=functional_checks(example.entry_point, str(test["input"])), **limits.run_kwargs())
+            checks = functional_checks(example.entry_point, str(test["input"]))
+            result = run_program(functional_program(code, example.entry_point), mode="tests", checks=checks,
+                                 **limits.run_kwargs())
             output, same = result.checks_output, same_json_output
         else:
             result = run_program(code, stdin=str(test["input"]), mode="script", **limits.run_kwargs())

@@ -39,8 +39,8 @@ Always: a wall-clock time limit after which everything the program started is ki
 ``leftover-processes``), reading its output never waits past that limit (plus a second for the harness to
 answer), a CPU-time limit (``RLIMIT_CPU``), an address-space limit (``RLIMIT_AS``), no new privileges on
 Linux (setuid programs run without theirs), and removal of the temporary directory (one left by an
-evaluator that was killed is removed by the next run). Never contained: reading the files the user can read (outside ``/proc`` under Landlock);
-what is read can leave only through the program's own output.
+evaluator that was killed is removed by the next run). Never contained: reading the files the user can
+read (outside ``/proc`` under Landlock); what is read can leave only through the program's own output.
 
 What the machine cannot contain is a **gap**; :meth:`Containment.gaps` names each with its sentence:
 
