@@ -36,8 +36,9 @@ evaluation units already written), so a cut-off run continues:
     OMP_NUM_THREADS=1 python scripts/laptop_task.py                   # split; about 1.5 hours on one CPU core
     OMP_NUM_THREADS=1 python scripts/laptop_task.py --task addition   # about 25 minutes
     python scripts/laptop_task.py --until pretrain         # stop after a stage (e.g. a probe)
-    OMP_NUM_THREADS=1 python scripts/laptop_task.py --hold-out --out runs/held-out               # train without
-    OMP_NUM_THREADS=1 python scripts/laptop_task.py --hold-out --out runs/held-out --eval-set held-out  # the held-out totals
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py --hold-out --out runs/held-out    # trained without the
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py --hold-out --out runs/held-out \
+        --eval-set held-out                                                          # held-out totals, tested on them
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.digits > MAX_DIGITS:
         return f"argument --digits: at most {MAX_DIGITS}, got {args.digits}"
     if args.hold_out and args.task != "split":
-        return f"argument --hold-out: only the split task holds totals out (its addition problems already are), got --task {args.task}"
+        return (f"argument --hold-out: only the split task holds totals out (its addition problems already are), "
+                f"got --task {args.task}")
     if args.eval_set == "held-out" and not args.hold_out:
         return "argument --eval-set: held-out needs --hold-out (the run must have trained without the held-out totals)"
     most = most_held_out(args)

@@ -27,7 +27,8 @@ pretraining probe, the stage times, each evaluation's command, commit, machine a
 driver's log.
 
     python scripts/recovery_ablation.py --runs runs/split2 --out docs/results/posttrain-recovery-ablation-cpu
-    python scripts/recovery_ablation.py --runs runs/held-out --held-out --out docs/results/posttrain-recovery-ablation-cpu/held-out
+    python scripts/recovery_ablation.py --runs runs/held-out --held-out \
+        --out docs/results/posttrain-recovery-ablation-cpu/held-out
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def variant_rows(runs: Path, eval_name: str = "eval", kl_name: str = "kl.json", 
                 d = prompt_differences(_runs(units, "tadm", K), _runs(units, "naive", K))
                 p = paired_summary(d.values())
                 rows.append({
-                    **({} if prompts_set is None else {"prompts_set": prompts_set}), "variant": variant_dir.name, "pretraining_seed": int(seed_dir.name.split("-")[1]), "K": K,
+                    **({} if prompts_set is None else {"prompts_set": prompts_set}),
+                    "variant": variant_dir.name, "pretraining_seed": int(seed_dir.name.split("-")[1]), "K": K,
                     "base_K1": base, "naive": naive, "tadm": tadm, "recovered": recovered_share(base, naive, tadm),
                     "kl_naive": kl.get(str(K), {}).get("kl_naive"), "kl_fused": kl.get(str(K), {}).get("kl_fused"),
                     "prompts": p.units, "diff_mean": p.mean, "diff_low": p.low, "diff_high": p.high,
@@ -155,7 +157,8 @@ def held_out_rows(runs: Path) -> tuple[list[dict[str, Any]], dict[str, str], lis
         if not (seed_dir / "variants").is_dir():
             continue
         if not held_path.is_file():
-            raise ValueError(f"{seed_dir}: no {held_path.relative_to(seed_dir)}; was it run with laptop_task.py --hold-out?")
+            raise ValueError(f"{seed_dir}: no {held_path.relative_to(seed_dir)}; "
+                             "was it run with laptop_task.py --hold-out?")
         records = _read_jsonl(held_path)
         if held_records is not None and records != held_records:
             raise ValueError(f"{held_path}: other held-out prompts than the first run's")
@@ -202,8 +205,8 @@ def _pct(x: float | None, digits: int = 1) -> str:
 def markdown(rows: list[dict[str, Any]], seeds: list[dict[str, Any]], commit: dict[str, Any], *, command: str,
              machine: dict[str, Any], seconds: float) -> str:
     sets = "prompts_set" in rows[0]
-    lines = [("| prompts " if sets else "") + "| variant | seed | K | base K=1 | naive | TADM | recovered | KL naive / fused "
-             "| prompts ahead / behind | TADM − naive, pp [95% CI] | sign p | t p |", "|" + "---|" * (12 + sets)]
+    lines = [("| prompts " if sets else "") + "| variant | seed | K | base K=1 | naive | TADM | recovered "
+             "| KL naive / fused | prompts ahead / behind | TADM − naive, pp [95% CI] | sign p | t p |", "|" + "---|" * (12 + sets)]
     for r in rows:
         lines.append(
             (f"| {r['prompts_set']} " if sets else "") +
@@ -217,7 +220,8 @@ def markdown(rows: list[dict[str, Any]], seeds: list[dict[str, Any]], commit: di
     for s in seeds:
         interval = f" [{_pct(s['low'], 0)}, {_pct(s['high'], 0)}]" if s["seeds"] > 1 else ""
         lines.append((f"| {s['prompts_set']} " if sets else "") +
-                     f"| {s['variant']} | {s['K']} | {s['seeds']} | {s['per_seed']} | {_pct(s['mean'], 0)} %{interval} |")
+                     f"| {s['variant']} | {s['K']} | {s['seeds']} | {s['per_seed']} | "
+                     f"{_pct(s['mean'], 0)} %{interval} |")
     state = f"`{str(commit.get('commit'))[:10]}`" + (" with local changes" if commit.get("dirty") else "")
     lines += ["", f"- Command: `{command}`", f"- Commit: {state}",
               f"- Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs, torch {machine.get('torch', '?')}",

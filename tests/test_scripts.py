@@ -213,7 +213,8 @@ def _held_out_run(root: Path, seed: int, *, leak: bool = False) -> None:
     for eval_name, totals in (("eval", [2, 0, 3, 1]), ("eval-held-out", [1, 3])):
         units = variant / eval_name / "units" / "split"
         units.mkdir(parents=True)
-        (variant / eval_name / "results.json").write_text(json.dumps({"provenance": {"commit": "abc", "wall_seconds": 9}}))
+        provenance = {"provenance": {"commit": "abc", "wall_seconds": 9}}
+        (variant / eval_name / "results.json").write_text(json.dumps(provenance))
         for method, K in [("baseline", 1), ("tadm", 2), ("naive", 2)]:
             right = {"baseline": lambda t: t != 0, "tadm": lambda t: True, "naive": lambda t: t % 2 == 0}[method]
             records = [{"prompt": f"q{t}", "gold": str(t), "correct": right(t)} for t in totals]
