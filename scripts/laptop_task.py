@@ -12,11 +12,12 @@ One command runs five resumable stages into ``--out`` (default ``runs/laptop-tas
 evaluation units already written), so a cut-off run continues:
 
 1. data: chat pairs with operands uniform in [0, 10^digits), written as ``data/<task>.jsonl`` (the
-   held-out problems) and ``data/train.jsonl``. Addition: a fixed seed draws the held-out problems
-   first; the training problems never contain a held-out pair (in either order). Split: the held-out
-   totals are drawn like the training ones (a + b of uniform operands); every total also occurs in
-   training (there are only 2 * 10^digits - 1 of them), so the task measures whether a model writes
-   one consistent answer among many, not whether it generalizes to new totals. With ``--hold-out`` the
+   evaluation problems) and ``data/train.jsonl``. Addition: a fixed seed draws the evaluation problems
+   first; the training problems never contain one of their pairs (in either order), so they are held out.
+   Split: the evaluation totals are drawn like the training ones (a + b of uniform operands); every total
+   also occurs in training (there are only 2 * 10^digits - 1 of them), so they are not held out and the
+   task measures whether a model writes one consistent answer among many, not whether it generalizes to
+   new totals. With ``--hold-out`` the
    training problems never have a held-out total (:func:`split_held_out_totals`: every total whose tens
    and units digits add up to an odd number, 100 of the 199 two-digit totals), those prompts are written
    as ``data/held-out/split.jsonl``, and ``--eval-set held-out`` evaluates on them: prompts that neither
