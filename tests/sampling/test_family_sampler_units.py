@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tadm.cli.common import masked_samplers
 from tadm.sampling import SAMPLERS, DreamSampler, LLaDASampler, get_sampler, sampler_config
 from tadm.sampling.dream import sample_tokens, top_k_logits, top_p_logits
 from tadm.sampling.llada import gumbel_perturbed, transfer_quota
@@ -118,3 +119,7 @@ def test_a_run_decodes_every_mask_and_keeps_the_prompt(sampler):
         assert torch.equal(z_new[z != 3], z[z != 3])
         z = z_new
     assert (z != 3).all() and z[:, :2].tolist() == [[1, 2], [4, 0]]
+
+
+def test_tadm_sample_offers_only_the_samplers_tadm_models_can_serve():
+    assert "mdlm" in masked_samplers() and not {"llada", "dream-entropy"} & set(masked_samplers())
