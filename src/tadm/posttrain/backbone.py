@@ -10,12 +10,15 @@ the split needs from a backbone is the small :class:`LayerStackBackbone` protoco
     logits = backbone.logits(h, prepared)                              # final norm + output head
     log_probs = backbone.log_probs(logits, z)                          # the model's output parameterisation
 
-Two adapters are provided: :class:`DiffusionGemmaBackbone` wraps ``transformers``'
+Four adapters are provided: :class:`DiffusionGemmaBackbone` wraps ``transformers``'
 ``DiffusionGemmaForBlockDiffusion`` (a uniform-state block-diffusion LM) through the model's own
-modules, and :class:`MDLMBackbone` wraps tadm's own MDLM DiT stack (:class:`tadm.nn.MDLM`).
+modules, :class:`MDLMBackbone` wraps tadm's own MDLM DiT stack (:class:`tadm.nn.MDLM`), and
+:class:`~tadm.posttrain.backbones.LLaDABackbone` and :class:`~tadm.posttrain.backbones.DreamBackbone`
+wrap a loaded LLaDA or Dream model (bidirectional Transformers over the whole sequence,
+:mod:`tadm.posttrain.backbones`).
 
-Other layer-stack diffusion LMs (LLaDA- or Dream-style bidirectional Transformers) plug in by
-implementing the same five methods; nothing else in :mod:`tadm.posttrain` looks inside a backbone.
+Other layer-stack diffusion LMs plug in by implementing the same five methods; nothing else in
+:mod:`tadm.posttrain` looks inside a backbone.
 ``transformers`` is imported only when a DiffusionGemma backbone is built or loaded.
 """
 
@@ -36,10 +39,11 @@ from tadm.hf import check_hf_source, first_line, load_hf, refuse_custom_code
 from tadm.nn import load_model
 from tadm.nn.baselines import MDLM
 from tadm.nn.dit import subs_log_probs, time_condition
+from tadm.posttrain.backbones import DreamBackbone, LLaDABackbone
 
-__all__ = ["BACKBONES", "DiffusionGemmaBackbone", "LayerStackBackbone", "MDLMBackbone", "PromptCache", "StackContext",
-           "check_base", "load_backbone", "load_diffusion_gemma", "resolve_dtype", "tiny_diffusion_gemma_config",
-           "wrap_backbone"]
+__all__ = ["BACKBONES", "DiffusionGemmaBackbone", "DreamBackbone", "LLaDABackbone", "LayerStackBackbone", "MDLMBackbone",
+           "PromptCache", "StackContext", "WRAPPED_CLASSES", "check_base", "load_backbone", "load_diffusion_gemma",
+           "resolve_dtype", "tiny_diffusion_gemma_config", "wrap_backbone"]
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -70,12 +74,15 @@ class StackContext:
         None means a zero self-conditioning signal (the first step).
     self_conditioning_mask: (B,) bool; rows set to False get a zero signal.
     t: (B,) diffusion time, read only by time-conditioned backbones.
+    attention_mask: (B, L) padding mask of a canvas that holds the prompt too (LLaDA, Dream): 1 at
+        real tokens, 0 at (left) padding; None means no padding.
     """
 
     prompt: PromptCache | None = None
     self_conditioning_logits: Tensor | None = None
     self_conditioning_mask: Tensor | None = None
     t: Tensor | None = None
+    attention_mask: Tensor | None = None
 
     def with_time(self, t: Tensor | None) -> StackContext:
         return self if t is None else replace(self, t=t)
@@ -509,6 +516,8 @@ class MDLMBackbone(nn.Module):
 BACKBONES: dict[str, Callable[..., nn.Module]] = {
     "diffusion-gemma": DiffusionGemmaBackbone.from_pretrained,
     "mdlm": MDLMBackbone.from_pretrained,
+    "llada": LLaDABackbone.from_pretrained,  # refuses: the user loads the model (its code ships with it)
+    "dream": DreamBackbone.from_pretrained,  # refuses, likewise
 }
 """Backbone kind -> loader ``f(path, *, dtype, device)``."""
 
@@ -516,7 +525,11 @@ BACKBONES: dict[str, Callable[..., nn.Module]] = {
 def load_backbone(
     kind: str, path: str | Path, *, dtype: str | torch.dtype | None = "auto", device: str | torch.device = "cpu"
 ) -> nn.Module:
-    """Load a pretrained backbone of the given kind ("diffusion-gemma", "mdlm") from a directory or hub id."""
+    """Load a pretrained backbone of the given kind ("diffusion-gemma", "mdlm") from a directory or hub id.
+
+    "llada" and "dream" are refused with a one-line error: their modeling code ships with the checkpoint,
+    so the user loads the model and passes it to :func:`wrap_backbone`.
+    """
     try:
         loader = BACKBONES[kind]
     except KeyError:
@@ -524,15 +537,24 @@ def load_backbone(
     return loader(path, dtype=dtype, device=device)
 
 
+WRAPPED_CLASSES: dict[str, Callable[[nn.Module], nn.Module]] = {
+    "DiffusionGemmaForBlockDiffusion": DiffusionGemmaBackbone,
+    "LLaDAModelLM": LLaDABackbone,
+    "DreamModel": DreamBackbone,
+}
+"""Class name of a loaded model -> its adapter (models whose code tadm does not import are matched by name)."""
+
+
 def wrap_backbone(model: nn.Module) -> nn.Module:
-    """The adapter for an already-built model: a DiffusionGemmaForBlockDiffusion or a tadm MDLM."""
-    if isinstance(model, (DiffusionGemmaBackbone, MDLMBackbone)):
+    """The adapter for an already-built model: a DiffusionGemmaForBlockDiffusion, LLaDAModelLM, DreamModel or tadm MDLM."""
+    if isinstance(model, (DiffusionGemmaBackbone, MDLMBackbone, LLaDABackbone, DreamBackbone)):
         return model
-    if any(cls.__name__ == "DiffusionGemmaForBlockDiffusion" for cls in type(model).__mro__):
-        return DiffusionGemmaBackbone(model)
+    adapter = next((WRAPPED_CLASSES[c.__name__] for c in type(model).__mro__ if c.__name__ in WRAPPED_CLASSES), None)
+    if adapter is not None:  # the class or a subclass of it (the time-anchored DiffusionGemma)
+        return adapter(model)
     if isinstance(model, MDLM):
         return MDLMBackbone(model)
     raise TypeError(
-        f"no backbone adapter for {type(model).__name__}; supported: DiffusionGemmaForBlockDiffusion, tadm MDLM "
+        f"no backbone adapter for {type(model).__name__}; supported: {', '.join(WRAPPED_CLASSES)}, tadm MDLM "
         "(other stacks plug in by implementing tadm.posttrain.backbone.LayerStackBackbone)"
     )

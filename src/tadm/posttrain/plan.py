@@ -30,12 +30,25 @@ tadm knows: :data:`KNOWN_BASES`), builds the split model with its paired-attenti
 
 It is an estimate: allocator overhead, fragmentation and the CUDA context (about 0.5-1 GB) come on
 top; ``tests/posttrain/test_plan.py`` holds it against the measured peak of a tiny model.
+
+Bases whose canvas is the whole sequence (LLaDA, Dream: base.backbone "llada" or "dream") are
+planned analytically from their ``config.json`` (a local directory's, or tadm's record of the
+released checkpoints, :data:`KNOWN_SEQUENCE_BASES`), one line per architecture in
+:data:`SEQUENCE_FAMILIES`: their code ships with the checkpoint and tadm does not import it. They
+have no KV cache: every pass runs over the sequence of S = prompt + canvas tokens, so the anchor
+cache, the layer activations and the vocabulary tensors scale with S, and the sampler step holds
+:attr:`SequenceFamily.sampler_bytes` bytes per (position, vocabulary entry) at temperature > 0,
+the logits included (LLaDA: float32 logits and probabilities beside the float64 Gumbel draw's
+logits, noise, powers and quotient; Dream with top-p: the logits, the masked rows, their softmax,
+its renormalised copy and the sort), the peak of one step as measured on CPU (held within 25% by
+``tests/posttrain/test_plan_families.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +57,15 @@ import torch
 
 from tadm.devices import resolve_dtype
 from tadm.posttrain.backbone import DIFFUSION_GEMMA_26B, DiffusionGemmaBackbone, check_base, diffusion_gemma_26b_config
+from tadm.posttrain.backbones import DenseStackShape, dream_7b_config, llada_8b_config
+from tadm.posttrain.backbones.dream import dream_shape
+from tadm.posttrain.backbones.llada import llada_shape
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 
-__all__ = ["GPU_SIZES_GB", "INFER_VOCAB_COPIES", "KNOWN_BASES", "MemoryEstimate", "PosttrainPlan",
-           "TRAIN_VOCAB_COPIES", "estimate_inference_memory", "estimate_training_memory", "plan_posttrain",
-           "resolve_base_config"]
+__all__ = ["GPU_SIZES_GB", "INFER_VOCAB_COPIES", "KNOWN_BASES", "KNOWN_SEQUENCE_BASES", "MemoryEstimate",
+           "PosttrainPlan", "SEQUENCE_FAMILIES", "SequenceFamily", "TRAIN_VOCAB_COPIES", "estimate_inference_memory",
+           "estimate_sequence_inference_memory", "estimate_sequence_training_memory", "estimate_training_memory",
+           "plan_posttrain", "resolve_base_config", "resolve_sequence_config"]
 
 KNOWN_BASES: dict[str, Callable[[], Any]] = {DIFFUSION_GEMMA_26B: diffusion_gemma_26b_config}
 """Bases whose architecture tadm can build without their ``config.json`` (checkpoint id -> config builder)."""
@@ -73,7 +90,8 @@ def resolve_base_config(path: str, backbone: str = "diffusion-gemma") -> tuple[A
     ``config.json`` is not a JSON object).
     """
     if backbone != "diffusion-gemma":
-        raise ValueError(f"a plan needs a DiffusionGemma base (base.backbone diffusion-gemma), got {backbone!r}")
+        valid = ", ".join(["diffusion-gemma", *SEQUENCE_FAMILIES])
+        raise ValueError(f"a plan needs a base of a known architecture (base.backbone {valid}), got {backbone!r}")
     # deferred: transformers is an optional dependency (the eval, posttrain and tasks extras)
     from transformers import AutoConfig
 
@@ -267,6 +285,8 @@ def build_meta_model(config: Any, split: SplitSpec, fusion: FusionSpec) -> Ancho
 def plan_posttrain(config: Any, *, inference_batches: tuple[int, ...] = (1, 8),
                    inference_prompt: int | None = None) -> PosttrainPlan:
     """The plan of a :class:`~tadm.posttrain.trainer.PosttrainConfig` (module docstring)."""
+    if config.base.backbone in SEQUENCE_FAMILIES:
+        return plan_sequence_posttrain(config, inference_batches=inference_batches, inference_prompt=inference_prompt)
     base_config, source = resolve_base_config(config.base.path, config.base.backbone)
     model = build_meta_model(base_config, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
     dtype = resolve_dtype(config.base.dtype, "cuda")
@@ -283,3 +303,129 @@ def plan_posttrain(config: Any, *, inference_batches: tuple[int, ...] = (1, 8),
     s = model.layer_split
     return PosttrainPlan(os.fspath(config.base.path), source, backbone + trainable, backbone, trainable,
                          (s.shared, s.anchor, s.denoiser), estimates)
+
+
+# ------------------------------------------------------------------------ sequence bases (LLaDA, Dream)
+@dataclass(frozen=True)
+class SequenceFamily:
+    """What a plan needs of an architecture whose canvas is the whole sequence (module docstring)."""
+
+    model_type: str  # config.json's model_type
+    shape: Callable[[Mapping[str, Any]], DenseStackShape]  # config.json fields -> dense-stack shape
+    sampler_bytes: int  # bytes per (position, vocabulary entry) at the sampler step's peak, temperature > 0
+
+
+SEQUENCE_FAMILIES: dict[str, SequenceFamily] = {
+    "llada": SequenceFamily("llada", llada_shape, sampler_bytes=44),
+    "dream": SequenceFamily("Dream", dream_shape, sampler_bytes=27),
+}
+"""base.backbone -> its architecture: one line per family."""
+
+KNOWN_SEQUENCE_BASES: dict[str, Callable[[], dict[str, Any]]] = {
+    "GSAI-ML/LLaDA-8B-Base": llada_8b_config, "GSAI-ML/LLaDA-8B-Instruct": llada_8b_config,
+    "Dream-org/Dream-v0-Base-7B": dream_7b_config, "Dream-org/Dream-v0-Instruct-7B": dream_7b_config,
+}
+"""Checkpoints whose ``config.json`` fields tadm records (checkpoint id -> the fields)."""
+
+SEQUENCE_TRAIN_VOCAB_COPIES = TRAIN_VOCAB_COPIES - 1  # no self-conditioning logits
+
+
+def resolve_sequence_config(path: str, backbone: str) -> tuple[dict[str, Any], str]:
+    """The ``config.json`` fields of a LLaDA or Dream base (a local directory's, or tadm's record), and where from.
+
+    Only JSON is read: the checkpoint's code is never imported. Raises a one-line FileNotFoundError
+    naming ``path`` when neither has it, ValueError for a ``model_type`` of another family.
+    """
+    family = SEQUENCE_FAMILIES[backbone]
+    local = Path(path).expanduser()
+    if local.is_dir():
+        file = local / "config.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"base {path!r} is a directory without config.json")
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            raise ValueError(f"base model {path!r}: {file} is not a valid JSON object") from None
+        if not isinstance(config, dict) or config.get("model_type") != family.model_type:
+            found = config.get("model_type") if isinstance(config, dict) else None
+            raise ValueError(f"base model {path!r} is a {found!r} checkpoint; base.backbone {backbone} plans "
+                             f"{family.model_type!r} ones")
+        return config, str(file)
+    if path in KNOWN_SEQUENCE_BASES:
+        builder = KNOWN_SEQUENCE_BASES[path]
+        if builder().get("model_type") != family.model_type:
+            raise ValueError(f"base {path!r} is no {family.model_type} checkpoint; set base.backbone to its family")
+        return builder(), f"tadm's record of {path} (tadm.posttrain.backbones.{builder.__name__})"
+    known = ", ".join(k for k, b in KNOWN_SEQUENCE_BASES.items() if b().get("model_type") == family.model_type)
+    raise FileNotFoundError(f"base {path!r} cannot be resolved offline: it is no local directory with a config.json, "
+                            f"and tadm records the architecture of {known} only")
+
+
+def _dense_layer_bytes(shape: DenseStackShape, tokens: int, element: int) -> float:
+    """What one layer keeps for backward over ``tokens`` positions (the module docstring's per-token count)."""
+    d, h = shape.hidden, shape.head_dim
+    return tokens * (8 * d + 3 * shape.heads * h + 2 * shape.kv_heads * h + 4 * shape.ffn) * element
+
+
+def _sequence_weights(shape: DenseStackShape, fusion: int, dtype: torch.dtype) -> dict[str, float]:
+    return {"backbone weights": shape.parameters() * dtype.itemsize, "fusion weights": fusion * 4.0}
+
+
+def estimate_sequence_training_memory(shape: DenseStackShape, *, fusion_parameters: int, rank: int,
+                                      denoiser_layers: int, micro_batch: int, sequence: int,
+                                      dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
+    """One post-training step of a sequence base over ``sequence`` = prompt + canvas positions (module docstring)."""
+    element, tokens = dtype.itemsize, micro_batch * sequence
+    items = _sequence_weights(shape, fusion_parameters, dtype)
+    items.update({
+        "fusion gradients + AdamW moments (float32)": items["fusion weights"] * 3,
+        "anchor cache [H0, C0] and shallow state": 3 * tokens * shape.hidden * element,
+        "denoiser activations kept for backward": denoiser_layers * _dense_layer_bytes(shape, tokens, element),
+        "fusion activations": 24 * tokens * rank * 4.0,
+        f"vocabulary tensors ({SEQUENCE_TRAIN_VOCAB_COPIES} x float32 (B, S, V))":
+            SEQUENCE_TRAIN_VOCAB_COPIES * tokens * shape.vocab * 4.0,
+    })
+    return MemoryEstimate(f"training step, micro-batch {micro_batch}, sequence {sequence}", items)
+
+
+def estimate_sequence_inference_memory(shape: DenseStackShape, family: SequenceFamily, *, fusion_parameters: int,
+                                       batch: int, sequence: int, dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
+    """Generation at ``batch`` over ``sequence`` = prompt + new tokens: weights, the anchor cache, one layer's
+    working set during a pass and the sampler step's vocabulary tensors (which do not overlap the pass)."""
+    element, tokens = dtype.itemsize, batch * sequence
+    items = _sequence_weights(shape, fusion_parameters, dtype)
+    sampler = family.sampler_bytes * tokens * shape.vocab
+    logits = 4.0 * tokens * shape.vocab  # a pass ends holding its float32 logits
+    items.update({
+        "anchor cache [H0, C0] and shallow state": 3 * tokens * shape.hidden * element,
+        "one layer's working set (beyond the sampler step's peak)":
+            max(0.0, _dense_layer_bytes(shape, tokens, element) + logits - sampler),
+        f"sampler vocabulary tensors ({family.sampler_bytes} bytes per (position, entry))": sampler,
+    })
+    return MemoryEstimate(f"inference, batch {batch}, sequence {sequence}", items)
+
+
+def plan_sequence_posttrain(config: Any, *, inference_batches: tuple[int, ...] = (1, 8),
+                            inference_prompt: int | None = None) -> PosttrainPlan:
+    """The plan of a post-training config whose base is a LLaDA or Dream checkpoint (module docstring)."""
+    family = SEQUENCE_FAMILIES[config.base.backbone]
+    fields_, source = resolve_sequence_config(os.fspath(config.base.path), config.base.backbone)
+    shape = family.shape(fields_)
+    split = SplitSpec(**asdict(config.split)).resolve(shape.layers)
+    with torch.device("meta"):
+        fusion = FusionSpec(**asdict(config.fusion)).build(shape.hidden)
+    trainable = sum(p.numel() for p in fusion.parameters())
+    dtype = resolve_dtype(config.base.dtype, "cuda")
+    canvas = int(config.data.canvas_length if config.data.canvas_length is not None else config.data.max_response_tokens)
+    prompt = int(config.data.max_prompt_tokens)
+    estimates = [estimate_sequence_training_memory(
+        shape, fusion_parameters=trainable, rank=int(config.fusion.rank), denoiser_layers=split.denoiser,
+        micro_batch=int(config.train.micro_batch_size), sequence=prompt + canvas, dtype=dtype)]
+    infer_prompt = int(inference_prompt if inference_prompt is not None else prompt)
+    for batch in inference_batches:
+        estimates.append(estimate_sequence_inference_memory(
+            shape, family, fusion_parameters=trainable, batch=batch,
+            sequence=infer_prompt + int(config.data.max_response_tokens), dtype=dtype))
+    backbone = shape.parameters()
+    return PosttrainPlan(os.fspath(config.base.path), source, backbone + trainable, backbone, trainable,
+                         (split.shared, split.anchor, split.denoiser), estimates)
