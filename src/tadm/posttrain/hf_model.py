@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
 import tempfile
 from collections.abc import Iterator
@@ -662,6 +663,11 @@ def load_time_anchored(
     model = TimeAnchoredDiffusionGemma.from_pretrained(base, adapter=adapter, split=split, fusion=fusion, naive=naive,
                                                        refresh_policy=refresh, **options)
     return model.to(device), note
+
+
+# The forward takes exactly the base's arguments: transformers (and its tests) read them from the signature, e.g. to
+# find out that ``output_attentions`` is accepted.
+TimeAnchoredDiffusionGemma.forward.__signature__ = inspect.signature(DiffusionGemmaForBlockDiffusion.forward)
 
 
 # ------------------------------------------------------------------------------------------ helpers
