@@ -117,6 +117,9 @@ class _Inert:
     def __setstate__(self, state: Any) -> None:
         self.state = state
 
+    def __call__(self, *args: Any, **kwargs: Any) -> _Inert:  # e.g. a stubbed getattr(cls, name) called in turn
+        return type(self)(*args, **kwargs)
+
     def __setitem__(self, key: Any, value: Any) -> None:
         self.items[key] = value
 
