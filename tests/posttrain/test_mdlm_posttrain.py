@@ -64,6 +64,15 @@ def test_masked_rollouts_keep_what_the_forward_process_allows(mode, time_conditi
     assert out.tokens == int(current_masked.sum()) and torch.isfinite(out.loss)
 
 
+def test_load_backbone_reads_both_released_layouts_without_their_custom_code():
+    """The released config.json maps classes to the authors' code (auto_map); tadm reads the layout itself."""
+    from tadm.posttrain import load_backbone
+
+    for source in (FIXTURE, FIXTURE / "last.ckpt"):
+        backbone = load_backbone("mdlm", source)
+        assert isinstance(backbone, MDLMBackbone) and backbone.num_layers == 2 and backbone.mask_token_id == MASK
+
+
 def test_a_fresh_row_is_the_frozen_model():
     """k = 0: the fused prediction equals the backbone's own (the fusion passes a fresh anchor unchanged)."""
     model = split_model()

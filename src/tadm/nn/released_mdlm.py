@@ -66,7 +66,8 @@ from torch import Tensor
 from tadm.nn.baselines import MDLM, MDLMConfig
 from tadm.nn.hub import CONFIG_NAME, WEIGHTS_NAME, read_config, register_layout, resolve_file
 
-__all__ = ["HUB_CONFIG_KEYS", "LoadedCheckpoint", "is_released_mdlm_config", "load_released_mdlm",
+__all__ = ["HUB_CONFIG_KEYS", "LoadedCheckpoint", "is_released_mdlm_config", "is_released_mdlm_source",
+           "load_released_mdlm", "released_config",
            "read_lightning_checkpoint", "released_parameter_names"]
 
 PREFIX = "backbone."
@@ -103,6 +104,21 @@ def released_parameter_names(num_layers: int) -> list[tuple[str, str]]:
 def is_released_mdlm_config(raw: dict[str, Any]) -> bool:
     """Whether a parsed ``config.json`` is a released MDLM-family one (not a tadm one, whose names differ)."""
     return raw.get("model_type") in ("mdlm", "bd3lm") and "n_blocks" in raw and "hidden_dim" in raw
+
+
+def is_released_mdlm_source(path: str | Path) -> bool:
+    """Whether a local ``path`` is a released MDLM-family checkpoint: a ``.ckpt`` file, or a directory whose
+    ``config.json`` is in the released layout (:func:`is_released_mdlm_config`). Hub ids are not looked up."""
+    local = Path(path).expanduser()
+    if local.is_file():
+        return local.suffix == ".ckpt"
+    config_file = local / CONFIG_NAME
+    if not config_file.is_file():
+        return False
+    try:
+        return is_released_mdlm_config(read_config(config_file))
+    except ValueError:
+        return False
 
 
 # ------------------------------------------------------------------------------ Lightning files
@@ -288,6 +304,13 @@ def _hub_config(raw: dict[str, Any], source: str) -> dict[str, Any]:
     if "dropout" in raw:
         out["dropout"] = float(raw["dropout"])
     return out
+
+
+def released_config(raw: dict[str, Any], source: str = "config.json") -> MDLMConfig:
+    """The tadm :class:`~tadm.nn.MDLMConfig` of a released Hub ``config.json`` (no weights read)."""
+    fields = _hub_config(raw, source)
+    fields.setdefault("max_seq_len", 1024)
+    return MDLMConfig(**fields, time_input="sigma-loglinear")
 
 
 def _lightning_config(hparams: Any, state: dict[str, Tensor], source: str) -> tuple[dict[str, Any], str]:
