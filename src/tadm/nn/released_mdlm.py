@@ -188,7 +188,6 @@ _INERT_PICKLE = types.ModuleType("tadm_inert_pickle")
 _INERT_PICKLE.Unpickler = _InertUnpickler  # type: ignore[attr-defined]
 _INERT_PICKLE.load = lambda f, **kw: _InertUnpickler(f, **kw).load()  # type: ignore[attr-defined]
 _INERT_PICKLE.loads = lambda b, **kw: _InertUnpickler(io.BytesIO(b), **kw).load()  # type: ignore[attr-defined]
-_INERT_PICKLE.__dict__["Pickler"] = pickle.Pickler
 
 
 def read_lightning_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -379,8 +378,9 @@ def _map_weights(state: dict[str, Tensor], model: MDLM, source: str) -> tuple[di
     released = set(state) - {ROTARY_KEY}
     missing = [PREFIX + r for r, _ in names if r not in state]
     if missing:
+        more = " ..." if len(missing) > 8 else ""
         raise ValueError(f"{source} is missing {len(missing)} weight(s) of the released MDLM layout "
-                         f"({model.config.num_layers} blocks): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+                         f"({model.config.num_layers} blocks): {', '.join(missing[:8])}{more}")
     extra = sorted(released - {r for r, _ in names})
     if extra:
         raise ValueError(f"{source} holds {len(extra)} weight(s) the released MDLM layout "

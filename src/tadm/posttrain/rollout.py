@@ -45,8 +45,8 @@ from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh
 
-__all__ = ["CACHE_AGES", "CACHE_AGE_PROBS", "ROLLOUT_MODES", "ROLLOUT_PRIORS", "RolloutState", "forward_rollout", "on_policy_rollout",
-           "draw_rollout", "rollout_indices", "sample_cache_ages"]
+__all__ = ["CACHE_AGES", "CACHE_AGE_PROBS", "ROLLOUT_MODES", "ROLLOUT_PRIORS", "RolloutState", "forward_rollout",
+           "on_policy_rollout", "draw_rollout", "rollout_indices", "sample_cache_ages"]
 
 CACHE_AGES: tuple[int, ...] = (0, 1, 2)
 CACHE_AGE_PROBS: tuple[float, ...] = (0.34, 0.33, 0.33)
@@ -154,7 +154,8 @@ def _check_rollout(model: AnchoredBackbone, sampler: Any, self_conditioning_prob
         raise ValueError(f"post-training rollouts corrupt canvases with uniform noise or masks; backbone "
                          f"{type(model.backbone).__name__} has prior {prior!r}")
     if prior == "uniform" and not isinstance(sampler, EntropyBoundSampler):
-        raise ValueError(f"a uniform-prior backbone rolls out with the entropy-bound sampler, got {type(sampler).__name__}")
+        raise ValueError("a uniform-prior backbone rolls out with the entropy-bound sampler, got "
+                         f"{type(sampler).__name__}")
     if prior == "mask" and not isinstance(sampler, MaskedSampler):
         raise ValueError(f"a mask-prior backbone ({type(model.backbone).__name__}) rolls out with a masked sampler "
                          f"(e.g. tadm's MDLMSampler), got {type(sampler).__name__}")
