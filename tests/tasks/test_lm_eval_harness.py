@@ -83,21 +83,22 @@ def test_command_line_refuses_a_model_arg_given_twice(model_args, capsys):
 
 
 @pytest.mark.parametrize("model_args, task, flags, message", [
-    pytest.param("model=MODEL", "tiny_ll", [],
-                 "tadm model: 'loglikelihood' requests (tasks with output_type loglikelihood",
+    pytest.param("base=BASE,split=1:3", "tiny_ll", [],
+                 "tadm model: log-likelihood requests (output_type loglikelihood, multiple_choice or",
                  marks=pytest.mark.slow),  # lm-eval indexes its task registry: about 10 s
     pytest.param("model=MODEL", "tiny_echo", ["--apply_chat_template"], "its tokenizer has no chat template; run",
                  marks=pytest.mark.slow),
     pytest.param("model=tadm-tiny,tokenizer=MODEL", "tiny_echo", [], "tokenizer vocabulary (320) != model vocabulary",
                  marks=pytest.mark.slow),
 ])
-def test_command_line_failures_of_a_run_are_one_line(task_dir, tadm_model_dir, capsys, monkeypatch, model_args, task,
-                                                     flags, message):
+def test_command_line_failures_of_a_run_are_one_line(task_dir, tadm_model_dir, base_dir, capsys, monkeypatch,
+                                                     model_args, task, flags, message):
     from tadm.tasks.lm_eval_cli import main
 
     (task_dir / "tiny_ll.yaml").write_text((task_dir / "tiny_echo.yaml").read_text().replace(
         "tadm_tiny_echo", "tadm_tiny_ll").replace("generate_until", "loglikelihood"))
-    argv = ["--model", "tadm", "--model_args", model_args.replace("MODEL", str(tadm_model_dir)) + ",steps=2",
+    model_args = model_args.replace("MODEL", str(tadm_model_dir)).replace("BASE", str(base_dir))
+    argv = ["--model", "tadm", "--model_args", model_args + ",steps=2",
             "--tasks", str(task_dir / f"{task}.yaml"), *flags, "--limit", "1", "--device", "cpu"]
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -203,10 +203,10 @@ def test_prefix_stays_fixed_under_a_remasking_sampler(tadm_model_dir):
     assert final[0, :starts[0]].tolist() == prompt and not bool((final == gen.model.mask_token_id).any())
 
 
-def test_loglikelihood_requests_are_refused(adapter_lm):
-    with pytest.raises(NotImplementedError, match="loglikelihood.*only generation tasks"):
+def test_a_post_training_base_refuses_loglikelihood_requests(adapter_lm):
+    with pytest.raises(NotImplementedError, match="answered by tadm's own models .* generation tasks"):
         adapter_lm.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
-    with pytest.raises(NotImplementedError, match="loglikelihood_rolling.*only generation tasks"):
+    with pytest.raises(NotImplementedError, match="loglikelihood_rolling.*answered by tadm's own models"):
         adapter_lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("a",), 0)])
 
 
@@ -221,6 +221,10 @@ def test_loglikelihood_requests_are_refused(adapter_lm):
     ({"model": "tadm-tiny", "refresh_policy": "adaptive", "K": 2}, "K=2 and refresh_policy=adaptive name two policies; give one"),
     ({"model": "tadm-tiny", "refresh_policy": "sometimes"}, "unknown refresh policy"),
     ({"base": "/nonexistent/base"}, "nonexistent"),
+    ({"model": "tadm-tiny", "mc_samples": 0}, "mc_samples must be an integer >= 1"),
+    ({"model": "tadm-tiny", "likelihood_steps": 0}, "likelihood_steps must be an integer >= 1"),
+    ({"model": "tadm-tiny", "greedy_check": "maybe"}, "greedy_check must be true or false"),
+    ({"base": "x", "mc_samples": 8}, "mc_samples=8 set.* a post-training base .* generation tasks only"),
 ])
 def test_bad_model_args_are_clear_errors(args, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):

@@ -20,6 +20,7 @@ import dataclasses
 import importlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, TypeVar
 
@@ -43,7 +44,27 @@ MODEL_CLASSES: dict[str, type[HubMixin]] = {}
 MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {}
 """Preset name ("tadm-small", "mdlm-tiny", ...) -> builder ``f(**overrides) -> model``."""
 
-_MODEL_MODULES = ("tadm.nn.tadm", "tadm.nn.baselines")
+_MODEL_MODULES = ("tadm.nn.tadm", "tadm.nn.baselines", "tadm.nn.released_mdlm")
+
+
+@dataclass(frozen=True)
+class ForeignLayout:
+    """A checkpoint layout of another code base that :func:`load_model` reads (e.g. released MDLM checkpoints)."""
+
+    name: str
+    matches_config: Callable[[dict[str, Any]], bool]  # a parsed config.json in this layout?
+    matches_file: Callable[[Path], bool]  # a single checkpoint file in this layout?
+    load: Callable[..., nn.Module]  # f(name_or_path, device=..., Hub options) -> model
+
+
+FOREIGN_LAYOUTS: dict[str, ForeignLayout] = {}
+"""Layout name -> :class:`ForeignLayout`; filled by :func:`register_layout` when the reading module is imported."""
+
+
+def register_layout(name: str, *, matches_config: Callable[[dict[str, Any]], bool],
+                    matches_file: Callable[[Path], bool], load: Callable[..., nn.Module]) -> None:
+    """File a foreign checkpoint layout that :func:`load_model` recognises and converts on load."""
+    FOREIGN_LAYOUTS[name] = ForeignLayout(name, matches_config, matches_file, load)
 
 TINY_SIZES: dict[str, Any] = dict(vocab_size=65, hidden_size=32, num_heads=2, cond_dim=16, dropout=0.0, max_seq_len=64)
 """Sizes shared by the "*-tiny" presets: 64 tokens + mask, d = 32, 2 heads, cond_dim 16, no dropout."""
@@ -265,6 +286,8 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
 def load_model(name_or_path: str | Path, **kwargs: Any) -> nn.Module:
     """Load any saved tadm model, choosing the class from ``config.json["model_type"]``.
 
+    A checkpoint in a layout of another code base that tadm reads (:data:`FOREIGN_LAYOUTS`: released
+    MDLM checkpoints, a Hub-layout directory or a Lightning ``.ckpt``) is converted on load.
     ``kwargs`` go to the class's ``from_pretrained`` (``device``, ``strict``, Hub options).
     """
     if not isinstance(name_or_path, (str, os.PathLike)) or not os.fspath(name_or_path):
@@ -274,8 +297,16 @@ def load_model(name_or_path: str | Path, **kwargs: Any) -> nn.Module:
         raise ValueError(f"{os.fspath(name_or_path)!r} is a size preset, not a saved model: build it with "
                          f"tadm.nn.build_model({os.fspath(name_or_path)!r}) (random weights), or load a checkpoint "
                          "directory or Hub id (owner/name)")
+    local = Path(name_or_path).expanduser()
+    for layout in FOREIGN_LAYOUTS.values():
+        if local.is_file() and layout.matches_file(local):
+            return layout.load(name_or_path, **kwargs)
     config_file = resolve_file(name_or_path, CONFIG_NAME, **{k: kwargs[k] for k in HUB_OPTIONS if k in kwargs})
-    model_type = read_config(config_file).get(MODEL_TYPE_KEY)
+    raw = read_config(config_file)
+    for layout in FOREIGN_LAYOUTS.values():
+        if layout.matches_config(raw):
+            return layout.load(name_or_path, **kwargs)
+    model_type = raw.get(MODEL_TYPE_KEY)
     if model_type not in MODEL_CLASSES:
         raise ValueError(
             f"{config_file} names model_type {model_type!r}; valid model types: "

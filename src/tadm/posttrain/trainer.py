@@ -44,15 +44,16 @@ from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.config import PosttrainConfig, PosttrainConfigError
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases, read_chat_jsonl
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
-from tadm.posttrain.rollout import RolloutState, draw_rollout
+from tadm.posttrain.rollout import ROLLOUT_PRIORS, RolloutState, draw_rollout
 from tadm.sampling.entropy_bound import EntropyBoundSampler
+from tadm.sampling.mdlm import MDLMSampler
 from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
 from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
 from tadm.training.lr import build_lr_scheduler
 from tadm.training.metrics import MetricsLogger
 from tadm.training.precision import autocast_context
 
-__all__ = ["PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "run_posttrain"]
+__all__ = ["PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "rollout_sampler", "run_posttrain"]
 
 # What a resumed run may not change: all but the step count, logging, saving, device and precision.
 RESUME_FIXED = ("base.path", "base.backbone", "split", "fusion", "rollout", "loss", "data", "optim",
@@ -81,7 +82,8 @@ def posttrain_loss(
     kd_temperature: float = 1.0,
     fusion: Callable[..., Tensor] | None = None,
 ) -> PosttrainLoss:
-    """Eq. (anchor-sft-objective) at a rollout end point, averaged over ``token_mask`` (B, L) tokens.
+    """Eq. (anchor-sft-objective) at a rollout end point, averaged over ``token_mask`` (B, L) tokens (for a
+    mask-prior backbone, those still masked in the current canvas: the others are carried over, not predicted).
 
     ``fusion`` is the module to evaluate (default ``model.fusion``; a DDP wrapper when distributed);
     it is always evaluated, also for fresh rows (k = 0) where its correction is exactly zero.
@@ -96,6 +98,8 @@ def posttrain_loss(
     kd = kd_loss(teacher, student, temperature=kd_temperature).float()  # (B, L)
     per_token = ce_weight * ce + kd_weight * kd  # (B, L)
     mask = torch.ones_like(per_token) if token_mask is None else token_mask.to(per_token.dtype)
+    if model.backbone.prior == "mask":  # SUBS carries unmasked tokens over: only masked positions are predicted
+        mask = mask * (state.z_current == model.mask_token_id).to(mask.dtype)
     count = mask.sum().clamp_min(1.0)
     loss = (per_token * mask).sum() / count
     by_age: dict[int, float] = {}
@@ -110,6 +114,18 @@ def posttrain_loss(
 
 
 # =========================================================================================== trainer
+def rollout_sampler(model: AnchoredBackbone, config: PosttrainConfig) -> EntropyBoundSampler | MDLMSampler:
+    """The sampler the rollouts share with inference: Algorithm 2 (``rollout.sampler``) for a uniform-prior base,
+    tadm's MDLM sampler on the same T = ``rollout.sampler.num_steps`` grid and ``rollout.schedule`` for a
+    mask-prior one (tadm's MDLM, a converted released MDLM checkpoint)."""
+    r = config.rollout
+    if model.backbone.prior == "mask":
+        sampler = MDLMSampler(int(model.mask_token_id), schedule=r.schedule)
+        sampler.set_timesteps(int(r.sampler.num_steps))
+        return sampler
+    return EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
+
+
 class PosttrainTrainer:
     """Trains the fusion of an :class:`AnchoredBackbone` on canvas batches with on-policy rollouts.
 
@@ -136,7 +152,7 @@ class PosttrainTrainer:
         self.device = torch.device(device)
         self.fusion_runner = fusion_runner if fusion_runner is not None else model.fusion
         r = config.rollout
-        self.sampler = EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
+        self.sampler = rollout_sampler(model, config)
         self.schedule = get_schedule(r.schedule)
         o = config.optim
         self.params = [p for p in model.fusion.parameters() if p.requires_grad]
@@ -288,10 +304,10 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo) -> tuple[PosttrainTr
         backbone = model.backbone
     else:
         backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
-        if backbone.prior != "uniform":
+        if backbone.prior not in ROLLOUT_PRIORS:
             raise PosttrainConfigError(
                 f"base.backbone {config.base.backbone} cannot be post-trained: the rollouts corrupt canvases with "
-                f"uniform noise (DiffusionGemma's prior), and this backbone's prior is {backbone.prior!r}")
+                f"uniform noise or masks ({', '.join(ROLLOUT_PRIORS)}), and this backbone's prior is {backbone.prior!r}")
         model = AnchoredBackbone(backbone, split, fusion)
     dataset, pad_id = _canvas_dataset(config, backbone)
     model.fusion.to(info.device)

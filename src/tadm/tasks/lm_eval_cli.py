@@ -6,8 +6,8 @@ define them; it has no entry-point discovery. This wrapper imports :mod:`tadm.ta
 ``--model tadm``, checks every ``--model_args`` value (:class:`~tadm.tasks.model_args.TadmModelArgs`)
 and that the named model, base and adapter exist *before* lm-eval starts: a bad value is one line
 on stderr and exit status 2, not a traceback. Then lm-eval runs as usual; a foreseeable failure of the
-run (a model that cannot be loaded, a log-likelihood task, a chat template the tokenizer lacks) is one
-line too, or its traceback with ``TADM_DEBUG=1``::
+run (a model that cannot be loaded, a log-likelihood task on a post-training base, a chat template the
+tokenizer lacks) is one line too, or its traceback with ``TADM_DEBUG=1``::
 
     tadm-lm-eval --model tadm --model_args base=DIR,adapter=DIR,K=2 --tasks gsm8k --apply_chat_template
     python -m tadm.tasks.lm_eval_cli --model tadm --model_args model=tadm-tiny --tasks my_task --include_path DIR
@@ -28,7 +28,8 @@ __all__ = ["DEBUG_ENV", "check_tadm_model_args", "main"]
 DEBUG_ENV = "TADM_DEBUG"  # set (not '', '0', 'false' or 'no'): a failed run shows its traceback, as for ``tadm``
 # Foreseeable failures of a run of the tadm model, printed in one line: a bad value or a setting the model
 # or its tokenizer cannot honour (ValueError), a missing file (OSError), a request type the model does not
-# answer (NotImplementedError: log-likelihood tasks), a missing optional dependency (ImportError).
+# answer (NotImplementedError: log-likelihood tasks on a post-training base), a missing optional dependency
+# (ImportError).
 _RUN_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, NotImplementedError, ImportError)
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["BatchStats", "RequestStats", "summarize"]
+__all__ = ["BatchStats", "RequestStats", "summarize", "summarize_likelihood"]
 
 
 @dataclass
@@ -87,4 +87,26 @@ def summarize(requests: Iterable[RequestStats], batches: Iterable[BatchStats]) -
         "layer_calls_per_request": sum(r.layer_calls.get("total", 0) for r in requests) / n if n else 0.0,
         "stops": stops,
         "prompts_cut": sum(r.prompt_tokens_dropped > 0 for r in requests),
+    }
+
+
+def summarize_likelihood(stats: Iterable[Any]) -> dict[str, Any]:
+    """Totals over scored (context, continuation) pairs (:class:`tadm.tasks.likelihood.LikelihoodStats`): scored
+    and context tokens, Monte-Carlo draws, wall time, scored tokens per second, network passes and layer calls."""
+    stats = list(stats)
+    seconds = sum(s.seconds for s in stats)
+    scored = sum(s.continuation_tokens for s in stats)
+    calls: Counter[str] = Counter()
+    for s in stats:
+        calls.update({key: int(value) for key, value in s.layer_calls.items()})
+    return {
+        "requests": len(stats),
+        "continuation_tokens": scored,
+        "context_tokens": sum(s.context_tokens for s in stats),
+        "contexts_cut": sum(s.context_tokens_dropped > 0 for s in stats),
+        "samples": sum(s.samples for s in stats),
+        "seconds": seconds,
+        "tokens_per_second": scored / seconds if seconds > 0 else 0.0,
+        "network_passes": sum(s.network_passes for s in stats),
+        "layer_calls": dict(calls),
     }
