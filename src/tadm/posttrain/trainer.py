@@ -301,15 +301,15 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo) -> tuple[PosttrainTr
         served, _ = package.load_time_anchored(config.base.path, split=split, fusion=fusion, dtype=config.base.dtype,
                                                device=info.device)
         model = served.stage_view()
-        backbone = model.backbone
+        dataset, pad_id = _canvas_dataset(config, model.backbone)
     else:
         backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
         if backbone.prior not in ROLLOUT_PRIORS:
             raise PosttrainConfigError(
                 f"base.backbone {config.base.backbone} cannot be post-trained: the rollouts corrupt canvases with "
                 f"uniform noise or masks ({', '.join(ROLLOUT_PRIORS)}), and this backbone's prior is {backbone.prior!r}")
+        dataset, pad_id = _canvas_dataset(config, backbone)
         model = AnchoredBackbone(backbone, split, fusion)
-    dataset, pad_id = _canvas_dataset(config, backbone)
     model.fusion.to(info.device)
     runner = wrap_model(model.fusion, info)  # every fusion parameter takes part in every step
     trainer = PosttrainTrainer(model, config, device=info.device, fusion_runner=runner, rank=info.rank)
