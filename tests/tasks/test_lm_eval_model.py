@@ -315,7 +315,7 @@ class _Task:
 
 
 def test_tasks_the_model_does_not_answer_are_named_before_any_request():
-    from tadm.tasks.lm_eval_model import refuse_unanswered_tasks
+    from tadm.tasks.lm_eval_cli import refuse_unanswered_tasks
 
     refuse_unanswered_tasks({"gsm8k": _Task("generate_until")})  # generation only: nothing to say
     with pytest.raises(NotImplementedError, match=r"^tadm model: tasks 'arc' \(output_type multiple_choice\), 'wiki' "

@@ -31,7 +31,7 @@ from tadm.tasks import register_lm_eval_model
 from tadm.tasks.model_args import TadmModelArgs, repeated_keys
 from tadm.tasks.stats import summary_table
 
-__all__ = ["DEBUG_ENV", "check_tadm_model_args", "main"]
+__all__ = ["DEBUG_ENV", "check_tadm_model_args", "main", "refuse_unanswered_tasks"]
 
 DEBUG_ENV = "TADM_DEBUG"  # set (not '', '0', 'false' or 'no'): a failed run shows its traceback, as for ``tadm``
 # Foreseeable failures of a run of the tadm model, printed in one line: a bad value or a setting the model
@@ -76,6 +76,22 @@ def check_tadm_model_args(args: argparse.Namespace, argv: Sequence[str] = ()) ->
     return settings
 
 
+def refuse_unanswered_tasks(tasks: dict[str, Any]) -> None:
+    """Raise NotImplementedError naming every task (``{name: lm-eval Task}``) whose requests the tadm model does not
+    answer: any but generation tasks. Checked before the first request runs, so that a run mixing a generation
+    task with a multiple-choice one stops before it generates, not after."""
+    unanswered = {name: str(getattr(task, "OUTPUT_TYPE", None) or task.get_config("output_type"))
+                  for name, task in tasks.items()}
+    unanswered = {name: kind for name, kind in unanswered.items() if kind != "generate_until"}
+    if unanswered:
+        named = ", ".join(f"{name!r} (output_type {kind})" for name, kind in unanswered.items())
+        many = len(unanswered) > 1
+        raise NotImplementedError(
+            f"tadm model: task{'s' if many else ''} {named} need{'' if many else 's'} log-likelihoods, which the tadm "
+            f"model does not compute; only generation tasks (output_type generate_until) run: nothing was generated, "
+            f"drop {'them' if many else 'it'} from --tasks")
+
+
 def _leaf_tasks(task_dict: Any) -> dict[str, Any]:
     """``{name: Task}`` of what ``lm_eval.evaluator.evaluate`` is given (``TaskManager.load``'s dict, or the older
     nested form of groups)."""
@@ -93,8 +109,6 @@ def _watching_the_run() -> Iterator[dict[str, Any]]:
     first refuses the tasks the tadm model does not answer, and keeps the model (``["lm"]``) for its summary."""
     # deferred: lm-eval is an optional dependency (the tasks extra)
     import lm_eval.evaluator as evaluator
-
-    from tadm.tasks.lm_eval_model import refuse_unanswered_tasks
 
     seen: dict[str, Any] = {}
     original = evaluator.evaluate

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from tadm.tasks.model_args import TadmModelArgs, parse_batch_size, repeated_keys
 from tadm.tasks.stats import BatchStats, RequestStats, summarize
 
-__all__ = ["TadmLM", "batch_seed", "refuse_unanswered_tasks", "stop_strings", "truncate_at_stops"]
+__all__ = ["TadmLM", "batch_seed", "stop_strings", "truncate_at_stops"]
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +57,6 @@ def batch_seed(seed: int, contexts: list[str]) -> int:
     for text in contexts:
         digest.update(b"\x00" + text.encode("utf-8"))
     return int(digest.hexdigest()[:15], 16)
-
-
-def refuse_unanswered_tasks(tasks: dict[str, Any]) -> None:
-    """Raise NotImplementedError naming every task (``{name: lm-eval Task}``) whose requests the tadm model does not
-    answer: any but generation tasks. Checked before the first request runs, so that a run mixing a generation
-    task with a multiple-choice one stops before it generates, not after."""
-    unanswered = {name: str(getattr(task, "OUTPUT_TYPE", None) or task.get_config("output_type"))
-                  for name, task in tasks.items()}
-    unanswered = {name: kind for name, kind in unanswered.items() if kind != "generate_until"}
-    if unanswered:
-        named = ", ".join(f"{name!r} (output_type {kind})" for name, kind in unanswered.items())
-        raise NotImplementedError(
-            f"tadm model: task{'s' if len(unanswered) > 1 else ''} {named} need{'' if len(unanswered) > 1 else 's'} "
-            "log-likelihoods, which the tadm model does not compute; only generation tasks (output_type "
-            "generate_until) run: nothing was generated, drop it from --tasks")
 
 
 @dataclass
