@@ -1,4 +1,4 @@
-"""The generation loop: paper Algorithm 1 (anchor-cache inference) around any sampler."""
+"""The generation loop: paper Algorithm 1 (anchor-cache inference) around any sampler, optionally after a prompt."""
 
 from __future__ import annotations
 

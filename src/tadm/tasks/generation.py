@@ -7,7 +7,7 @@
 * :class:`PrefixGenerator` - tadm's own masked diffusion models (a checkpoint directory, a Hub id or
   a builder name, see :func:`tadm.specs.resolve_model`). They have no prompt encoder, so the prompt
   is written at the start of the canvas and kept fixed at every reverse step (prefix infilling);
-  the positions after it are denoised by Algorithm 1's loop with the anchor cache.
+  the positions after it are denoised by :func:`tadm.sampling.generate` with it as ``prefix``.
 
 Both turn text into token ids (``encode``), generate a batch of continuations (``generate``) and
 return a :class:`BatchOutput`: per row the ids before the first end-of-sequence token, and what the
