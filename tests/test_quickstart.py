@@ -108,3 +108,5 @@ def test_the_sentence_under_the_table_says_what_the_bound_shows():
     assert bound_sentence(flat, {}).endswith("does not rise with K beyond its noise (K = 1: 6.050, K = 8: 6.050, "
                                              "+0.00 % ± 0.10): this model makes little use of its anchor.")
     assert bound_sentence(_bounds({1: base}), {1: 192}) == ""
+    assert bound_sentence(_bounds({1: [6.0], 8: [6.1]}), {}).endswith(
+        "K = 8: 6.100, +1.67 % ± nan (one block gives no estimate of the noise).")

@@ -164,6 +164,8 @@ def bound_sentence(trained: CachedBoundResult, layer_calls: dict[Any, int]) -> s
     change = f"K = 1: {base:.3f}, K = {top}: {trained.bounds[top]:.3f}, {100 * rise / base:+.2f} % ± {100 * error / base:.2f}"
     calls = (f", while the layer calls fall from {layer_calls[1]} to {layer_calls[top]}"
              if 1 in layer_calls and top in layer_calls else "")
+    if math.isnan(error):
+        return f"{where}: {change} (one block gives no estimate of the noise)."
     if rise <= 2 * error or rise < 5e-5 * base:  # within the noise, or too small to show in the table's 0.01 %
         return f"{where} does not rise with K beyond its noise ({change}): this model makes little use of its anchor."
     every = all(step > -2 * step_error for step, step_error in steps)
