@@ -66,11 +66,10 @@ def resolve_model(spec: str | os.PathLike[str], *, device: torch.device | str = 
 
 
 def find_tokenizer_dir(model_dir: str | os.PathLike[str]) -> Path | None:
-    """The saved tokenizer in or beside a checkpoint directory, or saved with a model on the Hub; None without one."""
+    """The saved tokenizer in or beside a checkpoint directory, or None (nothing is looked up on the Hub)."""
     path = Path(model_dir).expanduser()
     if not path.is_dir():
-        text = os.fspath(model_dir)
-        return saved_tokenizer_dir(text) if not path.exists() and is_repo_id(text) and "/" in text else None
+        return None
     for candidate in (path, path / "tokenizer", path.parent, path.parent / "tokenizer"):
         if (candidate / META_FILENAME).is_file():
             return candidate
@@ -78,7 +77,8 @@ def find_tokenizer_dir(model_dir: str | os.PathLike[str]) -> Path | None:
 
 
 def find_tokenizer(model: str | os.PathLike[str] | None, tokenizer: str | os.PathLike[str] | None = None) -> Any:
-    """The tokenizer for ``model``: ``tokenizer`` when given (a directory or ``gpt2``), else the model's saved one.
+    """The tokenizer for ``model``: ``tokenizer`` when given (a directory or ``gpt2``), else the model's saved one
+    (in or beside its checkpoint directory, or in its Hub repository).
 
     Raises FileNotFoundError when neither is there.
     """
@@ -88,6 +88,9 @@ def find_tokenizer(model: str | os.PathLike[str] | None, tokenizer: str | os.Pat
             raise FileNotFoundError(f"tokenizer {name!r}: no such directory")
         return load_tokenizer(tokenizer)
     found = find_tokenizer_dir(model) if model is not None else None
+    text = os.fspath(model) if model is not None else ""
+    if found is None and is_repo_id(text) and "/" in text and not Path(text).expanduser().exists():
+        found = saved_tokenizer_dir(text)  # saved with the model on the Hub (save_pretrained / push_to_hub)
     if found is None:
         raise FileNotFoundError(f"no tokenizer found for model {os.fspath(model) if model else None!r}: pass its "
                                 "tokenizer directory (--tokenizer DIR)")

@@ -235,7 +235,8 @@ def test_save_pretrained_writes_the_tokenizer_and_a_loaded_model_finds_it(tmp_pa
     assert load_model(tmp_path / "c").tokenizer_dir is None and not (tmp_path / "c" / "tokenizer.json").exists()
 
 
-def test_push_to_hub_uploads_the_tokenizer_and_load_model_finds_it_there(fake_hub: Path) -> None:
+def test_push_to_hub_uploads_the_tokenizer_and_load_model_finds_it_there(fake_hub: Path, capsys) -> None:
+    from tadm.cli import main
     from tadm.sampling import generate
     from tadm.specs import find_tokenizer
 
@@ -248,6 +249,8 @@ def test_push_to_hub_uploads_the_tokenizer_and_load_model_finds_it_there(fake_hu
     shared = find_tokenizer("me/tiny")  # what `tadm sample --model me/tiny` decodes with
     out = generate(model, "mdlm", batch_size=1, seq_len=8, num_steps=4, prefix=[shared.bos_id, *shared.encode("the")])
     assert shared.decode_until_eos(out.tokens[0]).startswith("the")
+    assert main(["sample", "--model", "me/tiny", "--prompt", "the cat", "-T", "4", "--length", "12"]) == 0
+    assert capsys.readouterr().out.startswith("--- sample 0 ---\nthe cat")  # the command line decodes it too
     model.push_to_hub("me/copy")  # pushed again without naming it: the tokenizer goes along
     assert (fake_hub / "me" / "copy" / "tadm_tokenizer.json").is_file()
     build_model("mdlm-tiny").push_to_hub("me/bare")

@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     sampler = sampler_from_args(args, args.sampler, model)
     policy = policy_from_args(args)
     check_refresh_applies(model, [policy], args.model)
-    tokenizer = optional_tokenizer(args.model, args.tokenizer)  # None: token ids are printed
+    saved = getattr(model, "tokenizer_dir", None)  # the tokenizer saved with the checkpoint, a Hub one's included
+    tokenizer = optional_tokenizer(str(saved) if saved is not None else args.model, args.tokenizer)  # None: ids
     if tokenizer is not None and tokenizer.vocab_size != model.vocab_size:
         raise CLIError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")
     prefix = _prompt_ids(args, tokenizer, length)
