@@ -23,7 +23,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["BatchStats", "RequestStats", "summarize", "summarize_likelihood"]
+from tadm.sampling.refresh import refresh_policy_from_config
+
+__all__ = ["BatchStats", "RequestStats", "summarize", "summarize_likelihood", "summary_table"]
 
 
 @dataclass
@@ -110,3 +112,19 @@ def summarize_likelihood(stats: Iterable[Any]) -> dict[str, Any]:
         "network_passes": sum(s.network_passes for s in stats),
         "layer_calls": dict(calls),
     }
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """A Markdown table of what a run's generation cost, from ``TadmLM.summary()`` (:func:`summarize` plus the
+    generator's settings): its refresh policy (K), requests, generated tokens, wall time, tokens/s and
+    Transformer-layer calls (all, per request, per stage) with the anchor refreshes."""
+    calls = summary["layer_calls"]
+    label = refresh_policy_from_config(summary["settings"]["refresh_policy"]).label()  # "K=2", "adaptive tau=0.3"
+    head = ("refresh", "requests", "generated tokens", "seconds", "tokens/s", "layer calls", "per request",
+            "shared / anchor / denoiser", "anchor refreshes")
+    row = (label, f"{summary['requests']:,}", f"{summary['generated_tokens']:,}", f"{summary['seconds']:.1f}",
+           f"{summary['tokens_per_second']:.1f}", f"{calls.get('total', 0):,}",
+           f"{summary['layer_calls_per_request']:,.0f}",
+           f"{calls.get('shared', 0):,} / {calls.get('anchor', 0):,} / {calls.get('denoiser', 0):,}",
+           f"{calls.get('anchor_refreshes', 0):,}")
+    return "\n".join(["|" + "|".join(head) + "|", "|" + "|".join("---:" for _ in head) + "|", "|" + "|".join(row) + "|"])
