@@ -156,7 +156,7 @@ def test_no_self_conditioning_signal_at_the_first_grid_step(gemma):
     assert not torch.equal(model.unpack_anchor(lower.anchor)[1], plain)  # a bootstrapped signal is used
 
 
-def test_rollout_refuses_masked_backbones():
+def test_rollout_refuses_a_sampler_of_the_other_prior():
     model = AnchoredBackbone(MDLMBackbone(mdlm_tiny()), SplitSpec(1, 1), FusionSpec(rank=8, num_heads=2))
     with pytest.raises(ValueError, match="prior 'mask'"):
         on_policy_rollout(model, torch.zeros(1, 4, dtype=torch.long), sampler=EntropyBoundSampler(65),

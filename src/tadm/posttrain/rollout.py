@@ -2,16 +2,23 @@
 
 For a clean response canvas ``x0`` each row draws a cache age ``k`` in {0, 1, 2} (probabilities
 0.34 / 0.33 / 0.33) and an anchor time ``t' ~ U(0, 1)`` (antithetic across the batch), and is
-corrupted with uniform noise: ``z_t' ~ q(. | x0)`` of Eq. (fwd). ``t'`` is projected on the T-step
-grid,
+corrupted by the backbone's forward process, ``z_t' ~ q(. | x0)`` of Eq. (fwd): uniform noise for a
+uniform-state backbone (DiffusionGemma), the mask token for an absorbing one (LLaDA, Dream, MDLM). ``t'``
+is projected on the T-step grid,
 
     i_a = clip(floor(t' T + 1/2), k + 1, T),    i_s = i_a - k,
 
 the anchor ``[H0, C0]`` is computed once at ``z~_{i_a} = z_t'`` and, keeping it fixed, the current
 model makes ``k`` reverse transitions ``z~_{j-1} ~ S(p(. | z~_j, h_t'), j)`` for
-``j = i_a, ..., i_s + 1`` with the same sampler as inference (Algorithm 2). The end point
-``z~_{i_s}`` (the state at ``t = t' - k / T``) is what the loss trains on. The rollout is
+``j = i_a, ..., i_s + 1`` with the same sampler as inference: the entropy-bound sampler (Algorithm 2)
+for a uniform-state backbone, the family's own masked sampler (LLaDA's low-confidence remasking,
+Dream's ``alg``, MDLM's ancestral step) run with one step index per row for an absorbing one. The end
+point ``z~_{i_s}`` (the state at ``t = t' - k / T``) is what the loss trains on. The rollout is
 stop-gradient (run under ``torch.no_grad``).
+
+Backbones whose canvas holds the whole sequence (LLaDA, Dream, MDLM: no prompt cache) get the prompt
+inside the canvas: ``frozen`` marks its positions, which are never corrupted, and its left padding
+travels in ``attention_mask``.
 
 Self-conditioning (probability 0.5 per row): a row with it on conditions every pass on the previous
 step's temperature-scaled logits, as at inference. Its anchor step ``i_a`` has a previous step
@@ -30,10 +37,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tadm.diffusion import NoiseSchedule, sample_t, uniform_corrupt
+from tadm.diffusion import NoiseSchedule, mask_corrupt, sample_t, uniform_corrupt
 from tadm.posttrain.backbone import PromptCache, StackContext
 from tadm.posttrain.model import AnchoredBackbone
-from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler
+from tadm.sampling.entropy_bound import EntropyBoundOutput
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh
 
@@ -120,12 +127,13 @@ class _RolloutContext(LoopContext):
     has_signal: Tensor  # (B,) bool, rows whose self-conditioning signal is set
     sc_logits: Tensor | None  # (B, L, V)
     embed_dtype: torch.dtype
+    attention_mask: Tensor | None = None  # (B, L) padding of a canvas that holds the prompt too
 
     def pass_context(self) -> StackContext:
         if self.sc_logits is None:
-            return StackContext(prompt=self.prompt)
+            return StackContext(prompt=self.prompt, attention_mask=self.attention_mask)
         return StackContext(prompt=self.prompt, self_conditioning_logits=self.sc_logits,
-                            self_conditioning_mask=self.has_signal)
+                            self_conditioning_mask=self.has_signal, attention_mask=self.attention_mask)
 
     def after_step(self, position: int, step_index: int | Tensor, z: Tensor, output: EntropyBoundOutput) -> Tensor:
         active = position < self.cache_age  # (B,) rows still rolling out
@@ -137,21 +145,43 @@ class _RolloutContext(LoopContext):
         return _where_rows(active, output.prev_sample, z)
 
 
-def _check_rollout(model: AnchoredBackbone, self_conditioning_prob: float) -> None:
-    if model.backbone.prior != "uniform":
-        raise ValueError(
-            f"post-training rollouts (both modes) corrupt canvases with uniform noise and sample with the "
-            f"entropy-bound sampler; backbone {type(model.backbone).__name__} has prior {model.backbone.prior!r}"
-        )
+def _check_rollout(model: AnchoredBackbone, sampler: Any, self_conditioning_prob: float) -> None:
+    prior, name = model.backbone.prior, type(model.backbone).__name__
+    if prior not in ("uniform", "mask"):
+        raise ValueError(f"post-training rollouts corrupt canvases with uniform noise or the mask token; backbone "
+                         f"{name} has prior {prior!r}")
+    masked_sampler = getattr(sampler, "mask_id", None) is not None
+    if prior == "mask" and not masked_sampler:
+        raise ValueError(f"backbone {name} has prior 'mask': its rollouts need a masked sampler that takes per-row "
+                         f"step indices (llada, dream-*, mdlm), got {type(sampler).__name__}")
+    if prior == "uniform" and masked_sampler:
+        raise ValueError(f"backbone {name} has prior 'uniform': its rollouts need the entropy-bound sampler, got "
+                         f"{type(sampler).__name__}")
+    if prior == "mask" and model.mask_token_id is None:
+        raise ValueError(f"backbone {type(model.backbone).__name__} has an absorbing prior but no mask_token_id")
+    if model.time_conditioned:
+        raise ValueError(f"post-training a time-conditioned backbone ({type(model.backbone).__name__}) is not "
+                         "supported: its rollouts would need one diffusion time per row")
     if not 0.0 <= self_conditioning_prob <= 1.0:
         raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")
     if self_conditioning_prob > 0 and not model.backbone.supports_self_conditioning:
         raise ValueError(f"{type(model.backbone).__name__} has no self-conditioning; set self_conditioning_prob=0")
 
 
+def _corrupt(model: AnchoredBackbone, x: Tensor, keep: Tensor, generator: torch.Generator | None,
+             frozen: Tensor | None) -> Tensor:
+    """``q(. | x)`` of Eq. (fwd) with keep probability ``keep`` (B,): uniform noise or the mask token, as the
+    backbone's prior is; ``frozen`` (B, L) positions keep ``x``."""
+    if model.backbone.prior == "mask":
+        z = mask_corrupt(x, keep, model.mask_token_id, generator)  # (B, L)
+    else:
+        z = uniform_corrupt(x, keep, model.vocab_size, generator)  # (B, L)
+    return z if frozen is None else torch.where(frozen, x, z)
+
+
 def _self_conditioning(
-    model: AnchoredBackbone, sampler: EntropyBoundSampler, z: Tensor, prompt: PromptCache | None, k: Tensor,
-    i_a: Tensor, probability: float, generator: torch.Generator | None,
+    model: AnchoredBackbone, sampler: Any, z: Tensor, prompt: PromptCache | None, k: Tensor,
+    i_a: Tensor, probability: float, generator: torch.Generator | None, attention_mask: Tensor | None = None,
 ) -> _RolloutContext:
     """The rollout's per-pass context: which rows self-condition, bootstrapped from a fresh pass on z_t' (module
     docstring)."""
@@ -165,11 +195,11 @@ def _self_conditioning(
         first = model.prepare(z, StackContext(prompt=prompt))
         boot = model.fresh_logits(model.encode(z, first), first)  # (B, L, V)
         sc_logits = sampler.scale_logits(boot, torch.clamp(i_a + 1, max=T)).to(embed_dtype)  # (B, L, V)
-    return _RolloutContext(prompt, k, sc_rows, has_signal, sc_logits, embed_dtype)
+    return _RolloutContext(prompt, k, sc_rows, has_signal, sc_logits, embed_dtype, attention_mask)
 
 
 def _roll_out(
-    model: AnchoredBackbone, sampler: EntropyBoundSampler, z: Tensor, k: Tensor, i_a: Tensor,
+    model: AnchoredBackbone, sampler: Any, z: Tensor, k: Tensor, i_a: Tensor,
     rollout: _RolloutContext, generator: torch.Generator | None,
 ) -> tuple[Tensor, Tensor, Any, Tensor]:
     """k reverse steps from z_t' on the anchor cached there: (z~_t, anchor h_t', prepared state, c_t)."""
@@ -191,10 +221,12 @@ def draw_rollout(
     model: AnchoredBackbone,
     x0: Tensor,
     *,
-    sampler: EntropyBoundSampler,
+    sampler: Any,
     schedule: NoiseSchedule,
     mode: str = "on-policy",
     prompt: PromptCache | None = None,
+    frozen: Tensor | None = None,
+    attention_mask: Tensor | None = None,
     cache_ages: Sequence[int] = CACHE_AGES,
     cache_age_probs: Sequence[float] = CACHE_AGE_PROBS,
     self_conditioning_prob: float = 0.5,
@@ -209,16 +241,21 @@ def draw_rollout(
     anchor there and let the student make k reverse steps. ``mode="forward"`` (an ablation, no model
     steps): with t = max(t' - k / T, 0) the current canvas is ``z_t ~ q(. | x0)`` of Eq. (fwd) and the
     anchor's canvas is ``z_t'`` corrupted further from it, ``q(z_t' | z_t)`` with keep probability
-    alpha_t' / alpha_t (the uniform-noise analogue of Eq. (fwd_t_t'), as in pretraining): the current
-    canvas is synthesised from the clean target (teacher-forced) instead of sampled by the student.
+    alpha_t' / alpha_t (Eq. (fwd_t_t') for an absorbing backbone, its uniform-noise analogue otherwise,
+    as in pretraining): the current canvas is synthesised from the clean target (teacher-forced)
+    instead of sampled by the student.
 
     Args:
         model: the split backbone with its current fusion (the student).
         x0: (B, L) clean canvas ids.
-        sampler: Algorithm 2 with T = ``sampler.num_steps``, used for the k transitions.
-        schedule: alpha_t of the uniform forward process.
+        sampler: the inference sampler with T = ``sampler.num_steps``, used for the k transitions: the
+            entropy-bound sampler (Algorithm 2) for a uniform-state backbone, a masked sampler that takes
+            per-row step indices (``llada``, ``dream-*``, ``mdlm``) for an absorbing one.
+        schedule: alpha_t of the forward process.
         mode: one of :data:`ROLLOUT_MODES`.
         prompt: encoded context (block-diffusion backbones), shared by the anchor and current passes.
+        frozen: (B, L) bool, positions never corrupted (a prompt inside the canvas); None: none.
+        attention_mask: (B, L) padding mask of a canvas that holds the prompt (1 at real tokens).
         cache_ages, cache_age_probs: the distribution of k (paper: {0, 1, 2}, (0.34, 0.33, 0.33)).
         self_conditioning_prob: probability that a row uses self-conditioning (paper: 0.5); it must
             be 0 for backbones without self-conditioning. Its rows get the frozen model's fresh
@@ -232,7 +269,7 @@ def draw_rollout(
     """
     if mode not in ROLLOUT_MODES:
         raise ValueError(f"rollout mode {mode!r} is unknown; valid: {', '.join(ROLLOUT_MODES)}")
-    _check_rollout(model, self_conditioning_prob)
+    _check_rollout(model, sampler, self_conditioning_prob)
     T = sampler.num_steps
     B, device = x0.shape[0], x0.device
     k = (sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None
@@ -242,16 +279,18 @@ def draw_rollout(
     t_anchor = t_anchor.to(device)
     i_a, i_s = rollout_indices(t_anchor, k, T)
     if mode == "on-policy":
-        z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
-        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
+        z_anchor = _corrupt(model, x0, schedule.alpha(t_anchor.double()).float(), generator, frozen)  # (B, L)
+        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator,
+                                     attention_mask)
         z_current, anchor, prepared, c_current = _roll_out(model, sampler, z_anchor, k, i_a, context, generator)
     else:
         t_current = torch.clamp(t_anchor.double() - k.double() / T, min=0.0)  # (B,)
         alpha_current = schedule.alpha(t_current)  # (B,)
         keep = (schedule.alpha(t_anchor.double()) / alpha_current.clamp_min(1e-12)).clamp(0.0, 1.0)  # (B,)
-        z_current = uniform_corrupt(x0, alpha_current.float(), model.vocab_size, generator)  # (B, L)
-        z_anchor = uniform_corrupt(z_current, keep.float(), model.vocab_size, generator)  # (B, L)
-        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
+        z_current = _corrupt(model, x0, alpha_current.float(), generator, frozen)  # (B, L)
+        z_anchor = _corrupt(model, z_current, keep.float(), generator, frozen)  # (B, L)
+        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator,
+                                     attention_mask)
         anchor_state = model.prepare(z_anchor, context.pass_context())
         anchor = model.compute_anchor(model.encode(z_anchor, anchor_state), anchor_state)  # (B, L, 2d)
         prepared = model.prepare(z_current, context.pass_context())
