@@ -24,6 +24,7 @@ synchronised).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import time
@@ -38,7 +39,6 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from tadm import posttrain as package  # the package's lazy names (the transformers model class)
 from tadm.config import check_resumable
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.hf import load_hf_tokenizer
@@ -318,8 +318,10 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo,
     elif config.base.backbone == "diffusion-gemma":
         # The fusion trains inside the model class that serves it: the time-anchored DiffusionGemma, seen stage by
         # stage (its stage view shares its layers and fusion).
-        served, _ = package.load_time_anchored(config.base.path, split=split, fusion=fusion, dtype=config.base.dtype,
-                                               device=info.device)
+        # by name: hf_model subclasses a transformers model (an optional extra), loaded for a DiffusionGemma only
+        load_time_anchored = importlib.import_module("tadm.posttrain.hf_model").load_time_anchored
+        served, _ = load_time_anchored(config.base.path, split=split, fusion=fusion, dtype=config.base.dtype,
+                                       device=info.device)
         model = served.stage_view()
         backbone = model.backbone
     else:
