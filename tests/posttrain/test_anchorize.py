@@ -118,6 +118,17 @@ def test_the_model_is_converted_in_place_and_keeps_its_keys():
     assert model.fusion.up.weight.dtype == torch.float32
 
 
+def test_questions_transformers_answers_from_the_class_module_get_the_bases_answer():
+    class ReadsItsModule(LLaDAModelLM):  # as transformers decides whether attention implementations can be switched
+        @classmethod
+        def _can_set_attn_implementation(cls):
+            return cls.__module__ == __name__
+
+    model = ReadsItsModule(load_llada().config)
+    anchorize(model, SPLIT)
+    assert type(model).__module__ == "tadm.posttrain.anchorize" and type(model)._can_set_attn_implementation()
+
+
 def test_defaults_are_the_papers_split_and_fusion_scaled_to_the_model():
     model = anchorize(load_llada())
     assert (model.layer_split.shared, model.layer_split.anchor, model.layer_split.denoiser) == (0, 3, 1)
@@ -190,7 +201,7 @@ def test_a_copy_runs_its_own_cache():
 
 def test_dream_k1_through_diffusion_generate_is_the_unanchored_model():
     plain, model = load_dream(), _anchored(load_dream, K=1)
-    for case in DREAM["cases"][::5]:
+    for case in DREAM["cases"]:
         tokens = dream_generate(model, case)
         assert tokens.tolist() == case["tokens"] == dream_generate(plain, case).tolist()
         assert model.last_generation.layer_calls.anchor == 2 * case["steps"]

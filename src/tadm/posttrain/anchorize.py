@@ -219,7 +219,8 @@ def _refused(name: str, architecture: Architecture) -> Callable[..., Any]:
     return refused
 
 
-_REFUSED = {"mdlm": ("compute_anchor",)}  # tadm's own stage methods, which tadm's loop calls instead of forward
+_REFUSED = {"mdlm": ("compute_anchor",)}
+_ASKED_OF_THE_BASE = ("_can_set_attn_implementation", "_can_set_experts_implementation")  # tadm's own stage methods, which tadm's loop calls instead of forward
 _CLASSES: dict[tuple[type, str], type] = {}
 
 
@@ -234,6 +235,9 @@ def _anchored_class(cls: type, architecture: Architecture) -> type:
                 namespace[method] = _generation_method(getattr(cls, method), architecture)
         for method in _REFUSED.get(architecture.name, ()):
             namespace[method] = _refused(method, architecture)
+        for method in _ASKED_OF_THE_BASE:  # transformers reads the source of a class's module to answer these
+            if callable(getattr(cls, method, None)):
+                namespace[method] = classmethod(lambda _, name=method: getattr(cls, name)())
         name = f"TimeAnchored{cls.__name__}"
         while hasattr(sys.modules[__name__], name):  # another class of the same name was anchorized before
             name += "_"
