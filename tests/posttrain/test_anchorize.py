@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import tadm
-from tadm.posttrain import AnchoredModel, FusionSpec, SplitSpec, anchorize, is_anchorized
+from tadm.posttrain import AnchoredModel, FusionSpec, anchorize, is_anchorized
 from tadm.posttrain.architectures import ARCHITECTURES, Architecture, find_architecture, register_architecture
 from tadm.posttrain.backbones import DreamBackbone
 from tadm.sampling import build_sampler, generate

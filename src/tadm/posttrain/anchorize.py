@@ -51,7 +51,7 @@ from tadm.nn import load_model
 from tadm.posttrain.adapter_io import (AdapterConfig, CardResults, load_adapter_config, load_fusion_state,
                                        resolve_adapter, save_adapter_pretrained)
 from tadm.posttrain.architectures import Architecture, find_architecture, get_architecture, resolve_path
-from tadm.posttrain.layer_cache import CacheRecord, LayerStackCache, check_policy, install_layer_cache, resolve_refresh
+from tadm.posttrain.layer_cache import LayerStackCache, check_policy, install_layer_cache, resolve_refresh
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec, default_fusion, default_split
 from tadm.protocol import LayerSplit
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, parse_refresh

@@ -28,7 +28,6 @@ import torch
 from tadm.posttrain.backbone import StackContext
 from tadm.posttrain.data import CanvasBatch
 from tadm.posttrain.model import AnchoredBackbone
-from tadm.sampling.entropy_bound import EntropyBoundSampler
 
 __all__ = ["stale_fresh_divergence"]
 
