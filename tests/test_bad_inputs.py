@@ -391,7 +391,8 @@ CLI_CASES = [
                  id="posttrain-split"),
     pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--steps", "0"], "got 0", id="posttrain-zero-steps-flag"),
     pytest.param(["posttrain", "sample", "--base", "{d}/mdlm", "--backbone", "mdlm", "--split", "1,1", "--prompt",
-                  "hi"], "--base {d}/mdlm (backbone MDLMBackbone) cannot encode a prompt", id="posttrain-sample-mdlm"),
+                  "hi"], "--backbone mdlm cannot encode a prompt: posttrain sample continues prompts of a "
+                 "DiffusionGemma-class base", id="posttrain-sample-mdlm"),
     # -------------------------------------------------------------------------- tadm tokenizer
     pytest.param(["tokenizer", "train", "--vocab-size", "0", "--out", "{d}/t1"], "got 0", id="tokenizer-vocab-0"),
     pytest.param(["tokenizer", "train", "--source", "{d}/plain.txt", "--text-field", "body", "--out", "{d}/t-tf"],

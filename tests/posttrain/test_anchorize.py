@@ -348,3 +348,23 @@ def test_bad_input_is_one_line_and_leaves_the_model_as_it_was(tmp_path):
         anchorize(model)
     with pytest.raises(TypeError, match="AnchoredModel is not instantiated"):
         AnchoredModel()
+
+
+@pytest.mark.parametrize("time_conditioning", [False, True])
+def test_a_released_mdlm_checkpoint_is_anchorized_as_tadms_mdlm(time_conditioning):
+    """The released MDLM layout (tests/fixtures/mdlm_owt, the reference DiT's logits within 1e-5) loads into tadm's
+    MDLM, which anchorize recognises: K = 1 is the loaded model, K = 2 runs the anchor layers at refreshes only."""
+    from pathlib import Path
+
+    from tadm.nn import load_released_mdlm
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "mdlm_owt"
+    load = lambda: load_released_mdlm(fixture, time_conditioning=time_conditioning or None).model.eval()  # noqa: E731
+    plain, model = load(), anchorize(load(), (0, 1), FusionSpec(rank=8, num_heads=2))
+    assert model.architecture.name == "mdlm" and model.time_conditioned == time_conditioning
+    view = model.stage_view()
+    options = dict(batch_size=2, seq_len=12, num_steps=8)
+    assert torch.equal(generate(plain, "mdlm", generator=torch.Generator().manual_seed(3), **options).tokens,
+                       generate(view, "mdlm", generator=torch.Generator().manual_seed(3), **options).tokens)
+    cached = generate(view, "mdlm", refresh_interval=2, generator=torch.Generator().manual_seed(3), **options)
+    assert (cached.layer_calls.shared, cached.layer_calls.anchor, cached.layer_calls.denoiser) == (0, 4, 8)

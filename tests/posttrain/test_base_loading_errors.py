@@ -108,7 +108,7 @@ def test_posttrain_train_gives_one_line(bases, case, tmp_path, capsys):
     assert needle in err and str(path) in err
 
 
-def test_a_tokenizer_without_a_chat_template_is_one_line(tmp_path, capsys):
+def test_a_tokenizer_without_a_chat_template_is_one_line_for_both_priors(tmp_path, capsys):
     from tadm.nn import mdlm_tiny
     from tadm.training.tokenization import train_bpe_tokenizer
 
@@ -123,11 +123,10 @@ def test_a_tokenizer_without_a_chat_template_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert f"the tokenizer of {plain} has no chat template" in err.strip().splitlines()[-1]
-    # tadm's own MDLM (the mask prior) is post-trained as well: it reaches the same tokenizer check
+    # tadm's own MDLM (the mask prior, rolled out with its MDLM sampler) reaches the same tokenizer check
     mdlm_tiny(vocab_size=tokenizer.vocab_size).save_pretrained(tmp_path / "mdlm")
     code = main(["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), "base.backbone=mdlm",
                  f"base.path={tmp_path / 'mdlm'}", f"data.tokenizer={plain}", f"data.train_file={chat}",
-                 "split.shared_layers=1", "split.anchor_layers=1", "split.denoiser_layers=1",
                  f"train.out_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert code == 2 and f"the tokenizer of {plain} has no chat template" in err.strip().splitlines()[-1]

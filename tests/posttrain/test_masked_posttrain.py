@@ -13,7 +13,7 @@ from tadm.posttrain import (AnchoredModel, CanvasBatch, FusionSpec, PosttrainCon
                             anchorize, draw_rollout, generate_sequence, load_posttrain_config, posttrain_loss,
                             run_posttrain, save_adapter)
 from tadm.posttrain.diagnostics import stale_fresh_divergence
-from tadm.sampling import DreamSampler, LLaDASampler, build_sampler
+from tadm.sampling import DreamSampler, LLaDASampler, build_sampler, generate
 from tadm.sampling.mdlm import MDLMSampler
 from tests.standins.dream import load_dream
 from tests.standins.llada import load_llada
@@ -114,16 +114,18 @@ def test_a_bad_masked_sampler_is_a_config_error():
 
 
 def _distilled(view, family, seed, batches, B=8):
-    """Canvases the stand-in generates itself (temperature 1) after random prompts: data the base can fit."""
+    """Canvases the stand-in generates itself (temperature 1) after random prompts (MDLM: unconditionally, as it is
+    post-trained): data the base can fit."""
     g = torch.Generator().manual_seed(seed)
-    options = {} if family == "mdlm" else {"temperature": 1.0}
     out = []
     for _ in range(batches):
         context = torch.randint(0, MASK, (B, P), generator=g)
-        run = generate_sequence(view, build_sampler(FAMILIES[family][1], view, **options), context, gen_length=G,
-                                num_steps=T, generator=g)
-        out.append(CanvasBatch(context, torch.ones(B, P, dtype=torch.bool), run.new_tokens,
-                               torch.ones(B, G, dtype=torch.bool)))
+        if family == "mdlm":
+            tokens = generate(view, "mdlm", batch_size=B, seq_len=G, num_steps=T, generator=g).tokens
+        else:
+            tokens = generate_sequence(view, build_sampler(FAMILIES[family][1], view, temperature=1.0), context,
+                                       gen_length=G, num_steps=T, generator=g).new_tokens
+        out.append(CanvasBatch(context, torch.ones(B, P, dtype=torch.bool), tokens, torch.ones(B, G, dtype=torch.bool)))
     return out
 
 

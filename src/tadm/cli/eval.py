@@ -607,10 +607,21 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-uncontained-code", type=sandbox_gaps, default=[], metavar="GAP[,GAP]",
                    help="run code tasks even though this machine's sandbox does not contain these (a run that "
                         f"needs one names it): {', '.join(GAPS)}")
+    p.add_argument("--allow-code-network", action=_ReplacedFlag, nargs=0, help=argparse.SUPPRESS)
     p.add_argument("--out", type=output_dir, default="tadm-tasks", metavar="DIR")
     device_arg(p)
     dtype_arg(p)
     p.set_defaults(func=_run_tasks)
+
+
+class _ReplacedFlag(argparse.Action):
+    """``--allow-code-network``, the former opt-in: it spoke of the network only, where a sandbox without namespaces
+    also leaves other things uncontained; one line says what replaced it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} was replaced by --allow-uncontained-code GAP[,GAP], which names each thing "
+                     f"the sandbox cannot contain on this machine ({', '.join(GAPS)}); a run that needs one names it")
 
 
 def _run_tasks(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ from tadm.hf import check_hf_source, first_line, load_hf, refuse_custom_code
 from tadm.nn import load_model
 from tadm.nn.baselines import MDLM
 from tadm.nn.dit import subs_log_probs, time_condition
+from tadm.nn.released_mdlm import is_released_mdlm_source
 from tadm.posttrain.backbones import DreamBackbone, LLaDABackbone
 
 __all__ = ["BACKBONES", "DiffusionGemmaBackbone", "DreamBackbone", "LLaDABackbone", "LayerStackBackbone", "MDLMBackbone",
@@ -474,8 +475,11 @@ class MDLMBackbone(nn.Module):
     def from_pretrained(
         cls, path: str | Path, *, dtype: str | torch.dtype | None = "fp32", device: str | torch.device = "cpu"
     ) -> MDLMBackbone:
-        """Load a tadm MDLM checkpoint directory (or hub id); a missing path is a one-line FileNotFoundError."""
-        check_base(path, model_type="mdlm")
+        """Load a tadm MDLM checkpoint directory (or hub id), or a released MDLM-family checkpoint (a Hub-layout
+        directory or a Lightning ``.ckpt``, read by tadm itself without its custom code:
+        :mod:`tadm.nn.released_mdlm`); a missing path is a one-line FileNotFoundError."""
+        if not is_released_mdlm_source(path):
+            check_base(path, model_type="mdlm")
         return cls(load_model(path).to(device=device, dtype=resolve_dtype(dtype, device)))
 
     def train(self, mode: bool = True) -> MDLMBackbone:

@@ -12,10 +12,10 @@ the fresh one, D(A(C_i)):
 Reported per K: KL(fresh || stale) per token, in nats, and the share of tokens whose greedy choice
 agrees with the fresh one. A fusion that helps lowers the KL below naive reuse's.
 
-For an absorbing backbone whose canvas holds the whole sequence (LLaDA, Dream, MDLM) the trajectory
-starts from ``[context, masks]`` with the family's sampler, the distributions are the backbone's SUBS
-parameterisation, and the tokens compared are the response positions still masked at each step (the
-others are carried over, identical in every prediction).
+For an absorbing backbone (LLaDA, Dream, MDLM) the trajectory starts from masks with the family's
+sampler (after the context, inside the canvas, for LLaDA and Dream), the distributions are the
+backbone's SUBS parameterisation, and the tokens compared are the response positions still masked at
+each step (the others are carried over, identical in every prediction).
 """
 
 from __future__ import annotations
@@ -104,8 +104,12 @@ def _absorbing_divergence(model: AnchoredBackbone, batches: Iterable[tuple[Canva
             for K in intervals}
     try:
         for batch, generator in batches:
-            ids, target, padding = batch.whole_sequence()
-            z = torch.where(target, mask_id, ids)  # (B, P + L): the context, then masks
+            if getattr(backbone, "prompt_in_canvas", False):
+                ids, target, padding = batch.whole_sequence()
+            else:  # tadm's MDLM: the response canvas alone
+                ids, padding = batch.targets, None
+                target = torch.ones_like(ids, dtype=torch.bool)
+            z = torch.where(target, mask_id, ids)  # (B, N): the context (if any), then masks
             context = StackContext(attention_mask=padding)
             sampler.set_timesteps(T)  # a new run (LLaDA's sampler reads its block layout at the first step)
             states = {}  # step i -> (z, prepared, C, anchor)

@@ -621,6 +621,8 @@ def load_time_anchored(
     layers (2 / 20) is used with naive reuse. Returns the model and a note when the adapter was trained on a
     base of another name (else None)."""
     device = torch.device(device)
+    if adapter is not None and split is not None:
+        raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
     if adapter is None and split is None:
         split = SplitSpec()
     note = None

@@ -42,6 +42,14 @@ the logits included (LLaDA: float32 logits and probabilities beside the float64 
 logits, noise, powers and quotient; Dream with top-p: the logits, the masked rows, their softmax,
 its renormalised copy and the sort), the peak of one step as measured on CPU (held within 25% by
 ``tests/posttrain/test_plan_families.py``).
+
+A base of the MDLM family (``base.backbone: mdlm``: tadm's MDLM, a released checkpoint such as
+MDLM-OWT, or :data:`KNOWN_MDLM_BASES` by name) is planned by :func:`plan_mdlm_posttrain` with the
+same columns for its DiT: no prompt KV cache (the model is unconditional; a prompt lies inside its
+canvas of ``data.canvas_length`` tokens), per denoiser block and canvas token :data:`DIT_TOKEN_ACTIVATIONS`
+values of width d kept for backward, and the (B, L, V) float32 tensors of the SUBS output and the loss
+(:data:`MDLM_TRAIN_VOCAB_COPIES`) or of a sampling step (:data:`MDLM_INFER_VOCAB_COPIES`, a block's
+working set counted only where it exceeds them, as for DiffusionGemma).
 """
 
 from __future__ import annotations
@@ -56,16 +64,22 @@ from typing import Any
 import torch
 
 from tadm.devices import resolve_dtype
-from tadm.posttrain.backbone import DIFFUSION_GEMMA_26B, DiffusionGemmaBackbone, check_base, diffusion_gemma_26b_config
+from tadm.nn.baselines import MDLM, MDLMConfig
+from tadm.nn.hub import MODEL_TYPE_KEY, config_from_dict, read_config
+from tadm.nn.released_mdlm import is_released_mdlm_config, released_config
+from tadm.posttrain.backbone import (DIFFUSION_GEMMA_26B, DiffusionGemmaBackbone, MDLMBackbone, check_base,
+                                     diffusion_gemma_26b_config)
 from tadm.posttrain.backbones import DenseStackShape, dream_7b_config, llada_8b_config
 from tadm.posttrain.backbones.dream import dream_shape
 from tadm.posttrain.backbones.llada import llada_shape
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 
-__all__ = ["GPU_SIZES_GB", "INFER_VOCAB_COPIES", "KNOWN_BASES", "KNOWN_SEQUENCE_BASES", "MemoryEstimate",
-           "PosttrainPlan", "SEQUENCE_FAMILIES", "SequenceFamily", "TRAIN_VOCAB_COPIES", "estimate_inference_memory",
+__all__ = ["GPU_SIZES_GB", "INFER_VOCAB_COPIES", "KNOWN_BASES", "KNOWN_MDLM_BASES", "KNOWN_SEQUENCE_BASES", "MDLM_OWT",
+           "MemoryEstimate", "PosttrainPlan", "SEQUENCE_FAMILIES", "SequenceFamily", "TRAIN_VOCAB_COPIES",
+           "estimate_dit_inference_memory", "estimate_dit_training_memory", "estimate_inference_memory",
            "estimate_sequence_inference_memory", "estimate_sequence_training_memory", "estimate_training_memory",
-           "plan_posttrain", "resolve_base_config", "resolve_sequence_config"]
+           "mdlm_owt_config", "plan_mdlm_posttrain", "plan_posttrain", "plan_sequence_posttrain", "resolve_base_config",
+           "resolve_mdlm_config", "resolve_sequence_config"]
 
 KNOWN_BASES: dict[str, Callable[[], Any]] = {DIFFUSION_GEMMA_26B: diffusion_gemma_26b_config}
 """Bases whose architecture tadm can build without their ``config.json`` (checkpoint id -> config builder)."""
@@ -287,6 +301,8 @@ def plan_posttrain(config: Any, *, inference_batches: tuple[int, ...] = (1, 8),
     """The plan of a :class:`~tadm.posttrain.trainer.PosttrainConfig` (module docstring)."""
     if config.base.backbone in SEQUENCE_FAMILIES:
         return plan_sequence_posttrain(config, inference_batches=inference_batches, inference_prompt=inference_prompt)
+    if config.base.backbone == "mdlm":
+        return plan_mdlm_posttrain(config, inference_batches=inference_batches)
     base_config, source = resolve_base_config(config.base.path, config.base.backbone)
     model = build_meta_model(base_config, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
     dtype = resolve_dtype(config.base.dtype, "cuda")
@@ -429,3 +445,106 @@ def plan_sequence_posttrain(config: Any, *, inference_batches: tuple[int, ...] =
     backbone = shape.parameters()
     return PosttrainPlan(os.fspath(config.base.path), source, backbone + trainable, backbone, trainable,
                          (split.shared, split.anchor, split.denoiser), estimates)
+
+
+# ======================================================================================= MDLM family
+MDLM_OWT = "kuleshov-group/mdlm-owt"
+DIT_TOKEN_ACTIVATIONS = 18
+"""Values of width d one DiT block keeps for backward per canvas token: the inputs of its norms and linear maps,
+q, k and v and the attention output, and the MLP's 4d before and after the GELU come to about 18 with the
+backbone frozen (held against measured peaks in ``tests/posttrain/test_plan.py``)."""
+MDLM_TRAIN_VOCAB_COPIES = 10  # student logits and its SUBS steps, teacher logits, the KD term's softmaxes, gradients
+MDLM_INFER_VOCAB_COPIES = 4  # a sampling step: the logits, SUBS's fill, log-softmax and scatter (measured peak)
+
+
+def mdlm_owt_config() -> MDLMConfig:
+    """MDLM-OWT as released (``kuleshov-group/mdlm-owt``, ``configs/model/small.yaml`` of kuleshov-group/mdlm):
+    12 DiT blocks, d = 768, 12 heads, conditioning 128, vocabulary 50258 (GPT-2 + the mask), length 1024, no time
+    conditioning (its released config.json); the released time input sigma(t)."""
+    return MDLMConfig(vocab_size=50258, hidden_size=768, num_heads=12, cond_dim=128, mlp_ratio=4, dropout=0.1,
+                      max_seq_len=1024, num_layers=12, time_conditioning=False, time_input="sigma-loglinear")
+
+
+KNOWN_MDLM_BASES: dict[str, Callable[[], MDLMConfig]] = {MDLM_OWT: mdlm_owt_config}
+"""MDLM-family bases whose sizes tadm knows without their ``config.json`` (checkpoint id -> config builder)."""
+
+
+def resolve_mdlm_config(path: str) -> tuple[MDLMConfig, str]:
+    """An MDLM base's sizes without reading weights: a local directory's ``config.json`` (tadm's or the released
+    layout) or :data:`KNOWN_MDLM_BASES`; else a one-line FileNotFoundError naming ``path``."""
+    local = Path(path).expanduser()
+    if local.is_dir() and (local / "config.json").is_file():
+        config_file = local / "config.json"
+        raw = read_config(config_file)
+        if is_released_mdlm_config(raw):
+            return released_config(raw, str(config_file)), str(config_file)
+        if raw.get(MODEL_TYPE_KEY) != "mdlm":
+            raise ValueError(f"base model {path!r} is a {raw.get(MODEL_TYPE_KEY)!r} checkpoint; base.backbone mdlm "
+                             "plans an 'mdlm' one")
+        return config_from_dict(MDLMConfig, raw, source=str(config_file)), str(config_file)
+    if path in KNOWN_MDLM_BASES:
+        return KNOWN_MDLM_BASES[path](), f"tadm's record of {path} (tadm.posttrain.plan.mdlm_owt_config)"
+    raise FileNotFoundError(f"base {path!r} cannot be resolved offline: it is no local directory with a config.json, "
+                            f"and tadm knows the MDLM-family sizes of {', '.join(KNOWN_MDLM_BASES)} only")
+
+
+def estimate_dit_training_memory(model: AnchoredBackbone, *, micro_batch: int, canvas: int,
+                                 dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
+    """One post-training step of a split MDLM-family DiT per process (module docstring)."""
+    d, element = model.backbone.hidden_size, dtype.itemsize
+    tokens = micro_batch * canvas
+    vocab = tokens * model.backbone.vocab_size
+    denoiser = model.layer_split.denoiser
+    items = _weights(model, dtype)
+    items.update({
+        "fusion gradients + AdamW moments (float32)": items["fusion weights"] * 3,
+        "anchor cache [H0, C0] and shallow state": 3 * tokens * d * element,
+        "denoiser activations kept for backward": denoiser * DIT_TOKEN_ACTIVATIONS * tokens * d * element,
+        "fusion activations": 24 * tokens * int(model.fusion.rank) * 4.0,
+        f"vocabulary tensors ({MDLM_TRAIN_VOCAB_COPIES} x float32 (B, L, V))": MDLM_TRAIN_VOCAB_COPIES * vocab * 4.0,
+    })
+    return MemoryEstimate(f"training step, micro-batch {micro_batch}, canvas {canvas}", items)
+
+
+def estimate_dit_inference_memory(model: AnchoredBackbone, *, batch: int, canvas: int,
+                                  dtype: torch.dtype = torch.bfloat16) -> MemoryEstimate:
+    """Sampling one canvas per row at ``batch`` with a masked sampler (no gradients) per process."""
+    d, element = model.backbone.hidden_size, dtype.itemsize
+    tokens = batch * canvas
+    vocab = tokens * model.backbone.vocab_size
+    # a block's pass and the output step do not overlap: a layer's working set counts beyond the logits only
+    # where it exceeds the step's other copies
+    pass_excess = max(0.0, DIT_TOKEN_ACTIVATIONS * tokens * d * element - (MDLM_INFER_VOCAB_COPIES - 1) * vocab * 4.0)
+    items = _weights(model, dtype)
+    items.update({
+        "anchor cache [H0, C0] and shallow state": 3 * tokens * d * element,
+        "one layer's working set (beyond the sampling step's peak)": pass_excess,
+        f"sampler vocabulary tensors ({MDLM_INFER_VOCAB_COPIES} x float32 (B, L, V))":
+            MDLM_INFER_VOCAB_COPIES * vocab * 4.0,
+    })
+    return MemoryEstimate(f"inference, batch {batch}, canvas {canvas}", items)
+
+
+def build_meta_mdlm(config: MDLMConfig, split: SplitSpec, fusion: FusionSpec) -> AnchoredBackbone:
+    """The split MDLM with its fusion on the meta device: shapes and counts, no weights, no memory."""
+    with torch.device("meta"):
+        return AnchoredBackbone(MDLMBackbone(MDLM(config)), split, fusion)
+
+
+def plan_mdlm_posttrain(config: Any, *, inference_batches: tuple[int, ...] = (1, 8)) -> PosttrainPlan:
+    """The plan of a post-training config whose base is of the MDLM family (``base.backbone: mdlm``)."""
+    mdlm_config, source = resolve_mdlm_config(os.fspath(config.base.path))
+    model = build_meta_mdlm(mdlm_config, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
+    dtype = resolve_dtype(config.base.dtype, "cuda")
+    canvas = int(config.data.canvas_length if config.data.canvas_length is not None else mdlm_config.max_seq_len)
+    if canvas > mdlm_config.max_seq_len:
+        raise ValueError(f"data.canvas_length {canvas} exceeds the base's length {mdlm_config.max_seq_len}")
+    estimates = [estimate_dit_training_memory(model, micro_batch=int(config.train.micro_batch_size), canvas=canvas,
+                                              dtype=dtype)]
+    estimates += [estimate_dit_inference_memory(model, batch=batch, canvas=canvas, dtype=dtype)
+                  for batch in inference_batches]
+    backbone = sum(p.numel() for p in model.backbone.parameters())
+    trainable = sum(p.numel() for p in model.fusion.parameters())
+    s = model.layer_split
+    return PosttrainPlan(os.fspath(config.base.path), source, backbone + trainable, backbone, trainable,
+                         (s.shared, s.anchor, s.denoiser), estimates)

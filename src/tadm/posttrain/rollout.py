@@ -2,29 +2,34 @@
 
 For a clean response canvas ``x0`` each row draws a cache age ``k`` in {0, 1, 2} (probabilities
 0.34 / 0.33 / 0.33) and an anchor time ``t' ~ U(0, 1)`` (antithetic across the batch), and is
-corrupted by the backbone's forward process, ``z_t' ~ q(. | x0)`` of Eq. (fwd): uniform noise for a
-uniform-state backbone (DiffusionGemma), the mask token for an absorbing one (LLaDA, Dream, MDLM). ``t'``
-is projected on the T-step grid,
+corrupted with uniform noise: ``z_t' ~ q(. | x0)`` of Eq. (fwd). ``t'`` is projected on the T-step
+grid,
 
     i_a = clip(floor(t' T + 1/2), k + 1, T),    i_s = i_a - k,
 
 the anchor ``[H0, C0]`` is computed once at ``z~_{i_a} = z_t'`` and, keeping it fixed, the current
 model makes ``k`` reverse transitions ``z~_{j-1} ~ S(p(. | z~_j, h_t'), j)`` for
-``j = i_a, ..., i_s + 1`` with the same sampler as inference: the entropy-bound sampler (Algorithm 2)
-for a uniform-state backbone, the family's own masked sampler (LLaDA's low-confidence remasking,
-Dream's ``alg``, MDLM's ancestral step) run with one step index per row for an absorbing one. The end
-point ``z~_{i_s}`` (the state at ``t = t' - k / T``) is what the loss trains on. The rollout is
+``j = i_a, ..., i_s + 1`` with the same sampler as inference (Algorithm 2). The end point
+``z~_{i_s}`` (the state at ``t = t' - k / T``) is what the loss trains on. The rollout is
 stop-gradient (run under ``torch.no_grad``).
-
-Backbones whose canvas holds the whole sequence (LLaDA, Dream, MDLM: no prompt cache) get the prompt
-inside the canvas: ``frozen`` marks its positions, which are never corrupted, and its left padding
-travels in ``attention_mask``.
 
 Self-conditioning (probability 0.5 per row): a row with it on conditions every pass on the previous
 step's temperature-scaled logits, as at inference. Its anchor step ``i_a`` has a previous step
 unless ``i_a = T``; that signal is bootstrapped from a fresh pass of the frozen model on ``z_t'``
 without self-conditioning, scaled at the previous step's temperature (the usual two-pass
 self-conditioning recipe). At ``i_a = T`` the signal is zero, as at the first inference step.
+
+A backbone with the absorbing (mask) prior (LLaDA, Dream, tadm's MDLM, a converted released MDLM
+checkpoint) is rolled out the same way with its family's own sampler on the same T-step grid
+(LLaDA's low-confidence remasking, Dream's ``alg``, tadm's ``MDLMSampler``): ``z_t' ~ q(. | x0)``
+masks tokens with probability 1 - alpha_t', each reverse step j gives the denoiser the time
+t(j) = j / T (read by time-conditioned networks) and draws z~_{j-1} with the sampler, and the
+forward-mode ablation masks further, Eq. (fwd_t_t'). Rows at different steps are stepped with one
+step index per row where the sampler takes them (``per_row_steps``: LLaDA's, whose batched step keeps
+block state from the first step, then runs each row's masks as one block), else in groups of equal
+index. A backbone whose canvas holds the whole sequence (LLaDA, Dream) gets the prompt inside the
+canvas: ``frozen`` marks its positions, never corrupted, and its left padding travels in
+``attention_mask``. Such backbones have no self-conditioning.
 """
 
 from __future__ import annotations
@@ -37,15 +42,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tadm.diffusion import NoiseSchedule, mask_corrupt, sample_t, uniform_corrupt
+from tadm.diffusion import NoiseSchedule, further_mask, mask_corrupt, sample_t, uniform_corrupt
 from tadm.posttrain.backbone import PromptCache, StackContext
 from tadm.posttrain.model import AnchoredBackbone
-from tadm.sampling.entropy_bound import EntropyBoundOutput
+from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh
 
-__all__ = ["CACHE_AGES", "CACHE_AGE_PROBS", "ROLLOUT_MODES", "RolloutState", "forward_rollout", "on_policy_rollout",
-           "draw_rollout", "rollout_indices", "sample_cache_ages"]
+__all__ = ["CACHE_AGES", "CACHE_AGE_PROBS", "ROLLOUT_MODES", "ROLLOUT_PRIORS", "RolloutState", "forward_rollout",
+           "on_policy_rollout", "draw_rollout", "rollout_indices", "sample_cache_ages"]
 
 CACHE_AGES: tuple[int, ...] = (0, 1, 2)
 CACHE_AGE_PROBS: tuple[float, ...] = (0.34, 0.33, 0.33)
@@ -127,13 +132,12 @@ class _RolloutContext(LoopContext):
     has_signal: Tensor  # (B,) bool, rows whose self-conditioning signal is set
     sc_logits: Tensor | None  # (B, L, V)
     embed_dtype: torch.dtype
-    attention_mask: Tensor | None = None  # (B, L) padding of a canvas that holds the prompt too
 
     def pass_context(self) -> StackContext:
         if self.sc_logits is None:
-            return StackContext(prompt=self.prompt, attention_mask=self.attention_mask)
+            return StackContext(prompt=self.prompt)
         return StackContext(prompt=self.prompt, self_conditioning_logits=self.sc_logits,
-                            self_conditioning_mask=self.has_signal, attention_mask=self.attention_mask)
+                            self_conditioning_mask=self.has_signal)
 
     def after_step(self, position: int, step_index: int | Tensor, z: Tensor, output: EntropyBoundOutput) -> Tensor:
         active = position < self.cache_age  # (B,) rows still rolling out
@@ -145,43 +149,29 @@ class _RolloutContext(LoopContext):
         return _where_rows(active, output.prev_sample, z)
 
 
+ROLLOUT_PRIORS = ("uniform", "mask")  # what the rollouts corrupt canvases with, by the backbone's prior
+
+
 def _check_rollout(model: AnchoredBackbone, sampler: Any, self_conditioning_prob: float) -> None:
-    prior, name = model.backbone.prior, type(model.backbone).__name__
-    if prior not in ("uniform", "mask"):
-        raise ValueError(f"post-training rollouts corrupt canvases with uniform noise or the mask token; backbone "
-                         f"{name} has prior {prior!r}")
-    masked_sampler = getattr(sampler, "mask_id", None) is not None
-    if prior == "mask" and not masked_sampler:
-        raise ValueError(f"backbone {name} has prior 'mask': its rollouts need a masked sampler that takes per-row "
-                         f"step indices (llada, dream-*, mdlm), got {type(sampler).__name__}")
-    if prior == "uniform" and masked_sampler:
-        raise ValueError(f"backbone {name} has prior 'uniform': its rollouts need the entropy-bound sampler, got "
+    prior = model.backbone.prior
+    if prior not in ROLLOUT_PRIORS:
+        raise ValueError(f"post-training rollouts corrupt canvases with uniform noise or masks; backbone "
+                         f"{type(model.backbone).__name__} has prior {prior!r}")
+    if prior == "uniform" and not isinstance(sampler, EntropyBoundSampler):
+        raise ValueError("a uniform-prior backbone rolls out with the entropy-bound sampler, got "
                          f"{type(sampler).__name__}")
-    if prior == "mask" and model.mask_token_id is None:
-        raise ValueError(f"backbone {type(model.backbone).__name__} has an absorbing prior but no mask_token_id")
-    if model.time_conditioned:
-        raise ValueError(f"post-training a time-conditioned backbone ({type(model.backbone).__name__}) is not "
-                         "supported: its rollouts would need one diffusion time per row")
+    if prior == "mask" and getattr(sampler, "mask_id", None) is None:
+        raise ValueError(f"a mask-prior backbone ({type(model.backbone).__name__}) rolls out with a masked sampler "
+                         f"(e.g. tadm's MDLMSampler, LLaDA's or Dream's), got {type(sampler).__name__}")
     if not 0.0 <= self_conditioning_prob <= 1.0:
         raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")
     if self_conditioning_prob > 0 and not model.backbone.supports_self_conditioning:
         raise ValueError(f"{type(model.backbone).__name__} has no self-conditioning; set self_conditioning_prob=0")
 
 
-def _corrupt(model: AnchoredBackbone, x: Tensor, keep: Tensor, generator: torch.Generator | None,
-             frozen: Tensor | None) -> Tensor:
-    """``q(. | x)`` of Eq. (fwd) with keep probability ``keep`` (B,): uniform noise or the mask token, as the
-    backbone's prior is; ``frozen`` (B, L) positions keep ``x``."""
-    if model.backbone.prior == "mask":
-        z = mask_corrupt(x, keep, model.mask_token_id, generator)  # (B, L)
-    else:
-        z = uniform_corrupt(x, keep, model.vocab_size, generator)  # (B, L)
-    return z if frozen is None else torch.where(frozen, x, z)
-
-
 def _self_conditioning(
-    model: AnchoredBackbone, sampler: Any, z: Tensor, prompt: PromptCache | None, k: Tensor,
-    i_a: Tensor, probability: float, generator: torch.Generator | None, attention_mask: Tensor | None = None,
+    model: AnchoredBackbone, sampler: EntropyBoundSampler, z: Tensor, prompt: PromptCache | None, k: Tensor,
+    i_a: Tensor, probability: float, generator: torch.Generator | None,
 ) -> _RolloutContext:
     """The rollout's per-pass context: which rows self-condition, bootstrapped from a fresh pass on z_t' (module
     docstring)."""
@@ -195,11 +185,11 @@ def _self_conditioning(
         first = model.prepare(z, StackContext(prompt=prompt))
         boot = model.fresh_logits(model.encode(z, first), first)  # (B, L, V)
         sc_logits = sampler.scale_logits(boot, torch.clamp(i_a + 1, max=T)).to(embed_dtype)  # (B, L, V)
-    return _RolloutContext(prompt, k, sc_rows, has_signal, sc_logits, embed_dtype, attention_mask)
+    return _RolloutContext(prompt, k, sc_rows, has_signal, sc_logits, embed_dtype)
 
 
 def _roll_out(
-    model: AnchoredBackbone, sampler: Any, z: Tensor, k: Tensor, i_a: Tensor,
+    model: AnchoredBackbone, sampler: EntropyBoundSampler, z: Tensor, k: Tensor, i_a: Tensor,
     rollout: _RolloutContext, generator: torch.Generator | None,
 ) -> tuple[Tensor, Tensor, Any, Tensor]:
     """k reverse steps from z_t' on the anchor cached there: (z~_t, anchor h_t', prepared state, c_t)."""
@@ -214,6 +204,34 @@ def _roll_out(
     run = denoise(model, sampler, z, steps, policy=FixedRefresh(max_age), context=rollout, generator=generator)
     prepared = model.prepare(run.z, rollout.pass_context())
     return run.z, run.cache.hidden, prepared, model.encode(run.z, prepared)
+
+
+def _masked_roll_out(
+    model: AnchoredBackbone, sampler: Any, z: Tensor, k: Tensor, i_a: Tensor,
+    generator: torch.Generator | None, context: StackContext,
+) -> tuple[Tensor, Tensor, Any, Tensor]:
+    """k reverse steps of a mask-prior backbone from z_t' with the anchor cached there (module docstring):
+    (z~_t, anchor h_t', prepared state, c_t). Rows at the same step index step together."""
+    T = sampler.num_steps
+    times = lambda index: index.double().div(T).float()  # (B,) t(j) = j / T
+    prepared = model.prepare(z, context, t=times(i_a))
+    anchor = model.compute_anchor(model.encode(z, prepared), prepared)  # (B, L, 2d)
+    z = z.clone()
+    per_row = getattr(sampler, "per_row_steps", False)
+    for r in range(int(k.max()) if k.numel() else 0):
+        active = r < k  # (B,) rows still rolling out
+        step = i_a - r  # (B,) their reverse step j
+        prepared = model.prepare(z, context, t=times(step))
+        c = model.encode(z, prepared)
+        out = (model.predict_logits(z, c, anchor, prepared) if sampler.consumes == "logits"
+               else model.predict(z, c, anchor, prepared))  # (B, L, V)
+        for j in torch.unique(step[active]).tolist():
+            rows = active & (step == j)
+            index = torch.full((int(rows.sum()),), int(j), device=z.device) if per_row else int(j)
+            z[rows] = sampler.step(out[rows], index, z[rows], generator).prev_sample
+    i_s = i_a - k
+    prepared = model.prepare(z, context, t=times(i_s))
+    return z, anchor, prepared, model.encode(z, prepared)
 
 
 @torch.no_grad()
@@ -241,21 +259,19 @@ def draw_rollout(
     anchor there and let the student make k reverse steps. ``mode="forward"`` (an ablation, no model
     steps): with t = max(t' - k / T, 0) the current canvas is ``z_t ~ q(. | x0)`` of Eq. (fwd) and the
     anchor's canvas is ``z_t'`` corrupted further from it, ``q(z_t' | z_t)`` with keep probability
-    alpha_t' / alpha_t (Eq. (fwd_t_t') for an absorbing backbone, its uniform-noise analogue otherwise,
-    as in pretraining): the current canvas is synthesised from the clean target (teacher-forced)
-    instead of sampled by the student.
+    alpha_t' / alpha_t (the uniform-noise analogue of Eq. (fwd_t_t'), as in pretraining): the current
+    canvas is synthesised from the clean target (teacher-forced) instead of sampled by the student.
 
     Args:
         model: the split backbone with its current fusion (the student).
         x0: (B, L) clean canvas ids.
-        sampler: the inference sampler with T = ``sampler.num_steps``, used for the k transitions: the
-            entropy-bound sampler (Algorithm 2) for a uniform-state backbone, a masked sampler that takes
-            per-row step indices (``llada``, ``dream-*``, ``mdlm``) for an absorbing one.
+        sampler: Algorithm 2 with T = ``sampler.num_steps``, used for the k transitions (a masked sampler
+            with ``set_timesteps(T)`` done for a mask-prior backbone).
         schedule: alpha_t of the forward process.
         mode: one of :data:`ROLLOUT_MODES`.
         prompt: encoded context (block-diffusion backbones), shared by the anchor and current passes.
-        frozen: (B, L) bool, positions never corrupted (a prompt inside the canvas); None: none.
-        attention_mask: (B, L) padding mask of a canvas that holds the prompt (1 at real tokens).
+        frozen: (B, L) bool, positions never corrupted (a prompt inside the canvas of a mask-prior backbone).
+        attention_mask: (B, L) padding mask of such a canvas (1 at real tokens).
         cache_ages, cache_age_probs: the distribution of k (paper: {0, 1, 2}, (0.34, 0.33, 0.33)).
         self_conditioning_prob: probability that a row uses self-conditioning (paper: 0.5); it must
             be 0 for backbones without self-conditioning. Its rows get the frozen model's fresh
@@ -278,19 +294,23 @@ def draw_rollout(
         t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
     t_anchor = t_anchor.to(device)
     i_a, i_s = rollout_indices(t_anchor, k, T)
+    if model.backbone.prior == "mask":
+        return _masked_rollout(model, sampler, x0, schedule, mode, k, t_anchor, i_a, i_s, generator, frozen,
+                               attention_mask)
+    if frozen is not None or attention_mask is not None:
+        raise ValueError("frozen and attention_mask are for mask-prior backbones whose canvas holds the prompt; "
+                         f"{type(model.backbone).__name__} reads its prompt from the prompt cache")
     if mode == "on-policy":
-        z_anchor = _corrupt(model, x0, schedule.alpha(t_anchor.double()).float(), generator, frozen)  # (B, L)
-        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator,
-                                     attention_mask)
+        z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
+        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
         z_current, anchor, prepared, c_current = _roll_out(model, sampler, z_anchor, k, i_a, context, generator)
     else:
         t_current = torch.clamp(t_anchor.double() - k.double() / T, min=0.0)  # (B,)
         alpha_current = schedule.alpha(t_current)  # (B,)
         keep = (schedule.alpha(t_anchor.double()) / alpha_current.clamp_min(1e-12)).clamp(0.0, 1.0)  # (B,)
-        z_current = _corrupt(model, x0, alpha_current.float(), generator, frozen)  # (B, L)
-        z_anchor = _corrupt(model, z_current, keep.float(), generator, frozen)  # (B, L)
-        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator,
-                                     attention_mask)
+        z_current = uniform_corrupt(x0, alpha_current.float(), model.vocab_size, generator)  # (B, L)
+        z_anchor = uniform_corrupt(z_current, keep.float(), model.vocab_size, generator)  # (B, L)
+        context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
         anchor_state = model.prepare(z_anchor, context.pass_context())
         anchor = model.compute_anchor(model.encode(z_anchor, anchor_state), anchor_state)  # (B, L, 2d)
         prepared = model.prepare(z_current, context.pass_context())
@@ -298,6 +318,34 @@ def draw_rollout(
     return RolloutState(x0=x0, z_anchor=z_anchor, z_current=z_current, anchor=anchor, c_current=c_current,
                         prepared=prepared, t_anchor=t_anchor, cache_age=k, i_a=i_a, i_s=i_s,
                         self_conditioning=context.sc_rows)
+
+
+def _masked_rollout(
+    model: AnchoredBackbone, sampler: Any, x0: Tensor, schedule: NoiseSchedule, mode: str, k: Tensor,
+    t_anchor: Tensor, i_a: Tensor, i_s: Tensor, generator: torch.Generator | None, frozen: Tensor | None,
+    attention_mask: Tensor | None,
+) -> RolloutState:
+    """:func:`draw_rollout` for a mask-prior backbone (module docstring)."""
+    mask_id = int(model.mask_token_id)
+    keep = (lambda z: z) if frozen is None else (lambda z: torch.where(frozen, x0, z))  # the prompt stays clean
+    context = StackContext(attention_mask=attention_mask)
+    alpha_anchor = schedule.alpha(t_anchor.double())  # (B,)
+    if mode == "on-policy":
+        z_anchor = keep(mask_corrupt(x0, alpha_anchor.float(), mask_id, generator))  # (B, L)
+        z_current, anchor, prepared, c_current = _masked_roll_out(model, sampler, z_anchor, k, i_a, generator,
+                                                                  context)
+    else:
+        T = sampler.num_steps
+        alpha_current = schedule.alpha(torch.clamp(t_anchor.double() - k.double() / T, min=0.0))  # (B,)
+        z_current = keep(mask_corrupt(x0, alpha_current.float(), mask_id, generator))  # (B, L)
+        z_anchor = keep(further_mask(z_current, alpha_current.float(), alpha_anchor.float(), mask_id, generator))
+        anchor_state = model.prepare(z_anchor, context, t=i_a.double().div(T).float())
+        anchor = model.compute_anchor(model.encode(z_anchor, anchor_state), anchor_state)  # (B, L, 2d)
+        prepared = model.prepare(z_current, context, t=i_s.double().div(T).float())
+        c_current = model.encode(z_current, prepared)
+    return RolloutState(x0=x0, z_anchor=z_anchor, z_current=z_current, anchor=anchor, c_current=c_current,
+                        prepared=prepared, t_anchor=t_anchor, cache_age=k, i_a=i_a, i_s=i_s,
+                        self_conditioning=torch.zeros_like(k, dtype=torch.bool))
 
 
 def on_policy_rollout(model: AnchoredBackbone, x0: Tensor, **options: Any) -> RolloutState:

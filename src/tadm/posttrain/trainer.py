@@ -10,7 +10,8 @@ averaged over the canvas' response tokens, where the teacher ``p_theta0`` is the
 run fresh on the same state (its own anchor, no fusion) at temperature 1. For an absorbing backbone
 (LLaDA, Dream, MDLM) both distributions are the backbone's SUBS parameterisation and the average runs
 over the response positions that are masked in ``z~_t`` (elsewhere SUBS carries the token over and
-both terms are zero); its canvas holds the prompt, which is never corrupted nor trained on. The backbone is frozen:
+both terms are zero). LLaDA's and Dream's canvas holds the prompt, never corrupted nor trained on;
+tadm's MDLM is post-trained on the response canvas alone, as it was pretrained (unconditionally). The backbone is frozen:
 only the fusion receives gradients; they flow to it through the frozen denoiser layers. Because
 ``S`` and ``A`` hold no trainable parameter, the shallow state and cached anchor of the rollout are
 reused as they are instead of being recomputed with autograd (the result is identical).
@@ -49,16 +50,16 @@ from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.config import PosttrainConfig, PosttrainConfigError
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases, read_chat_jsonl
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
-from tadm.posttrain.rollout import RolloutState, draw_rollout
+from tadm.posttrain.rollout import ROLLOUT_PRIORS, RolloutState, draw_rollout
 from tadm.sampling.entropy_bound import EntropyBoundSampler
-from tadm.sampling.registry import build_sampler
+from tadm.sampling.registry import SAMPLERS, build_sampler
 from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
 from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
 from tadm.training.lr import build_lr_scheduler
 from tadm.training.metrics import MetricsLogger
 from tadm.training.precision import autocast_context
 
-__all__ = ["PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "run_posttrain"]
+__all__ = ["PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "rollout_sampler", "run_posttrain"]
 
 # What a resumed run may not change: all but the step count, logging, saving, device and precision.
 RESUME_FIXED = ("base.path", "base.backbone", "split", "fusion", "rollout", "loss", "data", "optim",
@@ -87,7 +88,8 @@ def posttrain_loss(
     kd_temperature: float = 1.0,
     fusion: Callable[..., Tensor] | None = None,
 ) -> PosttrainLoss:
-    """Eq. (anchor-sft-objective) at a rollout end point, averaged over ``token_mask`` (B, L) tokens.
+    """Eq. (anchor-sft-objective) at a rollout end point, averaged over ``token_mask`` (B, L) tokens (for a
+    mask-prior backbone, those still masked in the current canvas: the others are carried over, not predicted).
 
     ``fusion`` is the module to evaluate (default ``model.fusion``; a DDP wrapper when distributed);
     it is always evaluated, also for fresh rows (k = 0) where its correction is exactly zero.
@@ -107,7 +109,7 @@ def posttrain_loss(
         kd = kd_loss(teacher, student, temperature=kd_temperature).float()  # (B, L)
     per_token = ce_weight * ce + kd_weight * kd  # (B, L)
     mask = torch.ones_like(per_token) if token_mask is None else token_mask.to(per_token.dtype)
-    if absorbing:
+    if absorbing:  # SUBS carries unmasked tokens over: only masked positions are predicted
         mask = mask * (state.z_current == backbone.mask_token_id).to(mask.dtype)
     count = mask.sum().clamp_min(1.0)
     loss = (per_token * mask).sum() / count
@@ -123,6 +125,21 @@ def posttrain_loss(
 
 
 # =========================================================================================== trainer
+def rollout_sampler(model: AnchoredBackbone, config: PosttrainConfig) -> Any:
+    """The sampler the rollouts share with inference: Algorithm 2 (``rollout.sampler``) for a uniform-prior base;
+    for a mask-prior one the family's own sampler (``rollout.masked_sampler``, default LLaDA's for LLaDA, Dream's
+    ``origin`` for Dream, tadm's MDLM sampler on ``rollout.schedule`` for MDLM bases) on the same
+    T = ``rollout.sampler.num_steps`` grid."""
+    r = config.rollout
+    if model.backbone.prior == "mask":
+        name = r.masked_sampler or rollout_sampler_for(model.backbone)
+        options = {"schedule": r.schedule} if "schedule" in SAMPLERS[name].options() else {}
+        sampler = build_sampler(name, model, **options)
+        sampler.set_timesteps(int(r.sampler.num_steps))
+        return sampler
+    return EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
+
+
 class PosttrainTrainer:
     """Trains the fusion of an :class:`AnchoredBackbone` on canvas batches with on-policy rollouts.
 
@@ -149,11 +166,7 @@ class PosttrainTrainer:
         self.device = torch.device(device)
         self.fusion_runner = fusion_runner if fusion_runner is not None else model.fusion
         r = config.rollout
-        if model.backbone.prior == "mask":  # the family's own sampler, one step index per row
-            self.sampler = build_sampler(r.masked_sampler or rollout_sampler_for(model.backbone), model)
-            self.sampler.set_timesteps(r.sampler.num_steps)
-        else:
-            self.sampler = EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
+        self.sampler = rollout_sampler(model, config)
         self.schedule = get_schedule(r.schedule)
         o = config.optim
         self.params = [p for p in model.fusion.parameters() if p.requires_grad]
@@ -179,8 +192,8 @@ class PosttrainTrainer:
             if hasattr(backbone, "prefill"):
                 with torch.no_grad():
                     prompt = backbone.prefill(batch.context_ids, batch.context_mask)
-            else:  # the prompt goes into the canvas, uncorrupted and not trained on
-                x0, target, padding = batch.whole_sequence()
+            elif getattr(backbone, "prompt_in_canvas", False):  # LLaDA, Dream: the prompt goes into the canvas,
+                x0, target, padding = batch.whole_sequence()  # never corrupted nor trained on
                 frozen = ~target
                 token_mask = target if lc.loss_on_padding else target & torch.cat(
                     [batch.context_mask, batch.target_mask], dim=1)
@@ -314,7 +327,7 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo,
                                        f"model; set base.backbone={kind}")
         served = base if is_anchorized(base) else anchorize(base, split, fusion, base_model=config.base.path)
         model = served.to(info.device).stage_view()
-        backbone = model.backbone
+        dataset, pad_id = _canvas_dataset(config, model.backbone)
     elif config.base.backbone == "diffusion-gemma":
         # The fusion trains inside the model class that serves it: the time-anchored DiffusionGemma, seen stage by
         # stage (its stage view shares its layers and fusion).
@@ -323,11 +336,15 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo,
         served, _ = load_time_anchored(config.base.path, split=split, fusion=fusion, dtype=config.base.dtype,
                                        device=info.device)
         model = served.stage_view()
-        backbone = model.backbone
+        dataset, pad_id = _canvas_dataset(config, model.backbone)
     else:
         backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
+        if backbone.prior not in ROLLOUT_PRIORS:
+            raise PosttrainConfigError(
+                f"base.backbone {config.base.backbone} cannot be post-trained: the rollouts corrupt canvases with "
+                f"uniform noise or masks ({', '.join(ROLLOUT_PRIORS)}), and this backbone's prior is {backbone.prior!r}")
+        dataset, pad_id = _canvas_dataset(config, backbone)
         model = AnchoredBackbone(backbone, split, fusion)
-    dataset, pad_id = _canvas_dataset(config, backbone)
     model.fusion.to(info.device)
     runner = wrap_model(model.fusion, info)  # every fusion parameter takes part in every step
     trainer = PosttrainTrainer(model, config, device=info.device, fusion_runner=runner, rank=info.rank)

@@ -149,6 +149,7 @@ class DreamSampler(ConfiguredSampler):
     """
 
     consumes = "logits"
+    per_row_steps = True  # step() takes a (B,) tensor of step indices
 
     def __init__(self, mask_id: int, alg: str = "origin", temperature: float = 0.0, top_p: float | None = None,
                  top_k: int | None = None, alg_temp: float | None = None, eps: float = 1e-3) -> None:

@@ -109,6 +109,7 @@ class LLaDASampler(ConfiguredSampler):
     """
 
     consumes = "logits"
+    per_row_steps = True  # step() takes a (B,) tensor of step indices
 
     def __init__(self, mask_id: int, block_length: int | None = None, remasking: str = "low_confidence",
                  temperature: float = 0.0) -> None:

@@ -48,6 +48,8 @@ class MDLMSampler(MaskedSampler):
         schedule, top_p, nucleus, time_grid: see :class:`MDLMSamplerConfig`.
     """
 
+    per_row_steps = True  # step() and plan_moves() take a (B,) tensor of step indices
+
     def __init__(
         self,
         mask_id: int,
