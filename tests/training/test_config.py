@@ -199,7 +199,7 @@ def test_an_unknown_config_lists_the_presets_of_its_own_recipe() -> None:
     with pytest.raises(FileNotFoundError) as err:
         load_posttrain_config("gemma-hugee")
     assert str(err.value) == ("post-training config 'gemma-hugee' is neither a file nor a shipped post-training "
-                              "preset (presets: posttrain-diffusiongemma, posttrain-tiny)")
+                              "preset (presets: posttrain-diffusiongemma, posttrain-mdlm-owt, posttrain-tiny)")
 
 
 def test_one_loader_for_every_recipe(tmp_path: Path) -> None:
