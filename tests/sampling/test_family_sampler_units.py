@@ -89,8 +89,10 @@ def test_sample_tokens_confidences():
 def test_steps_are_checked(sampler):
     sampler.set_timesteps(2)
     z = torch.full((1, 4), 3)
-    with pytest.raises(ValueError, match="per-row step indices are not supported"):
-        sampler.step(torch.zeros(1, 4, 5), torch.tensor([2]), z)
+    with pytest.raises(ValueError, match=r"step indices must be in 1..2 .*got values in \[3, 3\]"):
+        sampler.step(torch.zeros(1, 4, 5), torch.tensor([3]), z)
+    with pytest.raises(ValueError, match=r"per-row step indices must be an integer tensor of shape \(1,\)"):
+        sampler.step(torch.zeros(1, 4, 5), torch.tensor([2, 2]), z)
     with pytest.raises(ValueError, match="step index must be in 1..2"):
         sampler.step(torch.zeros(1, 4, 5), 3, z)
     with pytest.raises(ValueError, match=r"logits \(1, 3, 5\) must be \(B, L, V\)"):

@@ -7,6 +7,10 @@ rotary embeddings on explicit position ids and an optional boolean (B, 1, N, N) 
 RMSNorm and an untied ``lm_head``. The logit at position i predicts token i + 1: Dream's generation
 shifts them right by one. Module paths, parameter names and forward signatures are those of the
 released model; ``tests/fixtures/dream`` holds the reference's logits for these weights.
+``DreamModel.diffusion_generate`` has the released method's arguments and calling convention (the
+canvas, padding mask and position ids it builds, one ``self(x, attention_mask, tok_idx)`` call per
+step, logits shifted right by one); its step rule is tadm's :class:`~tadm.sampling.dream.DreamSampler`,
+which reproduces the reference's tokens (``generate.json``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
+
+from tadm.sampling.dream import DreamSampler
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "dream"
 
@@ -194,6 +200,29 @@ class DreamModel(nn.Module):
         hidden = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             inputs_embeds=inputs_embeds).last_hidden_state
         return _Output(logits=self.lm_head(hidden[:, -num_logits_to_keep:, :]))
+
+    @torch.no_grad()
+    def diffusion_generate(self, inputs: Tensor, generation_config: Any = None, *, attention_mask: Tensor | None = None,
+                           max_new_tokens: int = 8, steps: int = 8, alg: str = "origin", temperature: float = 0.0,
+                           top_p: float | None = None, top_k: int | None = None, alg_temp: float | None = None,
+                           eps: float = 1e-3) -> Tensor:
+        """The prompt (B, P) followed by ``max_new_tokens`` generated tokens, drawn from torch's global generator."""
+        mask_id = self.config.mask_token_id
+        x = F.pad(inputs, (0, max_new_tokens), value=mask_id)  # (B, N)
+        if attention_mask is not None and bool((attention_mask == 0).any()):
+            attention_mask = F.pad(attention_mask, (0, max_new_tokens), value=1)
+            tok_idx = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # (B, N)
+            real = attention_mask.bool()
+            attention_mask = real[:, None, None, :] & real[:, None, :, None]  # (B, 1, N, N)
+        else:
+            tok_idx, attention_mask = None, "full"
+        sampler = DreamSampler(mask_id, alg, temperature, top_p, top_k, alg_temp, eps)
+        sampler.set_timesteps(steps)
+        for i in range(steps, 0, -1):
+            logits = self(x, attention_mask, tok_idx).logits
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # position i predicts token i
+            x = sampler.step(logits, i, x).prev_sample
+        return x
 
 
 def load_dream(directory: Path = FIXTURE) -> DreamModel:

@@ -15,6 +15,9 @@
 * :mod:`~tadm.posttrain.data` - chat JSONL -> (context, canvas) pairs;
 * :mod:`~tadm.posttrain.adapter_io` - the fusion saved apart from the backbone, with a model card,
   loaded from a directory or a Hub id and pushed to the Hub;
+* :mod:`~tadm.posttrain.anchorize` - :func:`anchorize` and :class:`AnchoredModel`: any registered
+  architecture (:mod:`~tadm.posttrain.architectures`: DiffusionGemma, LLaDA, Dream, tadm's MDLM)
+  time-anchorized in place, PEFT-style;
 * :mod:`~tadm.posttrain.hf_model` - :class:`TimeAnchoredDiffusionGemma`: a ``transformers``
   ``DiffusionGemmaForBlockDiffusion`` with the anchor cache in its decoder, so its own ``generate``,
   diffusers' pipeline or any loop runs Algorithm 1 (``from_pretrained``, ``save_pretrained``, ``push_to_hub``).
@@ -29,6 +32,8 @@ from typing import Any
 from tadm.posttrain.adapter_io import (AdapterConfig, attach_adapter, load_adapter_config, load_adapter_state,
                                        push_adapter_to_hub, resolve_adapter, save_adapter, save_adapter_pretrained,
                                        write_model_card)
+from tadm.posttrain.anchorize import AnchoredModel, anchorize, is_anchorized
+from tadm.posttrain.architectures import ARCHITECTURES, Architecture, register_architecture
 from tadm.posttrain.backbone import (BACKBONES, DiffusionGemmaBackbone, DreamBackbone, LayerStackBackbone,
                                      LLaDABackbone, MDLMBackbone, PromptCache, StackContext, load_backbone,
                                      wrap_backbone)
@@ -41,7 +46,8 @@ from tadm.posttrain.rollout import (CACHE_AGE_PROBS, CACHE_AGES, ROLLOUT_MODES, 
 from tadm.posttrain.sequence import SequenceGenerationOutput, generate_sequence
 from tadm.posttrain.trainer import PosttrainLoss, PosttrainTrainer, canvas_batches, posttrain_loss, run_posttrain
 
-__all__ = ["AdapterConfig", "AnchoredBackbone", "BACKBONES", "CACHE_AGES", "CACHE_AGE_PROBS", "CanvasBatch",
+__all__ = ["ARCHITECTURES", "AdapterConfig", "AnchoredBackbone", "AnchoredModel", "Architecture", "anchorize",
+           "is_anchorized", "register_architecture", "BACKBONES", "CACHE_AGES", "CACHE_AGE_PROBS", "CanvasBatch",
            "CanvasExample", "ChatCanvasDataset", "ChatExample", "DiffusionGemmaBackbone", "DreamBackbone",
            "FUSION_MODES", "FusionSpec", "LLaDABackbone", "LayerStackBackbone", "MDLMBackbone", "PosttrainConfig",
            "PosttrainConfigError", "PosttrainLoss", "PosttrainTrainer", "PromptCache", "ROLLOUT_MODES", "RolloutState",

@@ -41,7 +41,7 @@ from tadm.sampling.refresh import parse_refresh
 
 __all__ = ["ADAPTER_CONFIG_NAME", "ADAPTER_FORMAT", "ADAPTER_WEIGHTS_NAME", "CARD_TAGS", "LEGACY_ADAPTER_WEIGHTS_NAME",
            "MODEL_CARD_NAME", "AdapterConfig", "CardResults", "adapter_weights_file", "attach_adapter",
-           "load_adapter_config", "load_adapter_state", "model_card", "push_adapter_to_hub", "resolve_adapter",
+           "load_adapter_config", "load_adapter_state", "load_fusion_state", "model_card", "push_adapter_to_hub", "resolve_adapter",
            "results_table", "save_adapter", "save_adapter_pretrained", "write_model_card"]
 
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # PEFT's name, so Hub tooling recognises an adapter
@@ -59,7 +59,7 @@ class AdapterConfig:
     """What an adapter was trained on and how it is shaped."""
 
     base_model: str
-    backbone: str  # "diffusion-gemma" or "mdlm"
+    backbone: str  # the architecture: "diffusion-gemma", "llada", "dream" or "mdlm"
     num_layers: int
     hidden_size: int
     shared_layers: int
@@ -83,9 +83,14 @@ class AdapterConfig:
         return FusionSpec(rank=self.rank, num_heads=self.num_heads, eps=self.eps, gate_bias=self.gate_bias)
 
 
+_BACKBONE_KINDS = {"DiffusionGemmaBackbone": "diffusion-gemma", "MDLMBackbone": "mdlm", "LLaDABackbone": "llada",
+                   "DreamBackbone": "dream"}
+"""Backbone adapter class -> the architecture name an adapter records (tadm.posttrain.architectures)."""
+
+
 def _backbone_kind(model: AnchoredBackbone) -> str:
     name = type(model.backbone).__name__
-    return {"DiffusionGemmaBackbone": "diffusion-gemma", "MDLMBackbone": "mdlm"}.get(name, name)
+    return _BACKBONE_KINDS.get(name, name)
 
 
 def resolve_adapter(
@@ -229,6 +234,22 @@ def load_adapter_state(directory: str | os.PathLike[str], device: str | torch.de
     """The fusion's state dict from ``adapter_model.safetensors`` (or the older ``adapter.safetensors``) of
     ``directory``, a directory or Hub id."""
     return load_file(str(adapter_weights_file(resolve_adapter(directory))), device=str(device))
+
+
+def load_fusion_state(fusion: nn.Module, directory: str | os.PathLike[str]) -> None:
+    """Load an adapter's weights into ``fusion`` (in its dtype, on its device); missing or unexpected weights
+    and wrong shapes are a one-line ValueError naming the adapter, and leave ``fusion`` unchanged."""
+    directory = resolve_adapter(directory)
+    expected = fusion.state_dict()
+    state = load_adapter_state(directory, device=next(iter(expected.values())).device)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"adapter {directory}: missing weights {missing}, unexpected weights {unexpected}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ValueError(f"adapter {directory}: {name} has shape {tuple(tensor.shape)}, expected "
+                             f"{tuple(expected[name].shape)}")
+    fusion.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
 
 
 def attach_adapter(

@@ -21,6 +21,7 @@ from tadm.config import (ConfigError, OptimSection, RecipeConfig, check_loggers,
 from tadm.diffusion import get_schedule
 from tadm.posttrain.rollout import ROLLOUT_MODES
 from tadm.sampling.entropy_bound import EntropyBoundSamplerConfig
+from tadm.sampling.registry import SAMPLERS
 from tadm.training.precision import PRECISIONS
 
 __all__ = ["ChatDataSection", "DistillLossSection", "FrozenBaseSection", "FusionSection", "LayerSplitSection",
@@ -71,6 +72,9 @@ class RolloutSection:
     antithetic: bool = True
     self_conditioning_prob: float = 0.5
     mode: str = "on-policy"  # "on-policy" (the paper's rollouts) or "forward" (canvases of the forward process)
+    # the sampler of an absorbing backbone's rollouts (llada, dream-origin, ..., mdlm; default: the family's own),
+    # run with T = sampler.num_steps and one step index per row; the entropy-bound options above are not read
+    masked_sampler: Optional[str] = None
 
 
 @dataclass
@@ -165,6 +169,10 @@ def _validate(cfg: PosttrainConfig) -> None:
                 error=PosttrainConfigError)
     if cfg.rollout.mode not in ROLLOUT_MODES:
         raise PosttrainConfigError(f"rollout.mode {cfg.rollout.mode!r} is unknown; valid: {', '.join(ROLLOUT_MODES)}")
+    masked = cfg.rollout.masked_sampler
+    if masked is not None and (masked not in SAMPLERS or SAMPLERS[masked].needs != "mask_id"):
+        valid = ", ".join(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id")
+        raise PosttrainConfigError(f"rollout.masked_sampler {masked!r} is not a masked sampler; valid: {valid}")
     try:
         get_schedule(cfg.rollout.schedule)
     except ValueError as err:

@@ -84,6 +84,15 @@ class CanvasBatch:
     def batch_size(self) -> int:
         return int(self.targets.shape[0])
 
+    def whole_sequence(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The batch as one canvas per row for backbones that read the whole sequence (LLaDA, Dream, MDLM):
+        ids ``[context, target]`` (B, P + L), the target positions (B, P + L) bool, and the padding mask
+        (B, P + L) long (1 at real tokens; None when nothing is padded)."""
+        ids = torch.cat([self.context_ids, self.targets], dim=1)  # (B, P + L)
+        target = torch.cat([torch.zeros_like(self.context_mask), torch.ones_like(self.target_mask)], dim=1)
+        real = torch.cat([self.context_mask, torch.ones_like(self.target_mask)], dim=1)
+        return ids, target, None if bool(real.all()) else real.long()
+
 
 def make_chat_tokenizer(backend: Any, *, chat_template: str = DEFAULT_CHAT_TEMPLATE) -> Any:
     """A ``transformers`` fast tokenizer with a chat template around a ``tokenizers.Tokenizer``.

@@ -50,10 +50,10 @@ from tadm.posttrain.adapter_io import (ADAPTER_CONFIG_NAME, AdapterConfig, CardR
                                        load_adapter_state, push_adapter_to_hub, resolve_adapter,
                                        save_adapter_pretrained)
 from tadm.posttrain.backbone import DiffusionGemmaBackbone, check_base
-from tadm.posttrain.layer_cache import CacheRecord, LayerStackCache, check_policy, install_layer_cache
-from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
+from tadm.posttrain.layer_cache import (CacheRecord, LayerStackCache, check_policy, install_layer_cache,
+                                       resolve_refresh)
+from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec, default_fusion, default_split
 from tadm.protocol import LayerSplit
-from tadm.sampling.anchor_cache import check_refresh_interval
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, parse_refresh
 
 __all__ = ["TIME_ANCHOR_KEY", "TimeAnchorSettings", "TimeAnchoredDiffusionGemma", "default_fusion", "default_split",
@@ -63,33 +63,6 @@ __all__ = ["TIME_ANCHOR_KEY", "TimeAnchorSettings", "TimeAnchoredDiffusionGemma"
 TIME_ANCHOR_KEY = "time_anchor"
 """The config attribute holding a time-anchored model's split, fusion size and refresh policy."""
 _HUB_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "subfolder", "force_download", "proxies")
-
-
-def resolve_refresh(refresh_interval: Any = None, refresh_policy: Any = None) -> RefreshPolicy | None:
-    """The refresh policy of ``refresh_interval`` (K, an integer >= 1) or ``refresh_policy`` (any spec
-    :func:`tadm.sampling.refresh.parse_refresh` reads: ``2``, ``"fixed:K=2"``, ``"adaptive:tau=0.3"``, a
-    mapping or a policy); None when neither is given. A bad value is a one-line ValueError naming it."""
-    if refresh_interval is not None and refresh_policy is not None:
-        raise ValueError(f"give refresh_interval or refresh_policy, not both (got {refresh_interval!r} and "
-                         f"{refresh_policy!r})")
-    if refresh_interval is not None:
-        return FixedRefresh(check_refresh_interval(refresh_interval))
-    if refresh_policy is not None:
-        return check_policy(refresh_policy)
-    return None
-
-
-def default_split(num_layers: int) -> SplitSpec:
-    """The paper's DiffusionGemma split (2 / 20 / 8 of 30 layers) scaled to ``num_layers``, at least one anchor layer."""
-    shared = min(max(0, round(num_layers * 2 / 30)), num_layers - 1)
-    anchor = min(max(1, round(num_layers * 20 / 30)), num_layers - shared)
-    return SplitSpec(shared, anchor, num_layers - shared - anchor)
-
-
-def default_fusion(hidden_size: int) -> FusionSpec:
-    """The paper's fusion (rank 256, 4 heads) for DiffusionGemma-26B's width 2816; for narrower models the rank
-    is at most an eighth of the width (a multiple of the 4 heads), so that a small model gets a small fusion."""
-    return FusionSpec(rank=min(256, max(4, hidden_size // 8 // 4 * 4)), num_heads=4)
 
 
 @dataclass(frozen=True)

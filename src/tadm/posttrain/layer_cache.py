@@ -34,10 +34,11 @@ import torch
 from torch import Tensor, nn
 
 from tadm.protocol import LayerSplit
-from tadm.sampling.anchor_cache import AnchorCache, LayerCallCounter
-from tadm.sampling.refresh import RefreshPolicy, parse_refresh
+from tadm.sampling.anchor_cache import AnchorCache, LayerCallCounter, check_refresh_interval
+from tadm.sampling.refresh import FixedRefresh, RefreshPolicy, parse_refresh
 
-__all__ = ["CacheRecord", "LayerStackCache", "install_layer_cache", "remove_layer_cache"]
+__all__ = ["CacheRecord", "LayerStackCache", "check_policy", "install_layer_cache", "remove_layer_cache",
+           "resolve_refresh"]
 
 FUSION_MODES = ("paired", "naive")
 _HIDDEN_NAMES = ("hidden_states", "x", "hidden", "h")  # keyword names of a layer's hidden-state input
@@ -69,6 +70,20 @@ def check_policy(policy: Any) -> RefreshPolicy:
         raise ValueError(f"refresh policy {policy.label()!r}: skip_unchanged reuses a whole prediction, which only a "
                          "sampling loop can do; inside the model give the policy without skip_unchanged")
     return policy
+
+
+def resolve_refresh(refresh_interval: Any = None, refresh_policy: Any = None) -> RefreshPolicy | None:
+    """The refresh policy of ``refresh_interval`` (K, an integer >= 1) or ``refresh_policy`` (any spec
+    :func:`tadm.sampling.refresh.parse_refresh` reads: ``2``, ``"fixed:K=2"``, ``"adaptive:tau=0.3"``, a
+    mapping or a policy); None when neither is given. A bad value is a one-line ValueError naming it."""
+    if refresh_interval is not None and refresh_policy is not None:
+        raise ValueError(f"give refresh_interval or refresh_policy, not both (got {refresh_interval!r} and "
+                         f"{refresh_policy!r})")
+    if refresh_interval is not None:
+        return FixedRefresh(check_refresh_interval(refresh_interval))
+    if refresh_policy is not None:
+        return check_policy(refresh_policy)
+    return None
 
 
 class LayerStackCache:
@@ -145,6 +160,20 @@ class LayerStackCache:
             self.record.refresh_steps.append(list(self.cache.history))
             self.cache.history.clear()
         return self.record
+
+    @contextlib.contextmanager
+    def generation(self) -> Iterator[CacheRecord]:
+        """One generation: a new canvas and a new record on entry, the record closed on exit::
+
+            with model.anchor_cache.generation() as record:
+                ...                                   # any loop calling the model
+            record.layer_calls
+        """
+        record = self.start_record()
+        try:
+            yield record
+        finally:
+            self.finish_record()
 
     @contextlib.contextmanager
     def denoising_pass(self, canvas: Tensor | None = None, step_index: int | None = None) -> Iterator[_Pass]:

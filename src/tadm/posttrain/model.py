@@ -27,7 +27,7 @@ from tadm.nn.fusion import PairedAttentionFusion
 from tadm.posttrain.backbone import LayerStackBackbone, StackContext
 from tadm.protocol import LayerSplit
 
-__all__ = ["FUSION_MODES", "AnchoredBackbone", "FusionSpec", "SplitSpec"]
+__all__ = ["FUSION_MODES", "AnchoredBackbone", "FusionSpec", "SplitSpec", "default_fusion", "default_split"]
 
 FUSION_MODES = ("paired", "naive")
 """Fusion modes: "paired" is the paired-attention fusion; "naive" lets the denoiser read the stale H0 directly."""
@@ -83,6 +83,19 @@ class FusionSpec:
 
     def build(self, hidden_size: int) -> PairedAttentionFusion:
         return PairedAttentionFusion(hidden_size, self.rank, self.num_heads, self.eps, self.gate_bias)
+
+
+def default_split(num_layers: int) -> SplitSpec:
+    """The paper's DiffusionGemma split (2 / 20 / 8 of 30 layers) scaled to ``num_layers``, at least one anchor layer."""
+    shared = min(max(0, round(num_layers * 2 / 30)), num_layers - 1)
+    anchor = min(max(1, round(num_layers * 20 / 30)), num_layers - shared)
+    return SplitSpec(shared, anchor, num_layers - shared - anchor)
+
+
+def default_fusion(hidden_size: int) -> FusionSpec:
+    """The paper's fusion (rank 256, 4 heads) for DiffusionGemma-26B's width 2816; for narrower models the rank
+    is at most an eighth of the width (a multiple of the 4 heads), so that a small model gets a small fusion."""
+    return FusionSpec(rank=min(256, max(4, hidden_size // 8 // 4 * 4)), num_heads=4)
 
 
 class AnchoredBackbone(nn.Module):

@@ -19,12 +19,17 @@ unless ``i_a = T``; that signal is bootstrapped from a fresh pass of the frozen 
 without self-conditioning, scaled at the previous step's temperature (the usual two-pass
 self-conditioning recipe). At ``i_a = T`` the signal is zero, as at the first inference step.
 
-A backbone with the absorbing (mask) prior (tadm's MDLM, a converted released MDLM checkpoint) is
-rolled out the same way with its own kind of sampler (a masked sampler such as tadm's ``MDLMSampler``
-on the same T-step grid): ``z_t' ~ q(. | x0)`` masks tokens with probability 1 - alpha_t', each
-reverse step j gives the denoiser the time t(j) = j / T (read by time-conditioned networks) and draws
-z~_{j-1} from the sampler's posterior, and the forward-mode ablation masks further, Eq. (fwd_t_t').
-Such backbones have no self-conditioning.
+A backbone with the absorbing (mask) prior (LLaDA, Dream, tadm's MDLM, a converted released MDLM
+checkpoint) is rolled out the same way with its family's own sampler on the same T-step grid
+(LLaDA's low-confidence remasking, Dream's ``alg``, tadm's ``MDLMSampler``): ``z_t' ~ q(. | x0)``
+masks tokens with probability 1 - alpha_t', each reverse step j gives the denoiser the time
+t(j) = j / T (read by time-conditioned networks) and draws z~_{j-1} with the sampler, and the
+forward-mode ablation masks further, Eq. (fwd_t_t'). Rows at different steps are stepped with one
+step index per row where the sampler takes them (``per_row_steps``: LLaDA's, whose batched step keeps
+block state from the first step, then runs each row's masks as one block), else in groups of equal
+index. A backbone whose canvas holds the whole sequence (LLaDA, Dream) gets the prompt inside the
+canvas: ``frozen`` marks its positions, never corrupted, and its left padding travels in
+``attention_mask``. Such backbones have no self-conditioning.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ from torch import Tensor
 from tadm.diffusion import NoiseSchedule, further_mask, mask_corrupt, sample_t, uniform_corrupt
 from tadm.posttrain.backbone import PromptCache, StackContext
 from tadm.posttrain.model import AnchoredBackbone
-from tadm.sampling.base import MaskedSampler
 from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh
@@ -156,9 +160,9 @@ def _check_rollout(model: AnchoredBackbone, sampler: Any, self_conditioning_prob
     if prior == "uniform" and not isinstance(sampler, EntropyBoundSampler):
         raise ValueError("a uniform-prior backbone rolls out with the entropy-bound sampler, got "
                          f"{type(sampler).__name__}")
-    if prior == "mask" and not isinstance(sampler, MaskedSampler):
+    if prior == "mask" and getattr(sampler, "mask_id", None) is None:
         raise ValueError(f"a mask-prior backbone ({type(model.backbone).__name__}) rolls out with a masked sampler "
-                         f"(e.g. tadm's MDLMSampler), got {type(sampler).__name__}")
+                         f"(e.g. tadm's MDLMSampler, LLaDA's or Dream's), got {type(sampler).__name__}")
     if not 0.0 <= self_conditioning_prob <= 1.0:
         raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")
     if self_conditioning_prob > 0 and not model.backbone.supports_self_conditioning:
@@ -203,26 +207,30 @@ def _roll_out(
 
 
 def _masked_roll_out(
-    model: AnchoredBackbone, sampler: MaskedSampler, z: Tensor, k: Tensor, i_a: Tensor,
-    generator: torch.Generator | None,
+    model: AnchoredBackbone, sampler: Any, z: Tensor, k: Tensor, i_a: Tensor,
+    generator: torch.Generator | None, context: StackContext,
 ) -> tuple[Tensor, Tensor, Any, Tensor]:
     """k reverse steps of a mask-prior backbone from z_t' with the anchor cached there (module docstring):
     (z~_t, anchor h_t', prepared state, c_t). Rows at the same step index step together."""
     T = sampler.num_steps
     times = lambda index: index.double().div(T).float()  # (B,) t(j) = j / T
-    prepared = model.prepare(z, StackContext(), t=times(i_a))
+    prepared = model.prepare(z, context, t=times(i_a))
     anchor = model.compute_anchor(model.encode(z, prepared), prepared)  # (B, L, 2d)
     z = z.clone()
+    per_row = getattr(sampler, "per_row_steps", False)
     for r in range(int(k.max()) if k.numel() else 0):
         active = r < k  # (B,) rows still rolling out
         step = i_a - r  # (B,) their reverse step j
-        prepared = model.prepare(z, StackContext(), t=times(step))
-        log_probs = model.predict(z, model.encode(z, prepared), anchor, prepared)  # (B, L, V)
+        prepared = model.prepare(z, context, t=times(step))
+        c = model.encode(z, prepared)
+        out = (model.predict_logits(z, c, anchor, prepared) if sampler.consumes == "logits"
+               else model.predict(z, c, anchor, prepared))  # (B, L, V)
         for j in torch.unique(step[active]).tolist():
             rows = active & (step == j)
-            z[rows] = sampler.step(log_probs[rows], int(j), z[rows], generator).prev_sample
+            index = torch.full((int(rows.sum()),), int(j), device=z.device) if per_row else int(j)
+            z[rows] = sampler.step(out[rows], index, z[rows], generator).prev_sample
     i_s = i_a - k
-    prepared = model.prepare(z, StackContext(), t=times(i_s))
+    prepared = model.prepare(z, context, t=times(i_s))
     return z, anchor, prepared, model.encode(z, prepared)
 
 
@@ -231,10 +239,12 @@ def draw_rollout(
     model: AnchoredBackbone,
     x0: Tensor,
     *,
-    sampler: EntropyBoundSampler | MaskedSampler,
+    sampler: Any,
     schedule: NoiseSchedule,
     mode: str = "on-policy",
     prompt: PromptCache | None = None,
+    frozen: Tensor | None = None,
+    attention_mask: Tensor | None = None,
     cache_ages: Sequence[int] = CACHE_AGES,
     cache_age_probs: Sequence[float] = CACHE_AGE_PROBS,
     self_conditioning_prob: float = 0.5,
@@ -260,6 +270,8 @@ def draw_rollout(
         schedule: alpha_t of the forward process.
         mode: one of :data:`ROLLOUT_MODES`.
         prompt: encoded context (block-diffusion backbones), shared by the anchor and current passes.
+        frozen: (B, L) bool, positions never corrupted (a prompt inside the canvas of a mask-prior backbone).
+        attention_mask: (B, L) padding mask of such a canvas (1 at real tokens).
         cache_ages, cache_age_probs: the distribution of k (paper: {0, 1, 2}, (0.34, 0.33, 0.33)).
         self_conditioning_prob: probability that a row uses self-conditioning (paper: 0.5); it must
             be 0 for backbones without self-conditioning. Its rows get the frozen model's fresh
@@ -283,7 +295,11 @@ def draw_rollout(
     t_anchor = t_anchor.to(device)
     i_a, i_s = rollout_indices(t_anchor, k, T)
     if model.backbone.prior == "mask":
-        return _masked_rollout(model, sampler, x0, schedule, mode, k, t_anchor, i_a, i_s, generator)
+        return _masked_rollout(model, sampler, x0, schedule, mode, k, t_anchor, i_a, i_s, generator, frozen,
+                               attention_mask)
+    if frozen is not None or attention_mask is not None:
+        raise ValueError("frozen and attention_mask are for mask-prior backbones whose canvas holds the prompt; "
+                         f"{type(model.backbone).__name__} reads its prompt from the prompt cache")
     if mode == "on-policy":
         z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
         context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
@@ -305,23 +321,27 @@ def draw_rollout(
 
 
 def _masked_rollout(
-    model: AnchoredBackbone, sampler: MaskedSampler, x0: Tensor, schedule: NoiseSchedule, mode: str, k: Tensor,
-    t_anchor: Tensor, i_a: Tensor, i_s: Tensor, generator: torch.Generator | None,
+    model: AnchoredBackbone, sampler: Any, x0: Tensor, schedule: NoiseSchedule, mode: str, k: Tensor,
+    t_anchor: Tensor, i_a: Tensor, i_s: Tensor, generator: torch.Generator | None, frozen: Tensor | None,
+    attention_mask: Tensor | None,
 ) -> RolloutState:
     """:func:`draw_rollout` for a mask-prior backbone (module docstring)."""
     mask_id = int(model.mask_token_id)
+    keep = (lambda z: z) if frozen is None else (lambda z: torch.where(frozen, x0, z))  # the prompt stays clean
+    context = StackContext(attention_mask=attention_mask)
     alpha_anchor = schedule.alpha(t_anchor.double())  # (B,)
     if mode == "on-policy":
-        z_anchor = mask_corrupt(x0, alpha_anchor.float(), mask_id, generator)  # (B, L)
-        z_current, anchor, prepared, c_current = _masked_roll_out(model, sampler, z_anchor, k, i_a, generator)
+        z_anchor = keep(mask_corrupt(x0, alpha_anchor.float(), mask_id, generator))  # (B, L)
+        z_current, anchor, prepared, c_current = _masked_roll_out(model, sampler, z_anchor, k, i_a, generator,
+                                                                  context)
     else:
         T = sampler.num_steps
         alpha_current = schedule.alpha(torch.clamp(t_anchor.double() - k.double() / T, min=0.0))  # (B,)
-        z_current = mask_corrupt(x0, alpha_current.float(), mask_id, generator)  # (B, L)
-        z_anchor = further_mask(z_current, alpha_current.float(), alpha_anchor.float(), mask_id, generator)
-        anchor_state = model.prepare(z_anchor, StackContext(), t=i_a.double().div(T).float())
+        z_current = keep(mask_corrupt(x0, alpha_current.float(), mask_id, generator))  # (B, L)
+        z_anchor = keep(further_mask(z_current, alpha_current.float(), alpha_anchor.float(), mask_id, generator))
+        anchor_state = model.prepare(z_anchor, context, t=i_a.double().div(T).float())
         anchor = model.compute_anchor(model.encode(z_anchor, anchor_state), anchor_state)  # (B, L, 2d)
-        prepared = model.prepare(z_current, StackContext(), t=i_s.double().div(T).float())
+        prepared = model.prepare(z_current, context, t=i_s.double().div(T).float())
         c_current = model.encode(z_current, prepared)
     return RolloutState(x0=x0, z_anchor=z_anchor, z_current=z_current, anchor=anchor, c_current=c_current,
                         prepared=prepared, t_anchor=t_anchor, cache_age=k, i_a=i_a, i_s=i_s,

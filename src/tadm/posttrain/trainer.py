@@ -7,7 +7,11 @@ Objective, Eq. (anchor-sft-objective): for a rollout end point ``z~_t`` (see
     L = L_CE(x^, x0) + lambda_KD * KL(p_theta0(. | z~_t) || x^),
 
 averaged over the canvas' response tokens, where the teacher ``p_theta0`` is the frozen base model
-run fresh on the same state (its own anchor, no fusion) at temperature 1. The backbone is frozen:
+run fresh on the same state (its own anchor, no fusion) at temperature 1. For an absorbing backbone
+(LLaDA, Dream, MDLM) both distributions are the backbone's SUBS parameterisation and the average runs
+over the response positions that are masked in ``z~_t`` (elsewhere SUBS carries the token over and
+both terms are zero). LLaDA's and Dream's canvas holds the prompt, never corrupted nor trained on;
+tadm's MDLM is post-trained on the response canvas alone, as it was pretrained (unconditionally). The backbone is frozen:
 only the fusion receives gradients; they flow to it through the frozen denoiser layers. Because
 ``S`` and ``A`` hold no trainable parameter, the shallow state and cached anchor of the rollout are
 reused as they are instead of being recomputed with autograd (the result is identical).
@@ -21,6 +25,7 @@ synchronised).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import time
@@ -35,18 +40,19 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from tadm import posttrain as package  # the package's lazy names (the transformers model class)
 from tadm.config import check_resumable
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.hf import load_hf_tokenizer
 from tadm.posttrain.adapter_io import save_adapter
+from tadm.posttrain.anchorize import anchorize, is_anchorized
+from tadm.posttrain.architectures import find_architecture, rollout_sampler_for
 from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.config import PosttrainConfig, PosttrainConfigError
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases, read_chat_jsonl
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.posttrain.rollout import ROLLOUT_PRIORS, RolloutState, draw_rollout
 from tadm.sampling.entropy_bound import EntropyBoundSampler
-from tadm.sampling.mdlm import MDLMSampler
+from tadm.sampling.registry import SAMPLERS, build_sampler
 from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
 from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
 from tadm.training.lr import build_lr_scheduler
@@ -89,17 +95,22 @@ def posttrain_loss(
     it is always evaluated, also for fresh rows (k = 0) where its correction is exactly zero.
     """
     runner = model.fusion if fusion is None else fusion
+    backbone = model.backbone
     student = model.predict_logits(state.z_current, state.c_current, state.anchor, prepared=state.prepared,
                                    fusion=runner)  # (B, L, V)
     with torch.no_grad():
         teacher = model.fresh_logits(state.c_current, state.prepared)  # (B, L, V)
-    log_q = model.backbone.log_probs(student, state.z_current)  # (B, L, V)
+    log_q = backbone.log_probs(student, state.z_current)  # (B, L, V)
     ce = -log_q.gather(-1, state.x0.unsqueeze(-1)).squeeze(-1).float()  # (B, L)
-    kd = kd_loss(teacher, student, temperature=kd_temperature).float()  # (B, L)
+    absorbing = backbone.prior == "mask"
+    if absorbing:  # SUBS distributions, at the masked positions only (module docstring)
+        kd = kd_loss(backbone.log_probs(teacher, state.z_current), log_q, temperature=kd_temperature).float()
+    else:
+        kd = kd_loss(teacher, student, temperature=kd_temperature).float()  # (B, L)
     per_token = ce_weight * ce + kd_weight * kd  # (B, L)
     mask = torch.ones_like(per_token) if token_mask is None else token_mask.to(per_token.dtype)
-    if model.backbone.prior == "mask":  # SUBS carries unmasked tokens over: only masked positions are predicted
-        mask = mask * (state.z_current == model.mask_token_id).to(mask.dtype)
+    if absorbing:  # SUBS carries unmasked tokens over: only masked positions are predicted
+        mask = mask * (state.z_current == backbone.mask_token_id).to(mask.dtype)
     count = mask.sum().clamp_min(1.0)
     loss = (per_token * mask).sum() / count
     by_age: dict[int, float] = {}
@@ -114,13 +125,16 @@ def posttrain_loss(
 
 
 # =========================================================================================== trainer
-def rollout_sampler(model: AnchoredBackbone, config: PosttrainConfig) -> EntropyBoundSampler | MDLMSampler:
-    """The sampler the rollouts share with inference: Algorithm 2 (``rollout.sampler``) for a uniform-prior base,
-    tadm's MDLM sampler on the same T = ``rollout.sampler.num_steps`` grid and ``rollout.schedule`` for a
-    mask-prior one (tadm's MDLM, a converted released MDLM checkpoint)."""
+def rollout_sampler(model: AnchoredBackbone, config: PosttrainConfig) -> Any:
+    """The sampler the rollouts share with inference: Algorithm 2 (``rollout.sampler``) for a uniform-prior base;
+    for a mask-prior one the family's own sampler (``rollout.masked_sampler``, default LLaDA's for LLaDA, Dream's
+    ``origin`` for Dream, tadm's MDLM sampler on ``rollout.schedule`` for MDLM bases) on the same
+    T = ``rollout.sampler.num_steps`` grid."""
     r = config.rollout
     if model.backbone.prior == "mask":
-        sampler = MDLMSampler(int(model.mask_token_id), schedule=r.schedule)
+        name = r.masked_sampler or rollout_sampler_for(model.backbone)
+        options = {"schedule": r.schedule} if "schedule" in SAMPLERS[name].options() else {}
+        sampler = build_sampler(name, model, **options)
         sampler.set_timesteps(int(r.sampler.num_steps))
         return sampler
     return EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
@@ -173,18 +187,25 @@ class PosttrainTrainer:
         backbone = self.model.backbone
         sync_context = nullcontext() if sync or not hasattr(self.fusion_runner, "no_sync") else self.fusion_runner.no_sync()
         with autocast_context(self.device, self.config.train.precision):
-            prompt = None
+            prompt, frozen, padding = None, None, None
+            x0, token_mask = batch.targets, None if lc.loss_on_padding else batch.target_mask
             if hasattr(backbone, "prefill"):
                 with torch.no_grad():
                     prompt = backbone.prefill(batch.context_ids, batch.context_mask)
+            elif getattr(backbone, "prompt_in_canvas", False):  # LLaDA, Dream: the prompt goes into the canvas,
+                x0, target, padding = batch.whole_sequence()  # never corrupted nor trained on
+                frozen = ~target
+                token_mask = target if lc.loss_on_padding else target & torch.cat(
+                    [batch.context_mask, batch.target_mask], dim=1)
             state = draw_rollout(
-                self.model, batch.targets, sampler=self.sampler, schedule=self.schedule, mode=r.mode, prompt=prompt,
+                self.model, x0, sampler=self.sampler, schedule=self.schedule, mode=r.mode, prompt=prompt,
+                frozen=frozen, attention_mask=padding,
                 cache_ages=r.cache_ages, cache_age_probs=r.cache_age_probs, antithetic=r.antithetic,
                 self_conditioning_prob=r.self_conditioning_prob if backbone.supports_self_conditioning else 0.0,
                 generator=self.generator,
             )
             with sync_context:
-                out = posttrain_loss(self.model, state, token_mask=None if lc.loss_on_padding else batch.target_mask,
+                out = posttrain_loss(self.model, state, token_mask=token_mask,
                                      ce_weight=lc.ce_weight, kd_weight=lc.kd_weight, kd_temperature=lc.kd_temperature,
                                      fusion=self.fusion_runner)
                 (out.loss * scale).backward()
@@ -289,17 +310,31 @@ def _canvas_dataset(config: PosttrainConfig, backbone: Any) -> tuple[ChatCanvasD
     return dataset, pad_id
 
 
-def _build_trainer(config: PosttrainConfig, info: DistInfo) -> tuple[PosttrainTrainer, ChatCanvasDataset, int]:
-    """Frozen backbone, canvases and pad id, fusion (DDP-wrapped when distributed; the backbone is not) and trainer."""
+def _build_trainer(config: PosttrainConfig, info: DistInfo,
+                   base: nn.Module | None = None) -> tuple[PosttrainTrainer, ChatCanvasDataset, int]:
+    """Frozen backbone, canvases and pad id, fusion (DDP-wrapped when distributed; the backbone is not) and trainer.
+
+    ``base``: a model the user loaded (LLaDA and Dream, whose code ships with their checkpoints), anchorized here
+    with the config's split and fusion unless it is already; else ``config.base.path`` is loaded."""
     torch.manual_seed(config.train.seed)
     if not config.data.train_file:
         raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
     split, fusion = SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion))
-    if config.base.backbone == "diffusion-gemma":
+    if base is not None:
+        kind = find_architecture(base).name
+        if kind != config.base.backbone:
+            raise PosttrainConfigError(f"base.backbone is {config.base.backbone!r} but the given model is a {kind!r} "
+                                       f"model; set base.backbone={kind}")
+        served = base if is_anchorized(base) else anchorize(base, split, fusion, base_model=config.base.path)
+        model = served.to(info.device).stage_view()
+        dataset, pad_id = _canvas_dataset(config, model.backbone)
+    elif config.base.backbone == "diffusion-gemma":
         # The fusion trains inside the model class that serves it: the time-anchored DiffusionGemma, seen stage by
         # stage (its stage view shares its layers and fusion).
-        served, _ = package.load_time_anchored(config.base.path, split=split, fusion=fusion, dtype=config.base.dtype,
-                                               device=info.device)
+        # by name: hf_model subclasses a transformers model (an optional extra), loaded for a DiffusionGemma only
+        load_time_anchored = importlib.import_module("tadm.posttrain.hf_model").load_time_anchored
+        served, _ = load_time_anchored(config.base.path, split=split, fusion=fusion, dtype=config.base.dtype,
+                                       device=info.device)
         model = served.stage_view()
         dataset, pad_id = _canvas_dataset(config, model.backbone)
     else:
@@ -325,8 +360,12 @@ def _save(trainer: PosttrainTrainer, adapter_dir: Path) -> None:
     (adapter_dir / "posttrain_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
 
 
-def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print) -> Path:
+def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print, model: nn.Module | None = None) -> Path:
     """Post-train a fusion as ``config`` says; returns the adapter directory (``out_dir/adapter``).
+
+    ``model``: a base loaded by the user (required for LLaDA and Dream, whose code ships with the checkpoint;
+    ``base.backbone`` must name its architecture and ``base.path`` is recorded as its name), anchorized in place
+    with the config's split and fusion (or as it is, if anchorized already); the trained fusion is its fusion.
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank trains on its shard and gradients of the fusion
     are averaged by DDP. With ``train.resume`` a run continues from ``out_dir/adapter/training_state.pt``
@@ -356,7 +395,7 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
             raise PosttrainConfigError(f"the run in {str(out_dir)!r} has done {int(state['step'])} steps, more than "
                                        f"train.max_steps={t.max_steps}; its adapter is in {adapter_dir} (to continue, "
                                        "raise train.max_steps)")
-        trainer, dataset, pad_id = _build_trainer(config, info)
+        trainer, dataset, pad_id = _build_trainer(config, info, model)
         if state is not None:
             trainer.load_state_dict(state)
             log(f"resumed from {state_path} at step {trainer.step}")

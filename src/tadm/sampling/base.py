@@ -144,6 +144,9 @@ class MaskedSampler(ConfiguredSampler):
 
     def plan_moves(self, step_index: int, z_t: Tensor, generator: torch.Generator | None = None) -> Moves:
         """Draw which positions move at step i: the decoded rows and the remasked positions."""
+        if isinstance(step_index, Tensor):
+            raise ValueError(f"{type(self).__name__} runs every row at the same step; per-row step indices are not "
+                             "supported (the MDLM, LLaDA and Dream samplers take them)")
         check_step_index(step_index, self.num_steps)
         unmask_prob, remask_prob = self.move_probs(step_index, z_t)
         return draw_moves(z_t, unmask_prob, remask_prob, self.mask_id, generator)
@@ -218,6 +221,16 @@ def check_number(
 def check_step_index(step_index: int, num_steps: int) -> None:
     if not 1 <= step_index <= num_steps:
         raise ValueError(f"step index must be in 1..{num_steps} (reverse steps run T..1), got {step_index}")
+
+
+def check_step_rows(step_index: Tensor, num_steps: int, batch_size: int) -> None:
+    """Per-row step indices: an integer (B,) tensor with every entry in 1..T, else a one-line ValueError."""
+    if step_index.dim() != 1 or step_index.shape[0] != batch_size or step_index.is_floating_point():
+        raise ValueError(f"per-row step indices must be an integer tensor of shape ({batch_size},), got "
+                         f"{step_index.dtype} of shape {tuple(step_index.shape)}")
+    if step_index.numel() and (int(step_index.min()) < 1 or int(step_index.max()) > num_steps):
+        raise ValueError(f"step indices must be in 1..{num_steps} (reverse steps run T..1), got values in "
+                         f"[{int(step_index.min())}, {int(step_index.max())}]")
 
 
 TIME_GRIDS = ("paper", "released")

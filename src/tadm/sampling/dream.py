@@ -16,6 +16,12 @@ tokens (``topk_margin``) or the negative entropy (``entropy``). Then
   step): the k most confident, or with ``alg_temp`` a draw without replacement from
   ``softmax(confidence / alg_temp)``.
 
+Per-row step indices (post-training rollouts start every row at its own step i): with a (B,) tensor
+``step_index`` each row reads its own ``t_n, t_{n+1}``; ``origin`` decodes each masked position with
+its row's probability, and the other algorithms decode ``k = floor(m (1 - t_{n+1} / t_n))`` of the
+row's own ``m`` masks. With the same i and the same number of masks in every row this is the
+batched step, draw for draw (tested).
+
 Compatibility with ``diffusion_generate`` of the public Dream code (checked in the tests against its
 tokens): the random stream is consumed exactly as there (``origin``: one float32 uniform per masked
 position, then one multinomial draw over the rows decoded; the others: one multinomial draw over all
@@ -32,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tadm.sampling.base import (ConfiguredSampler, SamplerOutput, check_integer, check_num_steps, check_number,
-                                check_step_index)
+                                check_step_index, check_step_rows)
 
 __all__ = ["DREAM_ALGS", "DreamSampler", "DreamSamplerConfig", "sample_tokens", "top_k_logits", "top_p_logits"]
 
@@ -143,6 +149,7 @@ class DreamSampler(ConfiguredSampler):
     """
 
     consumes = "logits"
+    per_row_steps = True  # step() takes a (B,) tensor of step indices
 
     def __init__(self, mask_id: int, alg: str = "origin", temperature: float = 0.0, top_p: float | None = None,
                  top_k: int | None = None, alg_temp: float | None = None, eps: float = 1e-3) -> None:
@@ -175,7 +182,7 @@ class DreamSampler(ConfiguredSampler):
              generator: torch.Generator | None = None) -> SamplerOutput:
         """One step of ``diffusion_generate`` (module docstring) on the masked positions of z_t (B, L)."""
         if isinstance(step_index, Tensor):
-            raise ValueError("the Dream sampler runs every row at the same step; per-row step indices are not supported")
+            return self._step_rows(logits, step_index, z_t, generator)
         check_step_index(step_index, self.num_steps)
         if logits.dim() != 3 or logits.shape[:2] != z_t.shape:
             raise ValueError(f"logits {tuple(logits.shape)} must be (B, L, V) for a canvas of shape {tuple(z_t.shape)}")
@@ -213,4 +220,52 @@ class DreamSampler(ConfiguredSampler):
         proposal[mask_index] = x0
         rows = torch.arange(z.shape[0], device=z.device).unsqueeze(1).expand_as(index)
         z[rows, index] = proposal[rows, index]
+        return SamplerOutput(prev_sample=z)
+
+    def _step_rows(self, logits: Tensor, step_index: Tensor, z_t: Tensor,
+                   generator: torch.Generator | None) -> SamplerOutput:
+        """One step with a step index per row (B,) (module docstring)."""
+        check_step_rows(step_index, self.num_steps, z_t.shape[0])
+        if logits.dim() != 3 or logits.shape[:2] != z_t.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} must be (B, L, V) for a canvas of shape {tuple(z_t.shape)}")
+        i = step_index.to(z_t.device).long()  # (B,)
+        grid = self.timesteps(z_t.device)
+        t, s = grid[self.num_steps - i], grid[self.num_steps - i + 1]  # (B,) each
+        last = i == 1  # (B,)
+        ratio = torch.where(last, torch.zeros_like(t), s / t)  # (B,) all masks are decoded at the last step
+        mask_index = z_t == self.mask_id  # (B, L)
+        mask_logits = logits[mask_index]  # (m, V), row-major
+        z = z_t.clone()
+        if self.config.alg == "origin":
+            p_transfer = (1 - ratio)[:, None].expand_as(z_t)[mask_index]  # (m,) each position's row probability
+            x0 = torch.full((mask_logits.shape[0],), self.mask_id, dtype=torch.long, device=z.device)
+            where = generator.device if generator is not None else z.device
+            chosen = torch.rand(x0.shape, generator=generator, device=where).to(z.device) < p_transfer
+            _, x0[chosen] = self._draws(mask_logits[chosen], generator)
+            z[mask_index] = x0
+            return SamplerOutput(prev_sample=z)
+        confidence, x0 = self._draws(mask_logits, generator, margin_confidence=self.config.alg == "topk_margin",
+                                     neg_entropy=self.config.alg == "entropy")
+        masks = mask_index.sum(dim=1).to(t.dtype)  # (B,) float32, as the batched step counts
+        k = torch.where(last, masks, masks * (1 - ratio)).long()  # (B,) floor
+        full = torch.full_like(z, -torch.inf, dtype=logits.dtype)  # (B, L)
+        full[mask_index] = confidence
+        proposal = torch.full_like(z, self.mask_id)
+        proposal[mask_index] = x0
+        alg_temp = self.config.alg_temp
+        same = bool((k == k[0]).all())
+        rows = [(slice(None), int(k[0]))] if same else [(row, int(k[row])) for row in range(z.shape[0])]
+        for row, count in rows:  # one batched choice when every row decodes as many (the batched step's draws)
+            if count <= 0:
+                continue
+            scores = full[row] if same else full[row][None]  # (B or 1, L)
+            if alg_temp is None or alg_temp == 0:
+                _, index = torch.topk(scores, count)
+            else:
+                weights = F.softmax(scores / alg_temp, dim=-1)
+                where = generator.device if generator is not None else z.device
+                index = torch.multinomial(weights.to(where), num_samples=count, generator=generator).to(z.device)
+            batch = (torch.arange(z.shape[0], device=z.device) if same else torch.tensor([row], device=z.device))
+            batch = batch.unsqueeze(1).expand_as(index)
+            z[batch, index] = proposal[batch, index]
         return SamplerOutput(prev_sample=z)

@@ -13,6 +13,14 @@ every step, for the network's raw logits ``l`` (B, L, V):
    positions after the current block, and positions not masked, get ``-inf``;
 3. in each row the step's quota of most confident positions takes ``x0``.
 
+Per-row step indices (post-training rollouts start every row at its own step i): a (B,) tensor
+``step_index`` runs the masked positions of each row as one block, committing ``ceil(m / i)`` of
+its ``m`` masks at step i. That is LLaDA's linear schedule read from the current state: from the
+start of a block the quotas ``m // s`` (+1 for the first ``m mod s`` steps) are exactly ``ceil(m_n
+/ (s - n))`` for the ``m_n`` masks left at step n, so with one block (``block_length=None``) and the
+same i in every row the two paths commit the same tokens (tested; unless a prediction is the mask id
+itself, which a trained model never makes).
+
 Compatibility with ``generate`` of the public LLaDA code (checked in the tests against its tokens):
 the random stream is consumed exactly as there (one float64 uniform per logit at ``tau > 0``, then
 for ``"random"`` one float32 uniform per position), so with ``classifier-free guidance`` off the same
@@ -28,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tadm.sampling.base import (ConfiguredSampler, SamplerOutput, check_integer, check_num_steps, check_number,
-                                check_step_index)
+                                check_step_index, check_step_rows)
 
 __all__ = ["LLaDASampler", "LLaDASamplerConfig", "REMASKING", "gumbel_perturbed", "transfer_quota"]
 
@@ -101,6 +109,7 @@ class LLaDASampler(ConfiguredSampler):
     """
 
     consumes = "logits"
+    per_row_steps = True  # step() takes a (B,) tensor of step indices
 
     def __init__(self, mask_id: int, block_length: int | None = None, remasking: str = "low_confidence",
                  temperature: float = 0.0) -> None:
@@ -154,7 +163,7 @@ class LLaDASampler(ConfiguredSampler):
             z_t: the canvas (B, L).
         """
         if isinstance(step_index, Tensor):
-            raise ValueError("the LLaDA sampler runs every row at the same step; per-row step indices are not supported")
+            return self._step_rows(logits, step_index, z_t, generator)
         check_step_index(step_index, self.num_steps)
         if logits.dim() != 3 or logits.shape[:2] != z_t.shape:
             raise ValueError(f"logits {tuple(logits.shape)} must be (B, L, V) for a canvas of shape {tuple(z_t.shape)}")
@@ -183,5 +192,31 @@ class LLaDASampler(ConfiguredSampler):
         transfer = torch.zeros_like(mask_index)
         for row in range(confidence.shape[0]):
             _, chosen = torch.topk(confidence[row], k=int(self._quota[row, j]))
+            transfer[row, chosen] = True
+        return SamplerOutput(prev_sample=torch.where(transfer, x0, z_t))
+
+    def _step_rows(self, logits: Tensor, step_index: Tensor, z_t: Tensor,
+                   generator: torch.Generator | None) -> SamplerOutput:
+        """One step with a step index per row (B,): each row's masks as one block, ``ceil(m / i)`` committed."""
+        if self.config.block_length is not None:
+            raise ValueError("per-row step indices run each row's masked positions as one block; build the LLaDA "
+                             f"sampler with block_length=None (got {self.config.block_length})")
+        check_step_rows(step_index, self.num_steps, z_t.shape[0])
+        if logits.dim() != 3 or logits.shape[:2] != z_t.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} must be (B, L, V) for a canvas of shape {tuple(z_t.shape)}")
+        mask_index = z_t == self.mask_id  # (B, L)
+        steps_left = step_index.to(z_t.device).long()  # (B,)
+        quota = (mask_index.sum(dim=1) + steps_left - 1) // steps_left  # (B,) ceil(m / i)
+        x0 = torch.argmax(gumbel_perturbed(logits, self.config.temperature, generator), dim=-1)  # (B, L)
+        if self.config.remasking == "low_confidence":
+            p = F.softmax(logits, dim=-1)  # (B, L, V)
+            x0_p = torch.gather(p, dim=-1, index=x0.unsqueeze(-1)).squeeze(-1)  # (B, L)
+        else:
+            x0_p = _uniform(tuple(x0.shape), torch.float32, generator, x0.device)  # (B, L)
+        x0 = torch.where(mask_index, x0, z_t)
+        confidence = torch.where(mask_index, x0_p, -torch.inf)  # (B, L)
+        transfer = torch.zeros_like(mask_index)
+        for row in range(confidence.shape[0]):
+            _, chosen = torch.topk(confidence[row], k=int(quota[row]))
             transfer[row, chosen] = True
         return SamplerOutput(prev_sample=torch.where(transfer, x0, z_t))

@@ -77,6 +77,7 @@ class LLaDABackbone(nn.Module):
     prior = "mask"
     supports_self_conditioning = False
     time_conditioned = False
+    prompt_in_canvas = True  # a pass reads the whole sequence: the prompt is part of the canvas
 
     def __init__(self, model: nn.Module, mask_token_id: int | None = None) -> None:
         super().__init__()
