@@ -339,7 +339,9 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
     are averaged by DDP. With ``train.resume`` a run continues from ``out_dir/adapter/training_state.pt``
     (read with ``weights_only=True``: a file holding other objects is refused). Metrics go to
     ``out_dir/metrics.jsonl`` (records ``{"step", "split": "train", "loss", "ce", "kd", ...}``) and the
-    other ``train.loggers`` (TensorBoard in ``out_dir/tensorboard``, W&B), as in pretraining.
+    other ``train.loggers`` (TensorBoard in ``out_dir/tensorboard``, W&B), as in pretraining. As there too,
+    ``train.out_dir`` is locked for the whole call (``.tadm.lock``): a second run on it is refused, naming the
+    holder, before it reads or writes anything.
     """
     out_dir = Path(config.train.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -353,8 +355,8 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
         cleanup(info)
 
 
-def _run_claimed(config: PosttrainConfig, info: DistInfo, log: Callable[[str], None]) -> Path:
-    """:func:`run_posttrain` once ``train.out_dir`` is held."""
+def _state_to_resume(config: PosttrainConfig, info: DistInfo) -> dict[str, Any] | None:
+    """The training state a run continues from (None for a fresh run), once the checks that it may have passed."""
     t = config.train
     out_dir = Path(t.out_dir)
     adapter_dir = out_dir / "adapter"
@@ -375,16 +377,24 @@ def _run_claimed(config: PosttrainConfig, info: DistInfo, log: Callable[[str], N
         raise PosttrainConfigError(f"the run in {str(out_dir)!r} has done {int(state['step'])} steps, more than "
                                    f"train.max_steps={t.max_steps}; its adapter is in {adapter_dir} (to continue, "
                                    "raise train.max_steps)")
+    return state
+
+
+def _run_claimed(config: PosttrainConfig, info: DistInfo, log: Callable[[str], None]) -> Path:
+    """:func:`run_posttrain` once ``train.out_dir`` is held."""
+    t = config.train
+    out_dir = Path(t.out_dir)
+    adapter_dir = out_dir / "adapter"
+    state = _state_to_resume(config, info)
     trainer, dataset, pad_id = _build_trainer(config, info)
     if state is not None:
         trainer.load_state_dict(state)
-        log(f"resumed from {state_path} at step {trainer.step}")
+        log(f"resumed from {adapter_dir / STATE_FILENAME} at step {trainer.step}")
     batches = canvas_batches(dataset, t.micro_batch_size, pad_id, seed=t.seed, rank=info.rank,
                              world_size=info.world_size)
     for _ in range(trainer.step * t.grad_accum_steps):  # replay the data order up to the resume point
         next(batches)
     if info.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
         split = trainer.model.layer_split
         log(f"post-training {sum(p.numel() for p in trainer.model.fusion.parameters()):,} fusion parameters on "
             f"{len(dataset)} canvases (split {split.shared}/{split.anchor}/{split.denoiser})")
