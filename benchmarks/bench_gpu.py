@@ -17,7 +17,8 @@ graphs (:meth:`~tadm.nn.MaskedDiffusionNetwork.compile_stacks`). ``--compare-ful
 reference path that computes x_theta at every position (``full_output=True``), for the gain of
 computing it on decoded rows only; ``--compare-skip`` times MDLM's skip of unchanged canvases
 together with the anchor cache. Cells are timed in interleaved rounds so that a drift of the
-machine hits every cell alike.
+machine hits every cell alike. On CPU, where a run takes minutes, a progress bar (stderr) names the
+cell being generated and shows its reverse steps.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from tadm.cli import OneLineErrorParser
 from tadm.cli.common import masked_samplers, nonnegative_int, positive_float, positive_int
@@ -77,12 +79,17 @@ def _sync(device: torch.device) -> None:
 
 
 def time_cells(cells: list[dict[str, Any]], args: argparse.Namespace, device: torch.device) -> None:
-    """Fill each cell's ``seconds`` (timed generations) and ``head_rows``, in shuffled interleaved rounds."""
+    """Fill each cell's ``seconds`` (timed generations) and ``head_rows``, in shuffled interleaved rounds; on CPU a
+    bar counts the generations, names the cell at work and shows its reverse steps."""
     amp = getattr(torch, args.dtype)
-    for r in range(args.warmup + args.repeats):
+    rounds, on_cpu = args.warmup + args.repeats, device.type == "cpu"
+    bar = tqdm(total=rounds * len(cells), unit="generation", disable=not on_cpu)
+    for r in range(rounds):
         order = list(cells)
         random.Random(r).shuffle(order)
         for cell in order:
+            bar.set_description(f"round {r + 1}/{rounds}{' (warm-up)' if r < args.warmup else ''}: {cell['name']} "
+                                f"B={cell['batch']} T={cell['T']} K={cell['K']} {cell['variant']}")
             sampler = get_sampler(args.sampler, cell["model"].mask_token_id)
             g = torch.Generator(device=device).manual_seed(r)
             counter = cell["head"]
@@ -93,11 +100,14 @@ def time_cells(cells: list[dict[str, Any]], args: argparse.Namespace, device: to
             with torch.autocast(device.type, dtype=amp) if autocast else nullcontext():
                 generate(cell["model"], sampler, batch_size=cell["batch"], seq_len=args.length,
                          num_steps=cell["T"], refresh_interval=cell["K"], generator=g, device=device,
-                         full_output=cell["variant"] == "full", skip_unchanged=cell["variant"] == "skip")
+                         full_output=cell["variant"] == "full", skip_unchanged=cell["variant"] == "skip",
+                         progress=on_cpu)  # a bar update per step costs microseconds against a CPU step's ms
             _sync(device)
             if r >= args.warmup:
                 cell.setdefault("seconds", []).append(time.perf_counter() - start)
                 cell["head_rows"] = counter.rows
+            bar.update()
+    bar.close()
 
 
 def count_syncs(model: Any, args: argparse.Namespace, device: torch.device, T: int, K: int) -> int:

@@ -5,6 +5,7 @@
     python benchmarks/gpu_campaign.py --stage b               # the paper's Table 2 layout (224M TADM, 12-block MDLM)
     python benchmarks/gpu_campaign.py --stage c               # post-training throughput at DiffusionGemma-26B size
     python benchmarks/gpu_campaign.py --stage d               # the staleness study on GPU (run it twice or three times)
+    python benchmarks/gpu_campaign.py --stage e               # optional: the MDLM-OWT post-training recipe
     python benchmarks/gpu_campaign.py --goals                 # the cells that decide the goals: one command, ~9 min
     python benchmarks/gpu_campaign.py --device cpu --tiny     # every stage end to end at tiny sizes (CI does this)
 
@@ -46,8 +47,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -448,16 +449,36 @@ def _full_size_refusal(device: torch.device, goals: bool) -> str | None:
             f"or add --tiny to rehearse every stage at tiny sizes on the CPU")
 
 
-def _split(model: Any) -> Any:
-    from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, SplitSpec
+def _time_anchored(model: Any) -> Any:
+    """``model`` time-anchored in place (the anchor cache inside the model): split 2 / 20 / 8, a rank-256 fusion."""
+    from tadm.posttrain import FusionSpec
+    from tadm.posttrain.hf_model import TimeAnchoredDiffusionGemma
 
-    split = AnchoredBackbone(DiffusionGemmaBackbone(model), SplitSpec(*STAGE_C_SPLIT), FusionSpec(**STAGE_C_FUSION))
-    split.fusion.to(next(model.parameters()).device)
+    anchored = TimeAnchoredDiffusionGemma.from_pretrained(model, split=STAGE_C_SPLIT[:2],
+                                                        fusion=FusionSpec(**STAGE_C_FUSION))
     with torch.no_grad():  # random weights: the fusion is not the identity, so it costs what a trained one does
         generator = torch.Generator(device=next(model.parameters()).device).manual_seed(1)
-        for p in split.fusion.parameters():
+        for p in anchored.fusion.parameters():
             p.normal_(0.0, 0.02, generator=generator)
-    return split
+    return anchored
+
+
+@contextmanager
+def _plain_base(model: Any) -> Any:
+    """transformers' own ``DiffusionGemmaForBlockDiffusion`` for the baseline cells: the time-anchored model with its
+    class and its anchor layers' classes as they were before (the same weights, no second copy)."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from tadm.posttrain.layer_cache import install_layer_cache, remove_layer_cache
+
+    cls, layers = type(model), model.model.decoder.layers
+    remove_layer_cache(layers)
+    model.__class__ = DiffusionGemmaForBlockDiffusion
+    try:
+        yield model
+    finally:
+        model.__class__ = cls
+        install_layer_cache(layers, model.anchor_cache)
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -479,11 +500,12 @@ def stage_c(ctx: Any) -> None:
         return
     start = time.perf_counter()
     model, config = _diffusion_gemma(ctx)
-    split = _split(model)
+    model = _time_anchored(model)
     record.data["build_seconds"] = round(time.perf_counter() - start, 1)
-    params = sum(p.numel() for p in model.parameters())
-    record.data["parameters"] = {"backbone": params, "fusion": sum(p.numel() for p in split.fusion.parameters()),
-                                 "bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    fusion = list(model.fusion.parameters())
+    base = [p for name, p in model.named_parameters() if not name.startswith("fusion.")]
+    record.data["parameters"] = {"backbone": sum(p.numel() for p in base), "fusion": sum(p.numel() for p in fusion),
+                                 "bytes": sum(p.numel() * p.element_size() for p in base)}
     V = int(config.text_config.vocab_size)
     methods = [("base (transformers generate)", "hf", 1), ("tadm K=1", "paired", 1), ("tadm K=2", "paired", 2),
                ("tadm K=3", "paired", 3), ("naive K=2", "naive", 2), ("naive K=3", "naive", 3)]
@@ -499,43 +521,42 @@ def stage_c(ctx: Any) -> None:
             break
         prompt = torch.randint(3, V, (B, prompt_len), generator=torch.Generator().manual_seed(B)).to(ctx.device)
         _peak_reset(ctx.device)
-        _generate_26b(ctx, model, split, prompt, mode, K, canvas, steps, V, seed=0)  # warm-up
+        _generate_26b(ctx, model, prompt, mode, K, canvas, steps, seed=0)  # warm-up
         times, calls = [], 0
         for r in range(ctx.repeats):
-            seconds, calls = _generate_26b(ctx, model, split, prompt, mode, K, canvas, steps, V, seed=r + 1)
+            seconds, calls = _generate_26b(ctx, model, prompt, mode, K, canvas, steps, seed=r + 1)
             times.append(seconds)
         seconds = statistics.median(times)
         record.record(cell, {"method": label, "B": B, "K": K, "seconds": seconds, "seconds_all": times,
                              "tokens_per_second": B * canvas / seconds, "decoder_layer_calls": calls,
                              "peak_memory_gb": _peak_gb(ctx.device)})
     if complete and not record.done("posttrain step") and ctx.budget.allows(120):
-        record.record("posttrain step", _posttrain_step(ctx, split, V, prompt_len, canvas, steps))
+        record.record("posttrain step", _posttrain_step(ctx, model.stage_view(), V, prompt_len, canvas, steps))
     record.save(complete=complete and record.done("posttrain step"))
 
 
-def _generate_26b(ctx: Any, model: Any, split: Any, prompt: torch.Tensor, mode: str, K: int, canvas: int, steps: int,
-                  V: int, *, seed: int) -> tuple[float, int]:
+def _generate_26b(ctx: Any, model: Any, prompt: torch.Tensor, mode: str, K: int, canvas: int, steps: int, *,
+                  seed: int) -> tuple[float, int]:
     """Seconds of one canvas after ``prompt`` and the decoder layer calls of one row's denoising passes.
 
-    ``mode`` "hf" is transformers' own ``generate`` (every layer at every step); "paired" and "naive" are
-    tadm's :func:`~tadm.posttrain.generate_blocks` with the fusion or with naive reuse of the stale anchor.
+    ``mode`` "hf" is transformers' own ``generate`` on its own class (every layer at every step); "paired" and
+    "naive" are the same ``generate`` on the time-anchored model (the anchor cache inside the model), with the
+    fusion or with naive reuse of the stale anchor.
     """
-    from tadm.posttrain import generate_blocks
-    from tadm.sampling.entropy_bound import EntropyBoundSampler
-
     _sync(ctx.device)
     start = time.perf_counter()
+    settings = dict(max_new_tokens=canvas, max_denoising_steps=steps, stability_threshold=None,
+                    confidence_threshold=None)
     with torch.no_grad():
         if mode == "hf":
-            torch.manual_seed(seed)
-            model.generate(prompt, max_new_tokens=canvas, max_denoising_steps=steps, stability_threshold=None,
-                           confidence_threshold=None)
+            with _plain_base(model):
+                torch.manual_seed(seed)
+                model.generate(prompt, **settings)
             calls = len(model.config.text_config.layer_types) * steps
         else:
-            split.fusion_mode = mode
-            out = generate_blocks(split, prompt, sampler=EntropyBoundSampler(V, num_steps=steps), refresh_interval=K,
-                                  max_new_tokens=canvas, generator=torch.Generator(device=ctx.device).manual_seed(seed))
-            calls = out.layer_calls.total
+            model.generate(prompt, refresh_interval=K, naive=mode == "naive",
+                           generator=torch.Generator(device=ctx.device).manual_seed(seed), **settings)
+            calls = model.last_generation.layer_calls.total
     _sync(ctx.device)
     return time.perf_counter() - start, calls
 
@@ -644,6 +665,143 @@ def stage_d(ctx: Any) -> None:
     record.save(complete=finished and report.returncode == 0)
 
 
+# =============================================== (e, optional) the MDLM-OWT post-training recipe
+MDLM_OWT_STAGE = {"canvas": 1024, "steps": 128, "batches": [1, 8], "micro_batch": 8, "train_steps": 20}
+MDLM_OWT_TINY = {"canvas": 32, "steps": 8, "batches": [1, 2], "micro_batch": 2, "train_steps": 3}
+
+
+def _mdlm_owt(ctx: Any, sizes: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """MDLM-OWT's size (or a tiny MDLM) with random weights, split as posttrain-mdlm-owt says, its config and plan."""
+    from tadm.nn import MDLM
+    from tadm.posttrain import AnchoredBackbone, FusionSpec, MDLMBackbone, SplitSpec, load_posttrain_config
+    from tadm.posttrain.plan import mdlm_owt_config, plan_mdlm_posttrain
+
+    overrides = [f"rollout.sampler.num_steps={sizes['steps']}", f"train.micro_batch_size={sizes['micro_batch']}",
+                 f"data.canvas_length={sizes['canvas']}", "train.grad_accum_steps=1",
+                 f"train.precision={'bf16' if ctx.device.type == 'cuda' else 'fp32'}"]
+    if ctx.tiny:
+        overrides += ["split.shared_layers=1", "split.anchor_layers=2", "split.denoiser_layers=1", "fusion.rank=16"]
+    config = load_posttrain_config("posttrain-mdlm-owt", overrides)
+    mdlm_config = (mdlm_tiny(num_layers=4, max_seq_len=sizes["canvas"]).config if ctx.tiny
+                   else mdlm_owt_config())
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
+    with torch.device(ctx.device):
+        mdlm = MDLM(mdlm_config).to(dtype).eval()
+    with torch.no_grad():  # random weights: adaLN-zero and the zeroed output layer would make every block the identity
+        generator = torch.Generator(device=ctx.device).manual_seed(1)
+        for p in mdlm.parameters():
+            p.normal_(0.0, 0.02, generator=generator)
+    split = AnchoredBackbone(MDLMBackbone(mdlm), SplitSpec(**asdict(config.split)),
+                             FusionSpec(rank=config.fusion.rank, num_heads=config.fusion.num_heads))
+    split.fusion.to(ctx.device)
+    with torch.no_grad():  # not the identity: it costs what a trained fusion does
+        for p in split.fusion.parameters():
+            p.normal_(0.0, 0.02, generator=generator)
+    plan = None
+    if not ctx.tiny:
+        plan = plan_mdlm_posttrain(config)
+    return split, config, plan
+
+
+def stage_e(ctx: Any) -> None:
+    from tadm.posttrain import PosttrainTrainer
+    from tadm.posttrain.data import CanvasBatch
+    from tadm.sampling import MDLMSampler
+
+    sizes = MDLM_OWT_TINY if ctx.tiny else MDLM_OWT_STAGE
+    record = open_stage(ctx, "e", "the MDLM-OWT post-training recipe (optional)",
+                        {"tiny": ctx.tiny, **sizes, "repeats": ctx.repeats}, _stage_e_body)
+    if record is None:
+        return
+    split, config, plan = _mdlm_owt(ctx, sizes)
+    V, mask_id = split.vocab_size, int(split.mask_token_id)
+    record.data["parameters"] = {"backbone": sum(p.numel() for p in split.backbone.parameters()),
+                                 "fusion": sum(p.numel() for p in split.fusion.parameters()),
+                                 "split": [split.layer_split.shared, split.layer_split.anchor,
+                                           split.layer_split.denoiser]}
+    if plan is not None:
+        record.data["plan_gb"] = {e.what: round(e.total / 1e9, 2) for e in plan.estimates}
+    complete = True
+    for B in sizes["batches"]:
+        for label, mode, K in (("tadm K=1", "paired", 1), ("tadm K=2", "paired", 2), ("tadm K=3", "paired", 3),
+                               ("naive K=3", "naive", 3)):
+            cell = f"B{B}/{label}"
+            if record.done(cell):
+                continue
+            if not ctx.budget.allows(60):
+                complete = False
+                break
+            split.fusion_mode = mode
+            run = lambda seed: generate(split, MDLMSampler(mask_id), batch_size=B, seq_len=sizes["canvas"],
+                                        num_steps=sizes["steps"], refresh_interval=K, device=ctx.device,
+                                        generator=torch.Generator(device=ctx.device).manual_seed(seed))
+            run(0)  # warm-up
+            _peak_reset(ctx.device)
+            times, calls = [], 0
+            for r in range(ctx.repeats):
+                _sync(ctx.device)
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    calls = run(r + 1).layer_calls.total
+                _sync(ctx.device)
+                times.append(time.perf_counter() - t0)
+            seconds = statistics.median(times)
+            record.record(cell, {"method": label, "B": B, "K": K, "seconds": seconds, "seconds_all": times,
+                                 "tokens_per_second": B * sizes["canvas"] / seconds, "layer_calls": calls,
+                                 "peak_memory_gb": _peak_gb(ctx.device)})
+    split.fusion_mode = "paired"
+    if complete and not record.done("posttrain") and ctx.budget.allows(120):
+        trainer = PosttrainTrainer(split, config, device=ctx.device)
+        g = torch.Generator().manual_seed(2)
+        B, L = sizes["micro_batch"], sizes["canvas"]
+        batch = lambda: CanvasBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.bool),
+                                    torch.randint(0, V - 1, (B, L), generator=g), torch.ones(B, L, dtype=torch.bool))
+        trainer.train_step([batch()])  # warm-up: AdamW state
+        _peak_reset(ctx.device)
+        losses, times = [], []
+        for _ in range(sizes["train_steps"]):
+            if not ctx.budget.allows(30):
+                break
+            _sync(ctx.device)
+            t0 = time.perf_counter()
+            losses.append(trainer.train_step([batch()])["loss"])
+            _sync(ctx.device)
+            times.append(time.perf_counter() - t0)
+        split.eval()
+        record.record("posttrain", {"steps": len(times), "seconds_per_step": statistics.median(times),
+                                    "canvas_tokens_per_second": B * L / statistics.median(times),
+                                    "losses": losses, "micro_batch": B, "canvas": L,
+                                    "peak_memory_gb": _peak_gb(ctx.device)})
+    record.save(complete=complete and record.done("posttrain"))
+
+
+def _stage_e_body(data: dict[str, Any]) -> str:
+    cells, spec = data["cells"], data["spec"]
+    rows = []
+    for B in spec["batches"]:
+        base = cells.get(f"B{B}/tadm K=1", {}).get("seconds")
+        for key, c in cells.items():
+            if key.startswith(f"B{B}/"):
+                rows.append([c["method"], B, f"{c['tokens_per_second']:,.1f}",
+                             f"{base / c['seconds']:.2f}x" if base else "-", c["layer_calls"],
+                             f"{c['peak_memory_gb']:.2f}" if c.get("peak_memory_gb") is not None else "-"])
+    p = data.get("parameters", {})
+    out = [f"\n{p.get('backbone', 0):,} backbone parameters (random weights), {p.get('fusion', 0):,} fusion "
+           f"parameters, split {' / '.join(map(str, p.get('split', [])))}; tadm's MDLM sampler, canvas {spec['canvas']}, "
+           f"{spec['steps']} steps.\n", _table(rows, ["method", "B", "tokens/s", "vs K=1", "layer calls", "peak GB"])]
+    step = cells.get("posttrain")
+    if step:
+        peak = f"{step['peak_memory_gb']:.2f} GB" if step.get("peak_memory_gb") is not None else "- (CPU)"
+        losses = f"; loss {step['losses'][0]:.3f} -> {step['losses'][-1]:.3f}" if step.get("losses") else ""
+        out.append(f"\nPost-training (on-policy MDLM rollouts, CE + KD), micro-batch {step['micro_batch']}: "
+                   f"{step['steps']} steps, {step['seconds_per_step']:.3f} s per step, peak {peak}{losses}.")
+    if data.get("plan_gb"):
+        out.append("\n`tadm posttrain plan posttrain-mdlm-owt` estimates (GB, per process): "
+                   + "; ".join(f"{k}: {v}" for k, v in data["plan_gb"].items()) + ".")
+    return "\n".join(out)
+
+
 # ============================================================================================ driver
 STAGES = {s.key: s for s in (
     Stage("a", "environment and CUDA tests", "versions, the GPU, then `pytest -m cuda` (compiled = eager tokens, "
@@ -659,6 +817,14 @@ STAGES = {s.key: s for s in (
           "model; about 15 minutes: run the stage twice (it resumes its units)", 8.5, stage_d),
 )}
 
+
+OPTIONAL_STAGES = {s.key: s for s in (
+    Stage("e", "the MDLM-OWT post-training recipe", "MDLM-OWT's size (12 blocks, d = 768, vocabulary 50258) with "
+          "random bf16 weights split 1 / 8 / 3 with the paired fusion (rank 256): tadm's MDLM sampler, canvas 1024, "
+          "128 steps, K = 1, 2, 3 and naive reuse at batch 1 and 8; 20 post-training steps at micro-batch 8 "
+          "(on-policy MDLM rollouts); peaks beside `tadm posttrain plan posttrain-mdlm-owt`", 5.0, stage_e),
+)}
+"""Stages run only when named (``--stage e``): the four of :data:`STAGES` fill the 8 result files."""
 
 GOALS_STAGES = ("b", "c")
 GOALS_SHARE = {"b": 0.4, "c": 1.0}  # --goals: stage b may use 40 % of the budget, stage c whatever is left
@@ -714,6 +880,8 @@ def print_plan() -> None:
     for s in STAGES.values():
         total += s.minutes
         print(f"| {s.key} | {s.plan} | {s.minutes:.1f} |")
+    for s in OPTIONAL_STAGES.values():
+        print(f"| {s.key} (optional, run with --stage {s.key}) | {s.plan} | {s.minutes:.1f} |")
     print(f"\nabout {total:.0f} minutes of stages, plus the machine's start; each stops itself before "
           f"--budget-minutes and resumes when run again. Every stage writes stage-X.json and stage-X.md "
           f"(8 files for four stages) to --results and $OUT.\n\n"
@@ -725,7 +893,8 @@ def print_plan() -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plan", action="store_true", help="print what each stage runs and its minutes, then stop")
-    p.add_argument("--stage", nargs="+", default=["all"], metavar="STAGE", help="a, b, c, d or all (default)")
+    p.add_argument("--stage", nargs="+", default=["all"], metavar="STAGE",
+                   help="a, b, c, d or all (default); e (optional) only when named")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: the whole campaign in minutes on a CPU")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per cell (default 3; 1 with --tiny)")
@@ -752,10 +921,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{' '.join(args.stage)}", file=sys.stderr)
         return 2
     stages = list(GOALS_STAGES) if args.goals else list(STAGES) if args.stage == ["all"] else args.stage
-    unknown = [s for s in stages if s not in STAGES]
+    unknown = [s for s in stages if s not in STAGES and s not in OPTIONAL_STAGES]
     if unknown:
-        print(f"gpu_campaign: error: unknown stage {', '.join(map(repr, unknown))}; valid: {', '.join(STAGES)} or all",
-              file=sys.stderr)
+        print(f"gpu_campaign: error: unknown stage {', '.join(map(repr, unknown))}; valid: {', '.join(STAGES)} or all, "
+              f"and the optional {', '.join(OPTIONAL_STAGES)}", file=sys.stderr)
         return 2
     if not args.budget_minutes > 0:
         print(f"gpu_campaign: error: --budget-minutes must be > 0, got {args.budget_minutes}", file=sys.stderr)
@@ -778,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
     folders = [results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
     deadline = time.perf_counter() + 60.0 * args.budget_minutes if args.goals else None
     for key in stages:
-        stage = STAGES[key]
+        stage = STAGES[key] if key in STAGES else OPTIONAL_STAGES[key]
         minutes = (deadline - time.perf_counter()) / 60.0 * GOALS_SHARE[key] if args.goals else args.budget_minutes
         ctx = Context(device=device, tiny=args.tiny, repeats=args.repeats or (1 if args.tiny else 3),
                       results=str(results), folders=folders, budget=Budget(minutes, deadline), goals=args.goals)

@@ -12,11 +12,16 @@ One command runs five resumable stages into ``--out`` (default ``runs/laptop-tas
 evaluation units already written), so a cut-off run continues:
 
 1. data: chat pairs with operands uniform in [0, 10^digits), written as ``data/<task>.jsonl`` (the
-   held-out problems) and ``data/train.jsonl``. Addition: a fixed seed draws the held-out problems
-   first; the training problems never contain a held-out pair (in either order). Split: the held-out
-   totals are drawn like the training ones (a + b of uniform operands); every total also occurs in
-   training (there are only 2 * 10^digits - 1 of them), so the task measures whether a model writes
-   one consistent answer among many, not whether it generalizes to new totals.
+   evaluation problems) and ``data/train.jsonl``. Addition: a fixed seed draws the evaluation problems
+   first; the training problems never contain one of their pairs (in either order), so they are held out.
+   Split: the evaluation totals are drawn like the training ones (a + b of uniform operands); every total
+   also occurs in training (there are only 2 * 10^digits - 1 of them), so they are not held out and the
+   task measures whether a model writes one consistent answer among many, not whether it generalizes to
+   new totals. With ``--hold-out`` the
+   training problems never have a held-out total (:func:`split_held_out_totals`: every total whose tens
+   and units digits add up to an odd number, 100 of the 199 two-digit totals), those prompts are written
+   as ``data/held-out/split.jsonl``, and ``--eval-set held-out`` evaluates on them: prompts that neither
+   pretraining nor post-training ever read.
    The prompt is the benchmark's own (:func:`tadm.tasks.benchmarks.build_prompt`), so training and
    evaluation see the same text through the same chat template.
 2. tokenizer: a byte-level BPE with digits kept as single tokens, wrapped with the Gemma-style chat template.
@@ -26,11 +31,15 @@ evaluation units already written), so a cut-off run continues:
 4. posttrain: the base frozen and split 1 / 3 / 2; only the paired-attention fusion is trained
    (``PosttrainTrainer``, on-policy rollouts); saved to ``adapter/``.
 5. eval: ``tadm eval tasks`` (:func:`tadm.tasks.runner.run_tasks`) on the held-out problems: the base
-   at K = 1, TADM and naive reuse at K = 1, 2, 3, three seeds; tables in ``eval/``.
+   at K = 1, TADM and naive reuse at K = 1, 2, 3, three seeds; tables in ``eval/`` (``eval-held-out/`` with
+   ``--eval-set held-out``).
 
     OMP_NUM_THREADS=1 python scripts/laptop_task.py                   # split; about 1.5 hours on one CPU core
     OMP_NUM_THREADS=1 python scripts/laptop_task.py --task addition   # about 25 minutes
     python scripts/laptop_task.py --until pretrain         # stop after a stage (e.g. a probe)
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py --hold-out --out runs/held-out    # trained without the
+    OMP_NUM_THREADS=1 python scripts/laptop_task.py --hold-out --out runs/held-out \
+        --eval-set held-out                                                          # held-out totals, tested on them
 """
 
 from __future__ import annotations
@@ -40,15 +49,18 @@ import json
 import random
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from tadm.cli import OneLineErrorParser
 from tadm.cli.common import nonnegative_int, positive_float, positive_int
 from tadm.eval.evaluator import default_evaluator_path
 from tadm.posttrain import load_posttrain_config
+from tadm.records import git_commit
 
 STAGES = ("data", "tokenizer", "pretrain", "posttrain", "diagnose", "eval")
 TASKS = ("split", "addition")
+EVAL_SETS = ("task", "held-out")  # data/<task>.jsonl, or data/held-out/<task>.jsonl (split with --hold-out)
 TASK_DEFAULTS = {  # the published runs' settings (docs/results/); split post-trains twice as long since the ablation
     "split": {"digits": 2, "pretrain_steps": 9000, "posttrain_steps": 9600, "eval_examples": 199},
     "addition": {"digits": 2, "pretrain_steps": 3000, "posttrain_steps": 600, "eval_examples": 200},
@@ -59,7 +71,7 @@ MAX_DIGITS = 6
 # may shrink (the evaluation then takes the first held-out problems); --refresh and --batch-size are evaluation
 # settings (a rerun may widen K into another --eval-out; kl.json keeps the K it measured).
 STAGE_SETTINGS = {
-    "data": ("task", "seed", "digits", "train_examples"),
+    "data": ("task", "seed", "digits", "train_examples", "hold_out"),
     "pretrain": ("model_seed", "canvas_length", "hidden", "heads", "pretrain_steps", "pretrain_batch"),
     "posttrain": ("model_seed", "canvas_length", "steps", "posttrain_steps", "posttrain_batch", "posttrain_lr",
                   "posttrain_set"),
@@ -94,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--digits", type=positive_int, default=None,
                    help=f"operands have at most this many digits (1-{MAX_DIGITS}; default: 2)")
     p.add_argument("--train-examples", type=positive_int, default=200_000)
+    p.add_argument("--hold-out", action="store_true",
+                   help="split: no training problem has a held-out total (tens and units digits with an odd sum; "
+                        "100 of the 199 two-digit totals); their prompts go to data/held-out/split.jsonl")
+    p.add_argument("--eval-set", choices=EVAL_SETS, default="task",
+                   help="the prompts that diagnose and eval use: task (data/<task>.jsonl, the default) or held-out "
+                        "(every held-out total; needs --hold-out)")
     p.add_argument("--eval-examples", type=positive_int, default=None,
                    help="held-out problems (default: split, 199, or every distinct total when fewer: 19 for one "
                         "digit; addition, 200, or every held-out pair when fewer: 25 for one digit)")
@@ -121,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=50, help="evaluation batch size")
     p.add_argument("--judge", default="none", help="none, local, local:PATH or local-free:PATH (the degeneration judge)")
     p.add_argument("--eval-out", default=None,
-                   help="folder (under --out) of the evaluation's units and tables (default: eval, or the variant's)")
+                   help="folder (under --out) of the evaluation's units and tables (default: eval, or the variant's; "
+                        "eval-held-out with --eval-set held-out)")
     p.add_argument("--until", choices=STAGES, default="eval", help="stop after this stage")
     return p
 
@@ -130,6 +149,11 @@ def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments taken together (one line), or None."""
     if args.digits > MAX_DIGITS:
         return f"argument --digits: at most {MAX_DIGITS}, got {args.digits}"
+    if args.hold_out and args.task != "split":
+        return (f"argument --hold-out: only the split task holds totals out (its addition problems already are), "
+                f"got --task {args.task}")
+    if args.eval_set == "held-out" and not args.hold_out:
+        return "argument --eval-set: held-out needs --hold-out (the run must have trained without the held-out totals)"
     most = most_held_out(args)
     if args.eval_examples > most:
         what = "distinct totals" if args.task == "split" else "held-out pairs"
@@ -183,7 +207,7 @@ def changed_settings(args: argparse.Namespace) -> str | None:
     or None. The base's stages are checked against ``--out``'s ``args.json``, a variant's against its own."""
     out, own = Path(args.out), variant_dir(args)
     outputs = {"data": out / "data" / "train.jsonl", "pretrain": out / "base" / "pretrain.json",
-               "posttrain": own / "adapter" / "posttrain.json", "diagnose": own / "kl.json"}
+               "posttrain": own / "adapter" / "posttrain.json", "diagnose": own / kl_name(args)}
     changes: dict[str, str] = {}
     for stage, output in outputs.items():
         recorded_path = (own if stage in ("posttrain", "diagnose") else out) / "args.json"
@@ -218,7 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.out is None:
         args.out = "runs/laptop-task" if args.task == "addition" else f"runs/laptop-task-{args.task}"
     if args.eval_out is None:
-        args.eval_out = "eval" if args.variant is None else f"variants/{args.variant}/eval"
+        name = "eval" if args.eval_set == "task" else "eval-held-out"
+        args.eval_out = name if args.variant is None else f"variants/{args.variant}/{name}"
     problem = check_args(args)
     if problem is not None:
         parser.error(problem)
@@ -231,6 +256,17 @@ def posttrain_config(args: argparse.Namespace):
         f"rollout.sampler.num_steps={args.steps}", f"train.max_steps={args.posttrain_steps}",
         f"optim.lr={args.posttrain_lr}", "optim.warmup_steps=20", f"train.seed={args.model_seed}",
         "train.precision=fp32", "train.grad_accum_steps=1", *POSTTRAIN_DEFAULTS, *args.posttrain_set])
+
+
+def eval_data_dir(args: argparse.Namespace) -> Path:
+    """The folder of the ``<task>.jsonl`` that diagnose and eval read: ``data/`` or ``data/held-out/``."""
+    data = Path(args.out) / "data"
+    return data if args.eval_set == "task" else data / "held-out"
+
+
+def kl_name(args: argparse.Namespace) -> str:
+    """The diagnosis file of ``--eval-set``: ``kl.json`` or ``kl-held-out.json``."""
+    return "kl.json" if args.eval_set == "task" else "kl-held-out.json"
 
 
 def variant_dir(args: argparse.Namespace) -> Path:
@@ -277,30 +313,57 @@ def split_totals(digits: int) -> int:
     return 2 * 10 ** digits - 1
 
 
-def make_split_data(digits: int, n_train: int, n_eval: int, seed: int) -> tuple[list[dict], list[dict]]:
+def split_held_out_totals(digits: int) -> list[int]:
+    """The totals that ``--hold-out`` keeps out of every training problem: those whose tens and units digits add
+    up to an odd number (1, 3, ..., 10, 12, ...).
+
+    About half of the totals, spread over the whole range, so that every digit still occurs in every place of a
+    training total: 100 of the 199 two-digit totals (10 of the 19 one-digit ones).
+    """
+    return [t for t in range(split_totals(digits)) if (t // 10 % 10 + t % 10) % 2 == 1]
+
+
+def split_records(totals: list[int]) -> list[dict]:
+    """Evaluation records of ``split``: one per total, its prompt and the total as the gold answer."""
+    return [{"id": str(n), "problem": split_problem(t), "answer": str(t)} for n, t in enumerate(totals)]
+
+
+def make_split_data(digits: int, n_train: int, n_eval: int, seed: int,
+                    exclude: Collection[int] = ()) -> tuple[list[dict], list[dict]]:
     """(train, held-out) records of ``split``: operands a, b uniform in [0, 10^digits).
 
     Training records answer "a+b". Held-out records are ``n_eval`` *distinct* totals (so distinct
     prompts), drawn without replacement and uniformly among the 2 * 10^digits - 1 possible ones, each
-    holding the total as the gold answer (any a+b with that sum is right).
+    holding the total as the gold answer (any a+b with that sum is right). A training pair whose total is in
+    ``exclude`` is drawn again (operands uniform among the pairs whose total is not excluded); without
+    ``exclude`` the records are those of earlier versions, draw for draw.
     """
     top, totals = 10 ** digits, split_totals(digits)
     if n_eval > totals:
         raise ValueError(f"{n_eval} held-out problems is too many for {digits}-digit operands: "
                          f"there are only {totals} distinct totals")
+    excluded = set(exclude)
+    if len(excluded & set(range(totals))) == totals:
+        raise ValueError(f"every total of {digits}-digit operands is excluded: nothing left to train on")
     rng = random.Random(seed)
     held = rng.sample(range(totals), n_eval)
     train = []
-    for _ in range(n_train):
+    while len(train) < n_train:
         a, b = rng.randrange(top), rng.randrange(top)
-        train.append({"problem": split_problem(a + b), "answer": f"{a}+{b}"})
-    return train, [{"id": str(n), "problem": split_problem(t), "answer": str(t)} for n, t in enumerate(held)]
+        if a + b not in excluded:
+            train.append({"problem": split_problem(a + b), "answer": f"{a}+{b}"})
+    return train, split_records(held)
 
 
-def make_task_data(task: str, digits: int, n_train: int, n_eval: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) records of ``task`` (``split`` or ``addition``)."""
-    make = {"split": make_split_data, "addition": make_addition_data}[task]
-    return make(digits, n_train, n_eval, seed)
+def make_task_data(task: str, digits: int, n_train: int, n_eval: int, seed: int,
+                   hold_out: bool = False) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) records of ``task`` (``split`` or ``addition``); ``hold_out`` (split only): no training
+    problem has one of :func:`split_held_out_totals`."""
+    if task == "split":
+        return make_split_data(digits, n_train, n_eval, seed, exclude=split_held_out_totals(digits) if hold_out else ())
+    if hold_out:
+        raise ValueError(f"hold_out: only the split task holds totals out, got {task!r}")
+    return make_addition_data(digits, n_train, n_eval, seed)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -348,7 +411,8 @@ def eval_config(args: argparse.Namespace, out: Path, **overrides):
     from tadm.tasks.runner import TaskRunConfig
 
     cfg = dict(tasks=args.task, refresh=list(args.refresh), seeds=list(args.seeds), naive=True,
-               base=str(out / "base"), adapter=str(variant_dir(args) / "adapter"), data_dir=str(out / "data"), limit=args.eval_examples,
+               base=str(out / "base"), adapter=str(variant_dir(args) / "adapter"), data_dir=str(eval_data_dir(args)),
+               limit=args.eval_examples if args.eval_set == "task" else None,
                steps=args.steps, canvas_length=args.canvas_length, max_gen_toks=args.canvas_length,
                batch_size=args.batch_size, device="cpu", dtype="float32", judge=args.judge,
                out_dir=str(out / args.eval_out))
@@ -386,8 +450,11 @@ def stage_data(run: Stages) -> None:
     if (data / f"{args.task}.jsonl").is_file():
         return
     started = time.perf_counter()
-    train_rows, eval_rows = make_task_data(args.task, args.digits, args.train_examples, args.eval_examples, args.seed)
+    train_rows, eval_rows = make_task_data(args.task, args.digits, args.train_examples, args.eval_examples, args.seed,
+                                           hold_out=args.hold_out)
     write_jsonl(data / "train.jsonl", train_rows)
+    if args.hold_out:  # before the task file, whose presence marks the stage done
+        write_jsonl(data / "held-out" / f"{args.task}.jsonl", split_records(split_held_out_totals(args.digits)))
     write_jsonl(data / f"{args.task}.jsonl", eval_rows)
     run.done("data", started)
 
@@ -436,9 +503,9 @@ def stage_pretrain(run: Stages, train_rows: list[dict], tokenizer) -> None:
     (base / "pretrain.json").write_text(json.dumps({
         "steps": args.pretrain_steps, "batch": args.pretrain_batch,
         "loss_first_last": [_mean(history[:20]), _mean(history[-50:])],
-        "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+        "seconds": round(time.perf_counter() - started, 1), **git_commit()}, indent=1) + "\n")
     probe = run_tasks(eval_config(args, run.out, adapter=None, split="1:3", naive=False, refresh=[1], seeds=[0],
-                                  limit=min(100, args.eval_examples), judge=None,
+                                  data_dir=str(run.out / "data"), limit=min(100, args.eval_examples), judge=None,
                                   out_dir=str(run.out / "eval-pretrained")), log=run.log)
     run.log(f"pretrained base, held-out accuracy at K = 1: {probe.units[0]['accuracy']:.3f} "
             f"({probe.units[0]['n']} problems)")
@@ -470,10 +537,11 @@ def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> None:
     run.log(f"post-training {sum(p.numel() for p in split.fusion.parameters()):,} fusion parameters "
             f"(split 1/3/2, rank {f.rank}, {f.num_heads} heads), {args.posttrain_steps} steps"
             + (f", settings {' '.join(args.posttrain_set)}" if args.posttrain_set else ""))
-    losses = []
+    losses, kd = [], []
     for step in range(args.posttrain_steps):
         metrics = trainer.train_step([next(data_iter)])
         losses.append(metrics["loss"])
+        kd.append(metrics["kd"])
         if (step + 1) % max(1, args.posttrain_steps // 6) == 0:
             run.log(f"  post-train step {step + 1}/{args.posttrain_steps}: loss {_mean(losses[-25:]):.3f} "
                     f"(kd {metrics['kd']:.4f})")
@@ -481,8 +549,8 @@ def stage_posttrain(run: Stages, train_rows: list[dict], tokenizer) -> None:
     (adapter / "posttrain.json").write_text(json.dumps({
         "steps": args.posttrain_steps, "batch": args.posttrain_batch, "lr": args.posttrain_lr,
         "settings": list(args.posttrain_set), "fusion_parameters": sum(p.numel() for p in split.fusion.parameters()),
-        "loss_first_last": [_mean(losses[:10]), _mean(losses[-25:])],
-        "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+        "loss_first_last": [_mean(losses[:10]), _mean(losses[-25:])], "kd_last": _mean(kd[-25:]),
+        "seconds": round(time.perf_counter() - started, 1), **git_commit()}, indent=1) + "\n")
     run.done("posttrain", started)
 
 
@@ -497,13 +565,13 @@ def stage_diagnose(run: Stages, tokenizer) -> None:
     from tadm.sampling.entropy_bound import EntropyBoundSampler
 
     args = run.args
-    out = variant_dir(args) / "kl.json"
+    out = variant_dir(args) / kl_name(args)
     intervals = [K for K in args.refresh if K > 1]
     if out.is_file() or not intervals:
         return
     started = time.perf_counter()
     model = attach_adapter(load_backbone("diffusion-gemma", run.out / "base"), variant_dir(args) / "adapter")
-    rows = read_jsonl(run.out / "data" / f"{args.task}.jsonl")
+    rows = read_jsonl(eval_data_dir(args) / f"{args.task}.jsonl")
     items = list(canvas_dataset([{"problem": r["problem"], "answer": r["answer"]} for r in rows], tokenizer,
                                 args.canvas_length, args.task))
     sampler = EntropyBoundSampler(model.vocab_size, num_steps=args.steps)
@@ -518,7 +586,7 @@ def stage_diagnose(run: Stages, tokenizer) -> None:
                                "seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
     for K, r in result.items():
         run.log(f"  K = {K}: KL(fresh || naive) {r['kl_naive']:.4f}, KL(fresh || fused) {r['kl_fused']:.4f} nats/token")
-    run.done("diagnose", started)
+    run.done("diagnose" if args.eval_set == "task" else "diagnose-held-out", started)
 
 
 def stage_eval(run: Stages) -> None:
@@ -529,7 +597,7 @@ def stage_eval(run: Stages) -> None:
     result = run_tasks(eval_config(run.args, run.out), log=run.log,
                        command=" ".join(["OMP_NUM_THREADS=1 python scripts/laptop_task.py", *sys.argv[1:]]))
     run.log(f"{result.ran} units ran now; tables: " + ", ".join(str(p) for p in result.files.values()))
-    run.done("eval", started)
+    run.done("eval" if run.args.eval_set == "task" else "eval-held-out", started)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -283,8 +283,9 @@ CLI_CASES = [
     pytest.param(["eval", "tasks", "--tasks", "gsm8k", "--model", "{d}/ckpt", "--data-dir", "{d}/tasks",
                   "--judge", "http://localhost:1"], "--judge URL needs --judge-model", id="eval-tasks-url-no-model"),
     pytest.param(["eval", "tasks", "--tasks", "gsm8k", "--model", "{d}/ckpt", "--data-dir", "{d}/tasks",
-                  "--code-timeout", "3", "--allow-code-network"], "--code-timeout and --allow-code-network apply to "
-                 "the code tasks (humaneval, livecodebench), and this run has none", id="eval-tasks-code-flags-unused"),
+                  "--code-timeout", "3", "--allow-uncontained-code", "signals"], "--code-timeout and "
+                 "--allow-uncontained-code apply to the code tasks (humaneval, livecodebench), and this run has none",
+                 id="eval-tasks-code-flags-unused"),
     pytest.param(["eval", "tasks", "--tasks", "gsm8k", "--model", "{d}/ckpt", "--out", "{d}/ids.json"],
                  "argument --out: {d}/ids.json is an existing file; give a directory", id="eval-tasks-out-a-file"),
     pytest.param(["eval", "sweep", "--models", "m={d}/ckpt", "-T", "4", "-K", "1", "--samples", "2",
@@ -307,6 +308,13 @@ CLI_CASES = [
                  "TADM_ALLOW_CODE_EXEC=1", id="tasks-code-without-opt-in"),
     pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "gsm8k", "--code-timeout", "nan"],
                  "--code-timeout: must be a finite number > 0, got 'nan'", id="tasks-code-timeout-nan"),
+    pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "humaneval", "--code-timeout", "0.001"],
+                 "--code-timeout: must be at least 1 s (the sandbox starts two Python interpreters before the "
+                 "program's first line), got '0.001'", id="tasks-code-timeout-below-the-floor"),
+    pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "humaneval", "--allow-uncontained-code",
+                  "network,everything"], "--allow-uncontained-code: unknown sandbox gap 'everything'; valid: network, "
+                 "local-sockets, file-writes, process-files, signals, leftover-processes",
+                 id="tasks-unknown-sandbox-gap"),
     pytest.param(["eval", "tasks", "--base", "{d}/ckpt", "--tasks", "gsm8k", "--data-dir", "{d}/tasks", "--judge",
                   "foo"], "unknown judge 'foo': use none, local, local:PATH, local-free:PATH, or an http(s):// URL",
                  id="tasks-unknown-judge"),
@@ -383,7 +391,8 @@ CLI_CASES = [
                  id="posttrain-split"),
     pytest.param(["posttrain", "sample", "--base", "{d}/ckpt", "--steps", "0"], "got 0", id="posttrain-zero-steps-flag"),
     pytest.param(["posttrain", "sample", "--base", "{d}/mdlm", "--backbone", "mdlm", "--split", "1,1", "--prompt",
-                  "hi"], "--base {d}/mdlm (backbone MDLMBackbone) cannot encode a prompt", id="posttrain-sample-mdlm"),
+                  "hi"], "--backbone mdlm cannot encode a prompt: posttrain sample continues prompts of a "
+                 "DiffusionGemma-class base", id="posttrain-sample-mdlm"),
     # -------------------------------------------------------------------------- tadm tokenizer
     pytest.param(["tokenizer", "train", "--vocab-size", "0", "--out", "{d}/t1"], "got 0", id="tokenizer-vocab-0"),
     pytest.param(["tokenizer", "train", "--source", "{d}/plain.txt", "--text-field", "body", "--out", "{d}/t-tf"],

@@ -110,9 +110,46 @@ def test_sample_decodes_with_the_checkpoints_tokenizer(tmp_path, capsys):
     code, out, _ = _run(capsys, *args, "--json")
     record = json.loads(out)
     assert code == 0 and len(record["texts"]) == 2
-    assert record["texts"] == [tokenizer.decode(ids, skip_special_tokens=True) for ids in record["token_ids"]]
+    assert record["texts"] == [tokenizer.decode(ids) for ids in record["token_ids"]]  # all of it, for Gen PPL
     _, text_out, _ = _run(capsys, *args)
-    assert text_out.startswith(f"--- sample 0 ---\n{record['texts'][0]}\n--- sample 1 ---\n{record['texts'][1]}\n")
+    shown = [tokenizer.decode_until_eos(ids) for ids in record["token_ids"]]  # printed: to the end-of-text token
+    assert text_out.startswith(f"--- sample 0 ---\n{shown[0]}\n--- sample 1 ---\n{shown[1]}\n")
+
+
+@pytest.fixture(scope="module")
+def checkpoint_with_tokenizer(tmp_path_factory):
+    docs = [json.loads(line)["text"] for line in FIXTURE.read_text().splitlines()]
+    tokenizer = train_bpe_tokenizer(docs, vocab_size=300)
+    ckpt = tmp_path_factory.mktemp("cli") / "ckpt"
+    tadm_tiny(vocab_size=tokenizer.vocab_size, mask_token_id=tokenizer.mask_id).save_pretrained(ckpt)
+    tokenizer.save(ckpt)
+    return ckpt, tokenizer
+
+
+def test_sample_after_a_prompt_keeps_it_and_prints_the_text(checkpoint_with_tokenizer, capsys):
+    ckpt, tokenizer = checkpoint_with_tokenizer
+    args = ("sample", "--model", str(ckpt), "--steps", "4", "--length", "16", "--batch-size", "2", "-K", "2",
+            "--prompt", "The jury said")
+    code, out, _ = _run(capsys, *args, "--json")
+    record = json.loads(out)
+    prompt = [tokenizer.bos_id, *tokenizer.encode("The jury said")]
+    assert code == 0 and record["prompt"] == "The jury said" and record["prompt_tokens"] == len(prompt)
+    assert [row[:len(prompt)] for row in record["token_ids"]] == [prompt, prompt]
+    _, text_out, _ = _run(capsys, *args)
+    samples = text_out.split("--- sample 1 ---\n")
+    assert samples[0].startswith("--- sample 0 ---\nThe jury said") and samples[1].startswith("The jury said")
+    assert "<|endoftext|>" not in text_out
+
+
+def test_sample_refuses_a_prompt_it_cannot_honour(checkpoint_with_tokenizer, capsys):
+    ckpt, tokenizer = checkpoint_with_tokenizer
+    code, _, err = _run(capsys, "sample", "--steps", "4", "--prompt", "hi")  # a builder: random weights, no tokenizer
+    assert code == 2 and err.strip() == ("tadm sample: error: --prompt needs the model's tokenizer, and model "
+                                         "'tadm-tiny' has none saved with it: pass --tokenizer DIR")
+    n = len(tokenizer.encode("The jury said it"))
+    code, _, err = _run(capsys, "sample", "--model", str(ckpt), "--length", str(n + 1), "--prompt", "The jury said it")
+    assert code == 2 and err.strip() == (f"tadm sample: error: --prompt is {n} tokens, which with BOS leaves nothing to "
+                                         f"generate in --length {n + 1}: shorten it or give a larger --length")
 
 
 @pytest.mark.parametrize(

@@ -35,10 +35,13 @@ def test_the_plan_names_every_stage_and_its_minutes():
         assert f"| {stage.key} | {stage.plan} | {stage.minutes:.1f} |" in run.stdout
         assert stage.minutes < 9  # each fits a 10-minute command with room for the start
     assert sum(s.minutes for s in campaign.STAGES.values()) <= 30
+    for stage in campaign.OPTIONAL_STAGES.values():  # named to run; not part of the 8 files of --stage all
+        assert f"| {stage.key} (optional, run with --stage {stage.key}) | {stage.plan} |" in run.stdout
+        assert stage.minutes < 9 and stage.key not in campaign.STAGES
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--stage", "e", "--device", "cpu"], "unknown stage 'e'; valid: a, b, c, d or all"),
+    (["--stage", "f", "--device", "cpu"], "unknown stage 'f'; valid: a, b, c, d or all, and the optional e"),
     (["--device", "cuda:7"], "cuda:7"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--stage", "all", "b", "--device", "cpu"], "--stage all runs every stage; give it alone"),
@@ -163,3 +166,20 @@ def test_full_sizes_on_the_cpu_are_refused_up_front_with_the_plans_memory_figure
     assert len(lines) == 1 and not out and not ran and not (tmp_path / "results").exists(), (out, err)
     assert lines[0].startswith("gpu_campaign: error: stage c builds DiffusionGemma-26B-A4B at full size")
     assert "about 105 GB on cpu" in lines[0] and "--tiny" in lines[0]
+
+
+@pytest.mark.slow
+def test_the_optional_mdlm_owt_stage_rehearses_the_recipe_at_tiny_size_on_cpu(tmp_path):
+    run = _run("--device", "cpu", "--tiny", "--stage", "e", *UNREACHABLE_BUDGET, "--results",
+               str(tmp_path / "results"), env_out=tmp_path / "out", timeout=3600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["stage-e.json", "stage-e.md"]
+    data = json.loads((tmp_path / "out" / "stage-e.json").read_text())
+    assert data["complete"] is True and data["parameters"]["split"] == [1, 2, 1]
+    cells = data["cells"]
+    calls = {v["method"]: v["layer_calls"] for k, v in cells.items() if k.startswith("B1/")}
+    assert calls["tadm K=1"] > calls["tadm K=2"] > calls["tadm K=3"] == calls["naive K=3"]
+    step = cells["posttrain"]
+    assert step["steps"] == 3 and len(step["losses"]) == 3 and step["seconds_per_step"] > 0
+    page = (tmp_path / "out" / "stage-e.md").read_text()
+    assert "tadm's MDLM sampler, canvas 32, 8 steps" in page and "Post-training (on-policy MDLM rollouts" in page

@@ -574,6 +574,23 @@ def check_objective_keys(cfg: ExperimentConfig) -> None:
                           f"objective: {reads}); remove {pronoun}")
 
 
+def short_run_warnings(optim: OptimSection, train: TrainSection) -> list[str]:
+    """One line per setting that a run of ``train.max_steps`` steps cannot use as meant (the paper-scale defaults,
+    warm-up 2,500 steps and EMA 0.9999, inherited by a short run): a warm-up longer than the run, whose learning
+    rate then never reaches ``optim.lr``, and an EMA whose saved weights would still be mostly the initial ones."""
+    steps, lines = train.max_steps, []
+    if optim.warmup_steps > steps:
+        reached = steps / optim.warmup_steps  # the linear warm-up's factor after the run's last step
+        lines.append(f"optim.warmup_steps={optim.warmup_steps} exceeds train.max_steps={steps}: the learning rate "
+                     f"only reaches {100 * reached:.0f}% of optim.lr={optim.lr:g} by the end of the run; set "
+                     "optim.warmup_steps below train.max_steps")
+    initial = train.ema ** steps  # the share of the initial weights left in the EMA after the run
+    if initial > 0.5:
+        lines.append(f"train.ema={train.ema:g} over train.max_steps={steps}: the saved (EMA) weights are still "
+                     f"{100 * initial:.0f}% the initial ones; lower train.ema (e.g. 0.99) or set it to 0 for a short run")
+    return lines
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Defaults <- YAML file or shipped preset ``path`` <- ``key=value`` overrides, validated strictly."""
     return load_structured(ExperimentConfig, path, overrides, validate=validate_experiment_config)

@@ -21,7 +21,7 @@ from huggingface_hub import constants
 from huggingface_hub.utils import validate_repo_id
 
 __all__ = ["NO_CUSTOM_CODE", "TOKENIZER_FILES", "check_hf_source", "first_line", "hub_reachable",
-           "is_connection_error", "is_repo_id", "load_hf", "load_hf_tokenizer", "refuse_custom_code"]
+           "is_connection_error", "is_repo_id", "load_hf", "local_parent", "load_hf_tokenizer", "refuse_custom_code"]
 
 NO_CUSTOM_CODE = "tadm never runs code shipped with a model (trust_remote_code=False)"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -154,9 +154,17 @@ def check_hf_source(
         raise FileNotFoundError(f"{what} {text!r} does not exist")
 
 
+def local_parent(name: str) -> str | None:
+    """The folder of ``owner/name`` when ``owner`` is a directory here (``runs/typo`` beside ``runs/``): such a
+    name is a local path, even though it has the form of a Hub id; None otherwise."""
+    parts = name.split("/")
+    return parts[0] if len(parts) == 2 and parts[0] and Path(parts[0]).expanduser().is_dir() else None
+
+
 def is_repo_id(name: str) -> bool:
-    """Whether ``name`` could be a Hub repository id (``name`` or ``owner/name``), not a path."""
-    if name.startswith((".", "/", "~")) or "\\" in name:
+    """Whether ``name`` could be a Hub repository id (``name`` or ``owner/name``), not a path: it does not start
+    like one, and its owner is no local directory (:func:`local_parent`)."""
+    if name.startswith((".", "/", "~")) or "\\" in name or local_parent(name) is not None:
         return False
     try:
         validate_repo_id(name)

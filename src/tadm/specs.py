@@ -5,7 +5,7 @@
   :func:`resolve_model` turns any of them into a model;
 * a **tokenizer** is found by :func:`find_tokenizer`: the one given explicitly, else the one saved in
   or beside a checkpoint directory (the directory, its ``tokenizer/``, its parent, the parent's
-  ``tokenizer/``).
+  ``tokenizer/``), or with a model on the Hub.
 
 Devices and dtypes are named in :mod:`tadm.devices`, Hugging Face directories are loaded
 without custom code by :mod:`tadm.hf`; :func:`resolve_device`, :func:`resolve_dtype` and
@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from tadm.devices import resolve_device, resolve_dtype
-from tadm.hf import is_repo_id, load_hf_tokenizer
+from tadm.hf import is_repo_id, load_hf_tokenizer, local_parent
 from tadm.nn import MODEL_BUILDERS, build_model, load_model
+from tadm.nn.hub import saved_tokenizer_dir
 from tadm.training.tokenization import META_FILENAME, check_vocab_compatible, load_tokenizer
 
 __all__ = ["check_model_source", "find_tokenizer", "find_tokenizer_dir", "load_hf_tokenizer",
@@ -44,6 +45,9 @@ def check_model_source(spec: str | os.PathLike[str]) -> Path | str | None:
         raise FileNotFoundError(f"model {text!r} is a file; pass the checkpoint directory that holds it")
     if is_repo_id(text) and "/" in text:
         return text
+    if local_parent(text) is not None:
+        raise FileNotFoundError(f"model directory {text!r} does not exist (its folder {local_parent(text)!r} does, so "
+                                "this is a local path, not a Hub id)")
     raise FileNotFoundError(
         f"model {text!r} is neither a checkpoint directory, a Hub id (owner/name) nor a builder name "
         f"(builders: {', '.join(sorted(MODEL_BUILDERS))})"
@@ -62,7 +66,7 @@ def resolve_model(spec: str | os.PathLike[str], *, device: torch.device | str = 
 
 
 def find_tokenizer_dir(model_dir: str | os.PathLike[str]) -> Path | None:
-    """The saved tokenizer in or beside a checkpoint directory, or None."""
+    """The saved tokenizer in or beside a checkpoint directory, or None (nothing is looked up on the Hub)."""
     path = Path(model_dir).expanduser()
     if not path.is_dir():
         return None
@@ -73,7 +77,8 @@ def find_tokenizer_dir(model_dir: str | os.PathLike[str]) -> Path | None:
 
 
 def find_tokenizer(model: str | os.PathLike[str] | None, tokenizer: str | os.PathLike[str] | None = None) -> Any:
-    """The tokenizer for ``model``: ``tokenizer`` when given (a directory or ``gpt2``), else the model's saved one.
+    """The tokenizer for ``model``: ``tokenizer`` when given (a directory or ``gpt2``), else the model's saved one
+    (in or beside its checkpoint directory, or in its Hub repository).
 
     Raises FileNotFoundError when neither is there.
     """
@@ -83,6 +88,9 @@ def find_tokenizer(model: str | os.PathLike[str] | None, tokenizer: str | os.Pat
             raise FileNotFoundError(f"tokenizer {name!r}: no such directory")
         return load_tokenizer(tokenizer)
     found = find_tokenizer_dir(model) if model is not None else None
+    text = os.fspath(model) if model is not None else ""
+    if found is None and is_repo_id(text) and "/" in text and not Path(text).expanduser().exists():
+        found = saved_tokenizer_dir(text)  # saved with the model on the Hub (save_pretrained / push_to_hub)
     if found is None:
         raise FileNotFoundError(f"no tokenizer found for model {os.fspath(model) if model else None!r}: pass its "
                                 "tokenizer directory (--tokenizer DIR)")

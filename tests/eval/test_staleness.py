@@ -234,3 +234,17 @@ def test_bad_block_sets_and_lists_name_the_problem():
     # the same intervals, listed once each, still agree with each other
     once = cached_process_nelbo(model, x, num_steps=4, refresh_intervals=(1, 2)).bounds
     assert set(once) == {1, 2} and all(math.isfinite(v) for v in once.values())
+
+
+def test_the_cached_bound_keeps_each_block_and_its_paired_differences():
+    model, x = anchored("tadm"), blocks(n=5, length=10)
+    result = cached_process_nelbo(model, x, num_steps=6, refresh_intervals=[1, 3], batch_size=2, seed=4)
+    assert [len(v) for v in result.block_bounds.values()] == [5, 5]
+    for K in (1, 3):  # every block has L tokens: the bound is the mean of the blocks'
+        assert sum(result.block_bounds[K]) / 5 == pytest.approx(result.bounds[K], rel=1e-12)
+    diffs = [a - b for a, b in zip(result.block_bounds[3], result.block_bounds[1])]
+    mean = sum(diffs) / 5
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4 / 5)
+    assert result.difference(3) == pytest.approx((mean, se), rel=1e-12)
+    assert result.difference(1) == (0.0, 0.0)
+    assert "block_bounds" not in result.as_dict()  # records keep their form

@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,100 @@ def test_a_size_preset_name_is_not_looked_up_on_the_hub() -> None:
     with pytest.raises(ValueError, match=r"'tadm-tiny' is a size preset, not a saved model: build it with "
                                          r"tadm\.nn\.build_model\('tadm-tiny'\)"):
         load_model("tadm-tiny")
+
+
+# ---------------------------------------------------------------------------------- the tokenizer travels with it
+def _tokenizer():
+    from tadm.training.tokenization import train_bpe_tokenizer
+
+    return train_bpe_tokenizer(["the cat sat on the mat", "a dog ran to the park"] * 4, vocab_size=280)
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Hub in a folder: push_to_hub uploads into ROOT/owner/name, downloads read from there (nothing goes out)."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import EntryNotFoundError
+
+    import tadm.nn.hub as hub
+
+    root = tmp_path / "hub"
+
+    def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        shutil.copytree(folder_path, root / repo_id, dirs_exist_ok=True)
+        return "commit-info"
+
+    def download(repo_id, filename, **kwargs):
+        path = root / repo_id / filename
+        if not path.is_file():
+            raise EntryNotFoundError(f"{filename} is not in {repo_id}")
+        return str(path)
+
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    monkeypatch.setattr(hub, "hf_hub_download", download)
+    return root
+
+
+def test_save_pretrained_writes_the_tokenizer_and_a_loaded_model_finds_it(tmp_path: Path) -> None:
+    from tadm.specs import find_tokenizer, load_model_and_tokenizer
+
+    tok = _tokenizer()
+    model = build_model("tadm-tiny", vocab_size=tok.vocab_size)
+    model.save_pretrained(tmp_path / "a", tokenizer=tok)
+    loaded = load_model(tmp_path / "a")
+    assert loaded.tokenizer_dir == tmp_path / "a"
+    assert find_tokenizer(tmp_path / "a").fingerprint() == tok.fingerprint()
+    loaded.save_pretrained(tmp_path / "b")  # a loaded model is saved with the tokenizer it came with
+    model_b, tok_b = load_model_and_tokenizer(str(tmp_path / "b"))
+    assert tok_b.fingerprint() == tok.fingerprint() and model_b.config == model.config
+    model.save_pretrained(tmp_path / "c")  # a model built here has none: nothing is made up
+    assert load_model(tmp_path / "c").tokenizer_dir is None and not (tmp_path / "c" / "tokenizer.json").exists()
+
+
+def test_push_to_hub_uploads_the_tokenizer_and_load_model_finds_it_there(fake_hub: Path, capsys) -> None:
+    from tadm.cli import main
+    from tadm.sampling import generate
+    from tadm.specs import find_tokenizer
+
+    tok = _tokenizer()
+    build_model("mdlm-tiny", vocab_size=tok.vocab_size).push_to_hub("me/tiny", tokenizer=tok)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tadm_tokenizer.json"} <= {
+        p.name for p in (fake_hub / "me" / "tiny").iterdir()}
+    model = load_model("me/tiny")
+    assert model.tokenizer_dir == fake_hub / "me" / "tiny"
+    shared = find_tokenizer("me/tiny")  # what `tadm sample --model me/tiny` decodes with
+    out = generate(model, "mdlm", batch_size=1, seq_len=8, num_steps=4, prefix=[shared.bos_id, *shared.encode("the")])
+    assert shared.decode_until_eos(out.tokens[0]).startswith("the")
+    assert main(["sample", "--model", "me/tiny", "--prompt", "the cat", "-T", "4", "--length", "12"]) == 0
+    assert capsys.readouterr().out.startswith("--- sample 0 ---\nthe cat")  # the command line decodes it too
+    model.push_to_hub("me/copy")  # pushed again without naming it: the tokenizer goes along
+    assert (fake_hub / "me" / "copy" / "tadm_tokenizer.json").is_file()
+    build_model("mdlm-tiny").push_to_hub("me/bare")
+    assert load_model("me/bare").tokenizer_dir is None  # a repository without one
+
+
+def test_a_tokenizer_the_model_cannot_read_is_refused(tmp_path: Path) -> None:
+    tok = _tokenizer()
+    with pytest.raises(ValueError, match=f"the tokenizer has {tok.vocab_size} ids but the model's vocabulary has 65"):
+        build_model("tadm-tiny").save_pretrained(tmp_path, tokenizer=tok)
+    build_model("ar-tiny", vocab_size=tok.vocab_size - 1).save_pretrained(tmp_path / "ar", tokenizer=tok)  # no mask
+    with pytest.raises(TypeError, match="tokenizer must have save"):
+        build_model("tadm-tiny").save_pretrained(tmp_path, tokenizer="gpt2")
+
+
+def test_a_missing_path_under_a_local_folder_is_a_local_error_not_a_hub_lookup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tadm.nn.hub as hub
+    from tadm.specs import check_model_source
+
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hub, "hf_hub_download", lambda *a, **k: pytest.fail("looked up on the Hub"))
+    message = "model directory 'runs/typo' does not exist (its folder 'runs' does, so this is a local path"
+    with pytest.raises(FileNotFoundError, match=re.escape(message)):
+        load_model("runs/typo")
+    with pytest.raises(FileNotFoundError, match=re.escape(message)):  # the command line's check says the same
+        check_model_source("runs/typo")

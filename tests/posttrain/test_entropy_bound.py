@@ -9,7 +9,6 @@ from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec,
 from tadm.sampling import build_sampler
 from tadm.sampling.entropy_bound import (
     EntropyBoundSampler,
-    StableConfidentStopping,
     entropy_bound_accept,
     token_entropy,
 )
@@ -162,18 +161,6 @@ def test_matches_transformers_sampler_and_temperature_processor():
         assert torch.equal(out.accepted, hf.accepted_token_mask)
         expected = processed.argmax(-1) if n == 1 else renoised
         assert torch.equal(out.prev_sample, expected)
-
-
-def test_stable_confident_stopping():
-    stop = StableConfidentStopping(stability_threshold=1, confidence_threshold=0.05)
-    sharp = torch.tensor([[[20.0, 0.0, 0.0], [0.0, 20.0, 0.0]], [[1.0, 1.0, 1.0], [0.0, 20.0, 0.0]]])
-    greedy = sharp.argmax(-1)
-    assert stop(greedy, sharp).tolist() == [False, False]  # no history yet: not stable
-    assert stop(greedy, sharp).tolist() == [True, False]  # stable; row 1 has a uniform (uncertain) position
-    assert stop(torch.flip(greedy, [1]), sharp).tolist() == [False, False]  # the canvas changed
-    stop.reset()
-    always_stable = StableConfidentStopping(stability_threshold=0, confidence_threshold=math.log(3) / 2 + 1e-3)
-    assert always_stable(greedy, sharp).tolist() == [True, True]
 
 
 def test_build_sampler_fills_in_the_vocabulary_of_a_post_trained_backbone(gemma):

@@ -1,4 +1,4 @@
-"""TimeAnchoredDiffusionGemma: the post-trained model, loaded and used like transformers' DiffusionGemma."""
+"""TimeAnchoredDiffusionGemma: a transformers DiffusionGemma whose decoder runs the anchor cache (Algorithm 1)."""
 
 import math
 
@@ -11,16 +11,8 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSamplerConfig,
 )
 
-from tadm.posttrain import (
-    AnchoredBackbone,
-    DiffusionGemmaBackbone,
-    FusionSpec,
-    SplitSpec,
-    TimeAnchoredDiffusionGemma,
-    generate_blocks,
-    save_adapter,
-)
-from tadm.sampling.entropy_bound import EntropyBoundSampler
+from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, SplitSpec, save_adapter
+from tadm.posttrain.hf_model import TimeAnchoredDiffusionGemma
 
 from .conftest import build_tiny_gemma, randomize
 
@@ -100,9 +92,11 @@ def test_k1_gives_the_base_models_own_generate(saved, case):
 def test_a_loaded_base_and_the_settings_of_the_explicit_config_are_used(saved):
     base_dir, adapter = saved
     base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()
+    config, generation_config = base.config, base.generation_config
     model = TimeAnchoredDiffusionGemma.from_pretrained(base, adapter=adapter)
-    assert model.base_model is base and model.config is base.config
-    assert model.generation_config is base.generation_config
+    # converted in place, as PEFT's get_peft_model does: the loaded model is the time-anchored one
+    assert model is base and isinstance(model, TimeAnchoredDiffusionGemma) and model.config is config
+    assert model.generation_config is generation_config
     assert (model.device, model.dtype, model.config.canvas_length) == (torch.device("cpu"), torch.float32, L)
     out = model.generate(_prompt(), **CASES["explicit config"])
     assert out.sequences.shape == (2, 5 + 3 * L)
@@ -134,7 +128,7 @@ def test_k2_runs_the_anchor_layers_at_half_the_steps(saved):
     assert torch.equal(default, tokens[2]) and model.last_generation.layer_calls.anchor == 27
     # naive=True: the stale anchor as is, fusion bypassed; the model stays paired afterwards.
     naive = model.generate(_prompt(), naive=True, generator=torch.Generator().manual_seed(0), **settings).sequences
-    assert not torch.equal(naive, tokens[2]) and model.anchored.fusion_mode == "paired"
+    assert not torch.equal(naive, tokens[2]) and model.anchor_cache.mode == "paired"
     assert model.last_generation.layer_calls.anchor == 27
 
 
@@ -172,6 +166,8 @@ def test_a_bad_refresh_interval_is_one_clean_line(saved, bad):
             call()
         assert "\n" not in str(error.value) and repr(bad) in str(error.value)
         assert "K must be an integer >= 1" in str(error.value)
+    with pytest.raises(ValueError, match="skip_unchanged reuses a whole prediction"):
+        model.generate(_prompt(), refresh_policy="2:skip_unchanged=true")
     with pytest.raises(ValueError, match="unknown policy 'x'") as error:
         model.generate(_prompt(), refresh_policy="x:K=2")
     assert "\n" not in str(error.value)
@@ -184,40 +180,39 @@ def test_dtype_and_other_options_go_to_the_base_loader(saved):
     base_dir, adapter = saved
     model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, dtype=torch.bfloat16,
                                                        refresh_interval=2)
-    assert model.dtype == torch.bfloat16 == model.base_model.dtype
-    assert {p.dtype for p in model.base_model.parameters()} == {torch.bfloat16}
+    assert model.dtype == torch.bfloat16
+    assert {p.dtype for p in model.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.fusion.parameters()} == {torch.float32}  # the fusion is kept in float32
     out = model.generate(_prompt(), max_new_tokens=L, max_denoising_steps=2)
     assert out.sequences.shape == (2, 5 + L) and out.sequences.dtype == torch.long
-    with pytest.raises(ValueError, match="apply only when base is a directory or Hub id"):
-        TimeAnchoredDiffusionGemma.from_pretrained(model.base_model, adapter=adapter, dtype=torch.float32)
+    with pytest.raises(ValueError, match="apply only when the base is a directory or Hub id"):
+        TimeAnchoredDiffusionGemma.from_pretrained(DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir),
+                                                   adapter=adapter, dtype=torch.float32)
     with pytest.raises(ValueError, match="trust_remote_code=False"):
         TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, trust_remote_code=True)
 
 
-def test_what_generate_cannot_honour_is_refused(saved):
+def test_what_generate_cannot_run_with_the_cache_is_refused_in_one_line(saved):
     base_dir, adapter = saved
-    model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter)
+    model = TimeAnchoredDiffusionGemma.from_pretrained(base_dir, adapter=adapter, refresh_interval=2)
     refused = [
-        (dict(streamer=object()), "streamer is not supported"),
-        (dict(past_key_values=object()), "past_key_values is not supported"),
-        (dict(logits_processor=[object()]), "custom logits_processor"),
-        (dict(stopping_criteria=[object()]), "custom stopping_criteria"),
-        (dict(pixel_values=torch.zeros(1, 3, 4, 4)), "image inputs \\(pixel_values\\)"),
-        (dict(mm_token_type_ids=torch.ones(2, 5, dtype=torch.long)), "mm_token_type_ids marks non-text tokens"),
-        (dict(decoder_input_ids=torch.zeros(2, L, dtype=torch.long)), "cannot honour: decoder_input_ids"),
-        (dict(cache_implementation="static"), "cache_implementation 'static'"),
-        (dict(max_length=4, max_new_tokens=256), "leaves no tokens to generate"),
+        (dict(cache_implementation="static"), "the compiled denoising step \\(a static cache\\) runs only at K = 1"),
+        (dict(canvas_length=0), "canvas_length must be an integer >= 1"),
     ]
     for kwargs, match in refused:
-        with pytest.raises(ValueError, match=match):
-            model.generate(_prompt(), **kwargs)
+        with pytest.raises(ValueError, match=match) as error:
+            model.generate(_prompt(), max_new_tokens=L, **kwargs)
+        assert "\n" not in str(error.value)
     for ids, got in ((_prompt()[0], r"got shape \(5,\), torch.int64"), (_prompt().float(), "got shape .*torch.float32"),
                      (_prompt().tolist(), "got list")):
         with pytest.raises(ValueError, match=rf"input_ids must be a \(B, P\) tensor of token ids, {got}"):
             model.generate(ids, max_new_tokens=L)
-    # Text-only token types are accepted.
+    with pytest.raises(ValueError, match="generate needs input_ids"):
+        model.generate(max_new_tokens=L)
+    # Text-only token types are accepted, and a refused call leaves the model's own settings as they were.
     model.generate(_prompt(), token_type_ids=torch.zeros(2, 5, dtype=torch.long), max_new_tokens=L,
                    max_denoising_steps=2)
+    assert model.refresh_policy.fixed_interval == 2 and model.config.canvas_length == L
 
 
 def test_prompts_of_any_integer_dtype_generate_as_the_base_does(saved):
@@ -236,8 +231,6 @@ def test_prompts_of_any_integer_dtype_generate_as_the_base_does(saved):
     with pytest.raises(ValueError, match=r"input_ids must be a \(B, P\) tensor of token ids, got shape \(2, 5\), "
                                          r"torch.bool"):
         model.generate(_prompt() > 50, **settings)
-    with pytest.raises(ValueError, match="prompt_ids must be a \\(B, P\\) tensor of integer token ids, got torch.float32"):
-        generate_blocks(model.anchored, _prompt().float(), sampler=EntropyBoundSampler(V, num_steps=2), max_new_tokens=L)
 
 
 @pytest.mark.slow
@@ -264,7 +257,7 @@ def test_a_split_without_adapter_is_the_base_at_k1_and_naive_reuse_beyond(saved)
                               **settings, **kwargs).sequences
 
     assert torch.equal(at_k2(plain), at_k2(fused, naive=True))
-    with pytest.raises(ValueError, match="no adapter to save"):
+    with pytest.raises(ValueError, match="this model has no adapter to save"):
         plain.save_pretrained(base_dir.parent / "nothing")
 
 
@@ -309,7 +302,7 @@ def test_num_parameters_counts_as_transformers_does(saved):
     base = DiffusionGemmaForBlockDiffusion.from_pretrained(base_dir).eval()
     expected = {flags: base.num_parameters(exclude_embeddings=flags[1]) for flags in ((False, False), (False, True))}
     model = TimeAnchoredDiffusionGemma.from_pretrained(base, adapter=adapter)
-    fusion = sum(p.numel() for p in model.anchored.fusion.parameters())
+    fusion = sum(p.numel() for p in model.fusion.parameters())
     assert fusion > 0
     assert model.num_parameters() == expected[(False, False)] + fusion
     assert model.num_parameters(exclude_embeddings=True) == expected[(False, True)] + fusion

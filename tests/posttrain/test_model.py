@@ -206,8 +206,8 @@ def test_generic_anchor_cache_loop_drives_the_split_mdlm():
 
 
 def test_backbone_registry_errors():
-    with pytest.raises(ValueError, match="valid: diffusion-gemma, mdlm"):
-        load_backbone("llada", "somewhere")
+    with pytest.raises(ValueError, match="valid: diffusion-gemma, dream, llada, mdlm"):
+        load_backbone("sedd", "somewhere")
     with pytest.raises(TypeError, match="LayerStackBackbone"):
         wrap_backbone(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="MDLM has no self-conditioning"):

@@ -156,11 +156,11 @@ def test_no_self_conditioning_signal_at_the_first_grid_step(gemma):
     assert not torch.equal(model.unpack_anchor(lower.anchor)[1], plain)  # a bootstrapped signal is used
 
 
-def test_rollout_refuses_masked_backbones():
+def test_a_masked_backbone_rolls_out_with_a_masked_sampler_only():
     model = AnchoredBackbone(MDLMBackbone(mdlm_tiny()), SplitSpec(1, 1), FusionSpec(rank=8, num_heads=2))
-    with pytest.raises(ValueError, match="prior 'mask'"):
+    with pytest.raises(ValueError, match="a mask-prior backbone \\(MDLMBackbone\\) rolls out with a masked sampler"):
         on_policy_rollout(model, torch.zeros(1, 4, dtype=torch.long), sampler=EntropyBoundSampler(65),
-                          schedule=get_schedule("loglinear"))
+                          schedule=get_schedule("loglinear"), self_conditioning_prob=0.0)
     with pytest.raises(ValueError, match="rollout mode 'teacher' is unknown; valid: on-policy, forward"):
         draw_rollout(model, torch.zeros(1, 4, dtype=torch.long), sampler=EntropyBoundSampler(65),
                      schedule=get_schedule("loglinear"), mode="teacher")

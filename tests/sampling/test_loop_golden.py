@@ -1,8 +1,9 @@
-"""The three callers of Algorithm 1's loop give the tokens recorded in ``tests/golden/loop_tokens.json``.
+"""Every caller of Algorithm 1's loop, and the AR sampler, give the tokens recorded in ``tests/golden/loop_tokens.json``.
 
 The file was written by the implementation before the loop was unified (one inner loop for
-unconditional generation, block-wise generation and rollouts); any change of a sampled token in
-any caller fails here. Regenerate deliberately with ``TADM_WRITE_GOLDEN=1 pytest tests/sampling/test_loop_golden.py``.
+unconditional generation, block-wise generation and rollouts); the refresh policies, prompted
+generation of tadm's own models (``prefix/``) and the AR sampler (``ar/``) were added before
+prompts came to ``generate``. Any change of a sampled token in any caller fails here. Regenerate deliberately with ``TADM_WRITE_GOLDEN=1 pytest tests/sampling/test_loop_golden.py``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import torch
 
 from tadm.diffusion import get_schedule
 from tadm.nn import adlm_tiny, mdlm_tiny, tadm_tiny
-from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, MDLMBackbone, SplitSpec, generate_blocks
+from tadm.posttrain import AnchoredBackbone, DiffusionGemmaBackbone, FusionSpec, MDLMBackbone, SplitSpec
 from tadm.posttrain.rollout import on_policy_rollout
-from tadm.sampling import generate, get_sampler
-from tadm.sampling.entropy_bound import EntropyBoundSampler, StableConfidentStopping
+from tadm.nn import ar_tiny
+from tadm.sampling import AdaptiveRefresh, FixedRefresh, ScheduleRefresh, generate, get_sampler
+from tadm.sampling.autoregressive import generate_autoregressive
+from tadm.sampling.entropy_bound import EntropyBoundSampler
+from tadm.tasks.generation import GenerationSettings, PrefixGenerator
 
 from tests.posttrain.conftest import _one_thread  # noqa: F401  (autouse: tiny tensors run fastest on one thread)
 
@@ -58,7 +62,13 @@ def _unconditional_cases():
         cases.append(("tadm", "mdlm", K, {"skip_unchanged": True}))
         cases.append(("split-mdlm", "mdlm", K, {}))
     cases.append(("tadm", "mdlm", 4, {"time_grid": "released", "skip_unchanged": True}))
+    for net in ("tadm", "adlm"):  # refresh policies other than a fixed K
+        cases.append((net, "remdm-cap", "adaptive", {}))
+        cases.append((net, "mdlm", "schedule", {}))
     return nets, cases
+
+
+POLICIES = {"adaptive": lambda: AdaptiveRefresh(tau=0.2, max_interval=4), "schedule": lambda: ScheduleRefresh([10, 8, 4])}
 
 
 def _run_unconditional():
@@ -69,9 +79,10 @@ def _run_unconditional():
         loop = {k: options.pop(k) for k in ("time_conditioned", "skip_unchanged") if k in options}
         model = nets[net]
         sampler = get_sampler(sampler_name, model.mask_token_id, **options)
-        result = generate(model, sampler, batch_size=2, seq_len=12, num_steps=10, refresh_interval=K,
-                          generator=torch.Generator().manual_seed(11), **loop)
-        key = f"generate/{net}/{sampler_name}/K{K}/" + ",".join(f"{k}={v}" for k, v in sorted({**options, **loop}.items()))
+        refresh = {"policy": POLICIES[K]()} if K in POLICIES else {"refresh_interval": K}
+        result = generate(model, sampler, batch_size=2, seq_len=12, num_steps=10,
+                          generator=torch.Generator().manual_seed(11), **refresh, **loop)
+        key = f"generate/{net}/{sampler_name}/{K if K in POLICIES else f'K{K}'}/" + ",".join(f"{k}={v}" for k, v in sorted({**options, **loop}.items()))
         out[key] = {"tokens": result.tokens.tolist(), "refresh_steps": result.refresh_steps,
                     "layer_calls": result.layer_calls.as_dict()}
     return out
@@ -92,26 +103,34 @@ def _gemma_model(mode="paired"):
 
 
 def _run_blocks():
-    model = _gemma_model()
-    V = model.vocab_size
+    """Block-wise generation, now the base's own ``generate`` on the time-anchored model (the cache inside the
+    model): the tokens tadm's former block loop recorded, with its sampler settings (eta 0.1, tau 0.8 -> 0.4)."""
+    from tadm.posttrain import TimeAnchoredDiffusionGemma
+    from tadm.tasks.generation import _passes
+
+    split = _gemma_model()
+    model = TimeAnchoredDiffusionGemma.from_pretrained(split.backbone.model, split=(1, 3),
+                                                       fusion=FusionSpec(rank=8, num_heads=2))
+    model.fusion.load_state_dict(split.fusion.state_dict())
+    V = model.config.text_config.vocab_size
     prompt = torch.randint(3, V, (2, 5), generator=torch.Generator().manual_seed(0))
     out = {}
     for mode in ("paired", "naive"):
-        model.fusion_mode = mode
         for K in (1, 2, 3):
             for stop in (None, (0, 1.0)):
                 for sc in (True, False):
-                    result = generate_blocks(
-                        model, prompt, sampler=EntropyBoundSampler(V, num_steps=6), refresh_interval=K,
-                        max_new_tokens=20, self_conditioning=sc, eos_token_id=[7], pad_token_id=0,
-                        stopping=None if stop is None else StableConfidentStopping(*stop),
+                    result = model.generate(
+                        prompt, refresh_interval=K, naive=mode == "naive", self_conditioning=sc,
+                        max_new_tokens=20, max_denoising_steps=6, t_min=0.4, t_max=0.8, eos_token_id=[7],
+                        pad_token_id=0, stability_threshold=None if stop is None else stop[0],
+                        confidence_threshold=None if stop is None else stop[1],
                         generator=torch.Generator().manual_seed(3),
                     )
+                    record = model.last_generation
                     key = f"blocks/{mode}/K{K}/stop={stop}/sc={sc}"
-                    out[key] = {"tokens": result.sequences.tolist(), "refresh_steps": result.refresh_steps,
-                                "layer_calls": result.layer_calls.as_dict(),
-                                "passes": result.decoder_forward_passes.tolist()}
-    model.fusion_mode = "paired"
+                    out[key] = {"tokens": result.sequences.tolist(), "refresh_steps": record.refresh_steps,
+                                "layer_calls": record.layer_calls.as_dict(),
+                                "passes": _passes(result.sequences[:, 5:], result.tokens_per_forward, 0)}
     return out
 
 
@@ -137,7 +156,45 @@ def _run_rollouts():
     return out
 
 
-RUNS = {"generate": _run_unconditional, "blocks": _run_blocks, "rollout": _run_rollouts}
+class _IdTokenizer:
+    """Token ids as text ("3 4 5"): enough of a tokenizer for PrefixGenerator's bookkeeping."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size, self.bos_id, self.eos_id = vocab_size, 0, 1
+
+    def encode(self, text):
+        return [int(word) for word in text.split()]
+
+
+def _run_prefix():
+    """tadm's own models after a prompt (the lm-eval path): prompts of two lengths, each K, two samplers."""
+    nets, _ = _unconditional_cases()
+    out = {}
+    for net in ("tadm", "adlm", "mdlm"):
+        model = nets[net]
+        for sampler in ("mdlm", "remdm-cap"):
+            for K in (1, 3):
+                settings = GenerationSettings(policy=FixedRefresh(K), steps=8, sampler=sampler)
+                gen = PrefixGenerator(model, _IdTokenizer(model.vocab_size), settings)
+                batch = gen.generate([[0, 5, 6, 7], [0, 9]], 6, torch.Generator().manual_seed(4))
+                out[f"prefix/{net}/{sampler}/K{K}"] = {"tokens": batch.tokens, "layer_calls": batch.layer_calls}
+    return out
+
+
+def _run_autoregressive():
+    torch.manual_seed(0)
+    model = _randomize(ar_tiny()).eval()
+    out = {}
+    for top_p in (1.0, 0.9, 0.5):
+        for seed in (2, 3, 4):
+            tokens = generate_autoregressive(model, batch_size=2, seq_len=8, bos_id=0, top_p=top_p,
+                                             generator=torch.Generator().manual_seed(seed))
+            out[f"ar/top_p={top_p}/seed={seed}"] = {"tokens": tokens.tolist()}
+    return out
+
+
+RUNS = {"generate": _run_unconditional, "blocks": _run_blocks, "rollout": _run_rollouts, "prefix": _run_prefix,
+        "ar": _run_autoregressive}
 
 
 def _golden() -> dict:

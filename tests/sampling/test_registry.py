@@ -68,7 +68,7 @@ def test_name_fixes_the_strategy_and_its_defaults():
 def test_unknown_options_and_names_are_errors_listing_the_valid_ones():
     with pytest.raises(ValueError, match=r"sampler 'mdlm' has no option\(s\) eta; valid: schedule, top_p"):
         get_sampler("mdlm", MASK, eta=0.1)
-    with pytest.raises(ValueError, match="unknown sampler 'remdm'; valid: entropy-bound, mdlm"):
+    with pytest.raises(ValueError, match="unknown sampler 'remdm'; valid: dream-entropy, .*entropy-bound, llada, mdlm"):
         get_sampler("remdm", MASK)
     with pytest.raises(ValueError, match="needs the model's vocab_size"):
         get_sampler("entropy-bound", MASK)
@@ -118,4 +118,5 @@ def test_shared_options_drop_only_unset_values():
 
 
 def test_registry_covers_the_paper_samplers():
-    assert set(SAMPLERS) == {"mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "entropy-bound"}
+    assert set(SAMPLERS) == {"mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "entropy-bound",
+                             "llada", "dream-origin", "dream-maskgit-plus", "dream-topk-margin", "dream-entropy"}

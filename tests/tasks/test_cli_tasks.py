@@ -63,3 +63,8 @@ def test_a_run_on_local_files(capsys, tmp_path, base_dir, adapter_dir):
     assert {(c["method"], c["K"]) for c in results["cells"]} == {
         ("baseline", 1), ("tadm", 1), ("tadm", 2), ("naive", 1), ("naive", 2)}
     assert main(argv) == 0 and "5 units (0 run now)" in capsys.readouterr().out
+
+
+def test_the_former_network_opt_in_names_what_replaced_it(capsys):
+    err = one_line_error(capsys, ["eval", "tasks", "--base", "b", "--allow-code-network"])
+    assert "--allow-code-network was replaced by --allow-uncontained-code GAP[,GAP]" in err and "local-sockets" in err

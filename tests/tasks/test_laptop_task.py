@@ -189,3 +189,107 @@ def test_a_variant_keeps_its_own_arguments_and_timings(laptop_task, tmp_path, ca
     with pytest.raises(SystemExit):
         laptop_task.parse_args([*TINY, "--out", str(out), "--variant", "v1"])
     assert "--posttrain-steps 3 (now 2)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ the held-out split
+HELD_OUT_RECORD = Path(__file__).resolve().parents[2] / "docs" / "results" / "posttrain-recovery-ablation-cpu" / \
+    "held-out" / "split.jsonl"
+
+
+def test_split_data_without_hold_out_is_unchanged_draw_for_draw(laptop_task):
+    import hashlib
+    import json
+
+    train, held = laptop_task.make_split_data(2, 200_000, 199, seed=0)  # the published runs' data (seed 0)
+    digest = hashlib.sha256(json.dumps([train, held]).encode()).hexdigest()
+    assert digest == "617cd19b68bd3e615754f4e2db83aeb1d4100ae5992f35654de292a7afcfcf8d"
+    assert (train, held) == laptop_task.make_task_data("split", 2, 200_000, 199, seed=0, hold_out=False)
+
+
+def test_held_out_totals_are_half_of_them_spread_over_every_digit(laptop_task):
+    held = laptop_task.split_held_out_totals(2)
+    assert len(held) == len(set(held)) == 100 and held[:6] == [1, 3, 5, 7, 9, 10] and held[-1] == 198
+    trained = sorted(set(range(199)) - set(held))
+    assert len(trained) == 99 and trained[0] == 0 and trained[-1] == 197
+    for place in (lambda t: t % 10, lambda t: t // 10 % 10):  # every digit in every place, in both sets
+        assert {place(t) for t in trained} == {place(t) for t in held} == set(range(10))
+    assert laptop_task.split_held_out_totals(1) == [1, 3, 5, 7, 9, 10, 12, 14, 16, 18]
+
+
+def test_no_training_prompt_is_a_held_out_prompt(laptop_task, tmp_path):
+    """The data stage exactly as the runs call it (200,000 problems, seed 0): pretraining and post-training read
+    data/train.jsonl, and none of its prompts, as strings or as the chat prompt the model sees, is held out."""
+    out = tmp_path / "run"
+    laptop_task.main(["--hold-out", "--out", str(out), "--until", "data"])
+    train = laptop_task.read_jsonl(out / "data" / "train.jsonl")
+    held = laptop_task.read_jsonl(out / "data" / "held-out" / "split.jsonl")
+    old = laptop_task.read_jsonl(out / "data" / "split.jsonl")
+    assert len(train) == 200_000 and len(held) == len({r["problem"] for r in held}) == 100
+    held_prompts = {r["problem"] for r in held}
+    train_prompts = {r["problem"] for r in train}
+    assert not train_prompts & held_prompts
+    assert not {laptop_task.chat_prompt(p, "split") for p in train_prompts} & {
+        laptop_task.chat_prompt(p, "split") for p in held_prompts}
+    assert len(train_prompts) == 99 and train_prompts | held_prompts == {r["problem"] for r in old}
+    for row in train:
+        a, b = (int(x) for x in row["answer"].split("+"))
+        assert a + b not in laptop_task.split_held_out_totals(2)
+    # the old evaluation set (every total, in the published order) is unchanged
+    assert old == laptop_task.make_split_data(2, 10, 199, seed=0)[1]
+    # and the held-out prompts are the ones recorded beside the published results
+    assert held == laptop_task.read_jsonl(HELD_OUT_RECORD)
+
+
+def test_the_held_out_evaluation_reads_the_held_out_prompts(laptop_task, tmp_path):
+    args = laptop_task.parse_args(["--hold-out", "--eval-set", "held-out", "--out", str(tmp_path / "r")])
+    assert args.eval_out == "eval-held-out" and laptop_task.kl_name(args) == "kl-held-out.json"
+    cfg = laptop_task.eval_config(args, Path(args.out))
+    assert Path(cfg.data_dir) == tmp_path / "r" / "data" / "held-out" and cfg.limit is None
+    args = laptop_task.parse_args(["--hold-out", "--eval-set", "held-out", "--variant", "v", "--out", str(tmp_path)])
+    assert args.eval_out == "variants/v/eval-held-out"
+    args = laptop_task.parse_args(["--hold-out", "--out", str(tmp_path / "r")])
+    assert args.eval_out == "eval" and laptop_task.kl_name(args) == "kl.json"
+    assert Path(laptop_task.eval_config(args, Path(args.out)).data_dir) == tmp_path / "r" / "data"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--task", "addition", "--hold-out"], "argument --hold-out: only the split task holds totals out"),
+    (["--eval-set", "held-out"], "argument --eval-set: held-out needs --hold-out"),
+])
+def test_hold_out_arguments_that_cannot_work_are_refused(laptop_task, capsys, argv, needle):
+    with pytest.raises(SystemExit):
+        laptop_task.parse_args(argv)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err
+
+
+def test_a_rerun_may_not_switch_hold_out_on_data_already_made(laptop_task, tmp_path, capsys):
+    out = tmp_path / "run"
+    laptop_task.main([*TINY, "--out", str(out), "--until", "data"])
+    with pytest.raises(SystemExit):
+        laptop_task.main([*TINY, "--out", str(out), "--until", "data", "--hold-out"])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--hold-out False (now True)" in err
+
+
+@pytest.mark.slow
+def test_a_held_out_run_evaluates_both_prompt_sets(laptop_task, tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    common = [*TINY, "--hold-out", "--out", str(out), "--variant", "v"]
+    laptop_task.main(common)
+    laptop_task.main([*common, "--eval-set", "held-out"])
+    own = out / "variants" / "v"
+    held = {laptop_task.chat_prompt(r["problem"], "split")
+            for r in laptop_task.read_jsonl(out / "data" / "held-out" / "split.jsonl")}
+    units = sorted((own / "eval-held-out" / "units" / "split").glob("*.json"))
+    assert units and all({r["prompt"] for r in json.loads(u.read_text())["records"]} == held for u in units)
+    assert len(held) == 10 and (own / "kl.json").is_file() and (own / "kl-held-out.json").is_file()
+    old = json.loads(next((own / "eval" / "units" / "split").glob("*.json")).read_text())["records"]
+    assert len(old) == 5
+    timings = json.loads((own / "timings.json").read_text())
+    assert {"eval", "eval-held-out", "diagnose", "diagnose-held-out"} <= set(timings)
+    for record in (out / "base" / "pretrain.json", own / "adapter" / "posttrain.json"):
+        assert "commit" in json.loads(record.read_text())
+    assert "kd_last" in json.loads((own / "adapter" / "posttrain.json").read_text())

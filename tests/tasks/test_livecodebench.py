@@ -12,8 +12,8 @@ import pytest
 from tadm.tasks.sandbox import CodeLimits
 from tadm.tasks.benchmarks import build_prompt, get_benchmark, score
 from tadm.tasks.datasets import example_from_record
-from tadm.tasks.livecodebench import (convert_rows, decode_test_cases, functional_program, record_from_row,
-                                      same_json_output)
+from tadm.tasks.livecodebench import (convert_rows, decode_test_cases, functional_checks, functional_program,
+                                      record_from_row, same_json_output)
 
 LCB = get_benchmark("livecodebench")
 
@@ -102,11 +102,15 @@ def test_prompts_show_the_starter_code_when_there_is_one():
 
 def test_functional_driver_and_output_comparison():
     program = functional_program("class Solution:\n    def f(self, a, b):\n        return a + b\n", "f")
-    assert program.rstrip().endswith("print(_tadm_json.dumps(_tadm_result))") and "'f'" in program
+    assert program.startswith("from typing import *") and program.rstrip().endswith("return a + b")
+    checks = functional_checks("f", "[1, 2]\n3")  # the call runs in the harness, not in the program
+    assert "program.method(\"Solution\", 'f')" in checks and "print(json.dumps(" in checks
     assert same_json_output("[0, 1]\n", "[0,1]") and not same_json_output("[1, 0]", "[0, 1]")
     assert same_json_output("true", "true") and same_json_output("abc", " abc ")
     with pytest.raises(ValueError, match="func_name"):
         functional_program("x = 1", "")
+    with pytest.raises(ValueError, match="func_name"):
+        functional_checks("", "1")
 
 
 def test_functional_tests_without_a_method_name_are_a_clear_error():

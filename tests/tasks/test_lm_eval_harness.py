@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("lm_eval")
 
@@ -66,11 +67,44 @@ def test_command_line_wrapper_writes_results(task_dir, base_dir, tmp_path, capsy
     from tadm.tasks.lm_eval_cli import main
 
     out = tmp_path / "results"
-    main(["--model", "tadm", "--model_args", f"base={base_dir},split=1:3,steps=2,seed=1", "--tasks",
-          str(task_dir / "tiny_echo.yaml"), "--batch_size", "3", "--output_path", str(out), "--log_samples"])
-    assert "tadm_tiny_echo" in capsys.readouterr().out
+    assert main(["--model", "tadm", "--model_args", f"base={base_dir},split=1:3,steps=2,seed=1,K=2", "--tasks",
+                 str(task_dir / "tiny_echo.yaml"), "--batch_size", "3", "--output_path", str(out),
+                 "--log_samples"]) == 0  # no --device: lm-eval's default is cuda:0
+    printed = capsys.readouterr().out
+    assert "tadm_tiny_echo" in printed
     written = sorted(p.name.split("_")[0] for p in out.rglob("*.jsonl")) + [p.name for p in out.rglob("results_*.json")]
     assert written[0] == "samples" and written[-1].startswith("results_")
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
+    used = "cuda" if torch.cuda.is_available() else "cpu"
+    assert results["config"]["device"] == used  # the device the model ran on, not lm-eval's cuda:0 default
+    # after lm-eval's table, what generation cost: one batch of 3 prompts, 12 tokens = 2 canvases of 8, T = 2 each
+    table = printed[printed.index(f"tadm model on {used}: what generation cost"):].splitlines()
+    assert table[1].startswith("|refresh|requests|generated tokens|seconds|tokens/s|layer calls|")
+    row = table[3].split("|")
+    assert row[1:3] == ["K=2", "3"] and float(row[5]) > 0
+    assert row[8] == "4 / 6 / 8" and row[9] == "2"  # 4 passes of 1 shared + 2 denoiser layers, 2 refreshes of 3
+
+
+@pytest.mark.slow
+def test_a_run_mixing_generation_and_log_likelihood_tasks_on_a_base_is_refused_before_generating(
+        task_dir, base_dir, capsys, monkeypatch):
+    """A post-training base answers generation tasks only; tadm's own models answer both (their mixed run is
+    tested with the log-likelihood estimator)."""
+    from tadm.tasks.lm_eval_cli import main
+    from tadm.tasks.lm_eval_model import TadmLM
+
+    (task_dir / "tiny_mc.yaml").write_text((task_dir / "tiny_echo.yaml").read_text().replace(
+        "tadm_tiny_echo", "tadm_tiny_mc").replace("output_type: generate_until", "output_type: multiple_choice\n"
+                                                  "doc_to_choice: [fine, sat]").split("generation_kwargs")[0])
+    monkeypatch.setattr(TadmLM, "generate_until", lambda *a, **k: pytest.fail("generated before refusing"))
+    argv = ["--model", "tadm", "--model_args", f"base={base_dir},split=1:3,steps=2", "--tasks",
+            f"{task_dir / 'tiny_echo.yaml'},{task_dir / 'tiny_mc.yaml'}", "--limit", "1"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "tadm-lm-eval: error: tadm model: task 'tadm_tiny_mc' (output_type multiple_choice) needs log-likelihoods, "
+        "which a post-training base (base=...) does not compute (tadm's own models, model=..., do); only generation "
+        "tasks (output_type generate_until) run on a base: nothing was generated, drop it from --tasks "
+        "(traceback: TADM_DEBUG=1)")
 
 
 @pytest.mark.parametrize("model_args", [["model=tadm-tiny,K=2,K=3"], ["model=tadm-tiny,K=2", "K=3"]])
@@ -83,21 +117,22 @@ def test_command_line_refuses_a_model_arg_given_twice(model_args, capsys):
 
 
 @pytest.mark.parametrize("model_args, task, flags, message", [
-    pytest.param("model=MODEL", "tiny_ll", [],
-                 "tadm model: 'loglikelihood' requests (tasks with output_type loglikelihood",
+    pytest.param("base=BASE,split=1:3", "tiny_ll", [],
+                 "tadm model: log-likelihood requests (output_type loglikelihood, multiple_choice or",
                  marks=pytest.mark.slow),  # lm-eval indexes its task registry: about 10 s
     pytest.param("model=MODEL", "tiny_echo", ["--apply_chat_template"], "its tokenizer has no chat template; run",
                  marks=pytest.mark.slow),
     pytest.param("model=tadm-tiny,tokenizer=MODEL", "tiny_echo", [], "tokenizer vocabulary (320) != model vocabulary",
                  marks=pytest.mark.slow),
 ])
-def test_command_line_failures_of_a_run_are_one_line(task_dir, tadm_model_dir, capsys, monkeypatch, model_args, task,
-                                                     flags, message):
+def test_command_line_failures_of_a_run_are_one_line(task_dir, tadm_model_dir, base_dir, capsys, monkeypatch,
+                                                     model_args, task, flags, message):
     from tadm.tasks.lm_eval_cli import main
 
     (task_dir / "tiny_ll.yaml").write_text((task_dir / "tiny_echo.yaml").read_text().replace(
         "tadm_tiny_echo", "tadm_tiny_ll").replace("generate_until", "loglikelihood"))
-    argv = ["--model", "tadm", "--model_args", model_args.replace("MODEL", str(tadm_model_dir)) + ",steps=2",
+    model_args = model_args.replace("MODEL", str(tadm_model_dir)).replace("BASE", str(base_dir))
+    argv = ["--model", "tadm", "--model_args", model_args + ",steps=2",
             "--tasks", str(task_dir / f"{task}.yaml"), *flags, "--limit", "1", "--device", "cpu"]
     assert main(argv) == 2
     err = capsys.readouterr().err

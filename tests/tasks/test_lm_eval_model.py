@@ -145,15 +145,15 @@ def test_one_loaded_model_serves_several_settings(adapter_lm):
 
 def test_entropy_bound_settings_reach_the_sampler(base_dir):
     lm = base_lm(base_dir, entropy_bound=0.3, temperature_max=0.9, temperature_min=0.5, canvas_length=4)
-    sampler = lm.generator.sampler
-    assert (sampler.entropy_bound, sampler.temperature_max, sampler.temperature_min) == (0.3, 0.9, 0.5)
-    assert sampler.num_steps == STEPS and lm.generator.canvas_length == 4
+    settings = lm.generator.generation_kwargs(8)  # what the base's own generate is given
+    assert (settings["sampler_config"].entropy_bound, settings["t_max"], settings["t_min"]) == (0.3, 0.9, 0.5)
+    assert settings["max_denoising_steps"] == STEPS and lm.generator.canvas_length == 4
     lm.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
     calls, stop = lm.batch_stats[0].layer_calls["denoiser_calls"], lm.request_stats[0].stop
     one_canvas = stop == "eos" and lm.request_stats[0].generated_tokens < 4
     assert calls == (STEPS if one_canvas else 2 * STEPS)  # canvases of 4 tokens
     default = TadmLM(base=str(base_dir), split="1:3", device="cpu")
-    assert default.generator.steps == 48 and default.generator.sampler.entropy_bound == 0.1  # the paper's
+    assert default.generator.steps == 48 and default.generator.options.entropy_bound == 0.1  # the paper's
 
 
 def test_chat_template_has_thinking_off_and_one_bos(adapter_lm):
@@ -192,21 +192,23 @@ def test_a_prompt_cut_to_fit_the_canvas_is_counted_and_said_once(tadm_model_dir,
                         "as prompts_cut)"]
 
 
-def test_prefix_stays_fixed_under_a_remasking_sampler(tadm_model_dir):
-    import torch
+def test_prefix_stays_fixed_under_a_remasking_sampler(tadm_model_dir, monkeypatch):
+    import tadm.tasks.generation as generation
 
     lm = TadmLM(model=str(tadm_model_dir), steps=6, sampler="remdm-loop", device="cpu")
-    gen = lm.generator
+    gen, runs = lm.generator, []
+    generate = generation.generate_canvas
+    monkeypatch.setattr(generation, "generate_canvas", lambda *a, **k: runs.append(generate(*a, **k)) or runs[-1])
     prompt = gen.encode("The jury said it")
-    z, context, starts = gen._canvas([prompt], 10, torch.Generator().manual_seed(0))
-    final, _ = gen._denoise(z, context, torch.Generator().manual_seed(0))
-    assert final[0, :starts[0]].tolist() == prompt and not bool((final == gen.model.mask_token_id).any())
+    gen.generate([prompt], 10, torch.Generator().manual_seed(0))
+    final = runs[0].tokens
+    assert final[0, :len(prompt)].tolist() == prompt and not bool((final == gen.model.mask_token_id).any())
 
 
-def test_loglikelihood_requests_are_refused(adapter_lm):
-    with pytest.raises(NotImplementedError, match="loglikelihood.*only generation tasks"):
+def test_a_post_training_base_refuses_loglikelihood_requests(adapter_lm):
+    with pytest.raises(NotImplementedError, match="answered by tadm's own models .* generation tasks"):
         adapter_lm.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
-    with pytest.raises(NotImplementedError, match="loglikelihood_rolling.*only generation tasks"):
+    with pytest.raises(NotImplementedError, match="loglikelihood_rolling.*answered by tadm's own models"):
         adapter_lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("a",), 0)])
 
 
@@ -221,6 +223,10 @@ def test_loglikelihood_requests_are_refused(adapter_lm):
     ({"model": "tadm-tiny", "refresh_policy": "adaptive", "K": 2}, "K=2 and refresh_policy=adaptive name two policies; give one"),
     ({"model": "tadm-tiny", "refresh_policy": "sometimes"}, "unknown refresh policy"),
     ({"base": "/nonexistent/base"}, "nonexistent"),
+    ({"model": "tadm-tiny", "mc_samples": 0}, "mc_samples must be an integer >= 1"),
+    ({"model": "tadm-tiny", "likelihood_steps": 0}, "likelihood_steps must be an integer >= 1"),
+    ({"model": "tadm-tiny", "greedy_check": "maybe"}, "greedy_check must be true or false"),
+    ({"base": "x", "mc_samples": 8}, "mc_samples=8 set.* a post-training base .* generation tasks only"),
 ])
 def test_bad_model_args_are_clear_errors(args, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
@@ -305,3 +311,36 @@ def test_a_missing_tokenizer_names_the_model_argument():
         TadmLM(model="tadm-tiny", device="cpu")
     assert str(info.value) == ("no tokenizer found for model 'tadm-tiny': give its tokenizer directory in the model "
                                "arguments (tokenizer=DIR)")
+
+
+class _Task:
+    def __init__(self, output_type):
+        self.OUTPUT_TYPE = output_type
+
+
+def test_tasks_the_model_does_not_answer_are_named_before_any_request():
+    from tadm.tasks.lm_eval_cli import refuse_unanswered_tasks
+
+    refuse_unanswered_tasks({"gsm8k": _Task("generate_until")})  # generation only: nothing to say
+    mixed = {"gsm8k": _Task("generate_until"), "arc": _Task("multiple_choice"), "wiki": _Task("loglikelihood_rolling")}
+    with pytest.raises(NotImplementedError, match=r"^tadm model: tasks 'arc' \(output_type multiple_choice\), 'wiki' "
+                                                  r"\(output_type loglikelihood_rolling\) need log-likelihoods"):
+        refuse_unanswered_tasks(mixed)  # a post-training base (no model, or a block generator)
+    own = type("LM", (), {"generator": type("G", (), {"kind": "tadm"})()})()
+    refuse_unanswered_tasks(mixed, own)  # tadm's own models answer log-likelihood tasks
+
+
+def test_the_cost_table_shows_the_refresh_policy_tokens_per_second_and_layer_calls():
+    from tadm.tasks.stats import BatchStats, RequestStats, summarize, summary_table
+
+    calls = {"shared": 8, "anchor": 24, "denoiser": 16, "total": 48, "anchor_refreshes": 2}
+    batch = BatchStats(index=0, size=2, max_new_tokens=8, seed=0, seconds=2.0, generated_tokens=10, layer_calls=calls)
+    reqs = [RequestStats(task="t", doc_id=n, batch=0, batch_size=2, prompt_tokens=3, generated_tokens=5, seconds=2.0,
+                         layer_calls=calls, encoder_layer_calls=0, decoder_forward_passes=8, stop="eos")
+            for n in range(2)]
+    for config, label in (({"policy": "fixed", "interval": 4}, "K=4"), ({"policy": "adaptive", "tau": 0.3},
+                                                                        "adaptive tau=0.3")):
+        table = summary_table({**summarize(reqs, [batch]), "settings": {"refresh_policy": config}}).splitlines()
+        assert table[0] == ("|refresh|requests|generated tokens|seconds|tokens/s|layer calls|per request|"
+                            "shared / anchor / denoiser|anchor refreshes|")
+        assert table[2] == f"|{label}|2|10|2.0|5.0|48|48|8 / 24 / 16|2|"

@@ -202,6 +202,43 @@ def test_a_judge_whose_answers_never_parse_is_reported_as_such(data_dir, tmp_pat
     assert "| 1 | 0.0 | no verdict parsed | - | 3/3 | 100.0 | no verdict parsed | - | 3/3 |" in table
 
 
+@pytest.mark.slow
+def test_the_table_marks_a_code_task_where_timeouts_dominate(data_dir, tmp_path):
+    """More than half the programs of a cell timed out: its accuracy gets a mark and a note naming the limit, the
+    log says so, and the unit's spec holds the limit (a rerun with another one scores again)."""
+    def answer(prompt, run):
+        return "    while True:\n        pass\n" if run["K"] == 2 else "    return a + b\n"
+
+    out, lines = tmp_path / "out", []
+    run_tasks(config(data_dir, out, tasks="humaneval", naive=False, refresh=[1, 2], seeds=[0], code_timeout=2),
+              load=lambda cfg, with_adapter: FakeGenerator(answer), log=lines.append)
+    table = (out / "table.md").read_text()
+    assert "| TADM, K=2 | 0.0 ± 0.0 † |" in table and "| TADM, K=1 | 100.0 ± 0.0 |" in table
+    assert "† Time-outs dominate: more than half the programs timed out" in table
+    assert "- HumanEval, TADM, K=2: 2 of 2 programs timed out at --code-timeout 2 s\n" in table
+    results = json.loads((out / "results.json").read_text())
+    assert results["timeout_notes"] == ["HumanEval, TADM, K=2: 2 of 2 programs timed out at --code-timeout 2 s"]
+    assert {(c["method"], c["K"]): c["timeouts"] for c in results["cells"]} == {("baseline", 1): 0, ("tadm", 1): 0,
+                                                                                  ("tadm", 2): 2}
+    assert any("2 of 2 programs timed out at --code-timeout 2 s" in line for line in lines)
+    unit = json.loads((out / "units" / "humaneval" / "tadm-K2-seed0.json").read_text())
+    assert unit["spec"]["code_timeout"] == 2 and unit["records"][0]["detail"] == "timeout"
+
+
+def test_code_tasks_on_a_sandbox_with_gaps_need_each_gap_accepted(data_dir, tmp_path, monkeypatch):
+    from tadm.tasks import runner
+    from tadm.tasks.sandbox import Containment
+
+    monkeypatch.setattr(runner, "containment", lambda: Containment(False, 0, True))
+    with pytest.raises(ValueError, match="^humaneval: this machine's code sandbox \\(seccomp\\) does not contain "
+                                         "file-writes \\(the program can write wherever the user can"):
+        config(data_dir, tmp_path, tasks="humaneval").check()
+    with pytest.raises(ValueError, match="--allow-uncontained-code signals$"):
+        config(data_dir, tmp_path, tasks="humaneval", allow_uncontained_code=["file-writes", "process-files"]).check()
+    accepted = ["file-writes", "process-files", "signals"]
+    config(data_dir, tmp_path, tasks="humaneval", allow_uncontained_code=accepted).check()
+
+
 def test_bad_settings_are_errors(data_dir, tmp_path):
     with pytest.raises(ValueError, match="exactly one of --base"):
         run_fake(TaskRunConfig(tasks="gsm8k", data_dir=str(data_dir), out_dir=str(tmp_path)))

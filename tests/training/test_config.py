@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tadm.config import PRESET_DIR, ConfigError, ExperimentConfig, load_config, save_config
+from tadm.config import PRESET_DIR, ConfigError, ExperimentConfig, load_config, save_config, short_run_warnings
 from tadm.posttrain import load_posttrain_config
 from tadm.training.trainer import build_training_model, objective_config
 
@@ -46,6 +46,23 @@ def test_shipped_config_loads_and_builds(name: str) -> None:
     assert model.vocab_size == vocab
     assert model.config.max_seq_len >= cfg.data.seq_len
     assert cfg.train.out_dir == f"runs/{name.removesuffix('.yaml')}"
+    assert short_run_warnings(cfg.optim, cfg.train) == []  # a shipped run warms up and averages within its steps
+
+
+def test_a_minimal_yaml_that_inherits_paper_scale_schedules_is_warned_about(tmp_path: Path) -> None:
+    minimal = tmp_path / "mine.yaml"
+    minimal.write_text("model: {arch: tadm}\n")
+    cfg = load_config(minimal)  # the defaults: 1,000 steps, the paper's 2,500 warm-up steps and EMA 0.9999
+    assert short_run_warnings(cfg.optim, cfg.train) == [
+        "optim.warmup_steps=2500 exceeds train.max_steps=1000: the learning rate only reaches 40% of optim.lr=0.0003 "
+        "by the end of the run; set optim.warmup_steps below train.max_steps",
+        "train.ema=0.9999 over train.max_steps=1000: the saved (EMA) weights are still 90% the initial ones; lower "
+        "train.ema (e.g. 0.99) or set it to 0 for a short run",
+    ]
+    fixed = load_config(minimal, ["optim.warmup_steps=1000", "train.ema=0.99"])  # warm-up may end on the last step
+    assert short_run_warnings(fixed.optim, fixed.train) == []
+    paper = load_config(minimal, ["train.max_steps=1000000"])  # the paper's schedule on the paper's run length
+    assert short_run_warnings(paper.optim, paper.train) == []
 
 
 def test_owt_small_is_the_paper_setting() -> None:
@@ -182,7 +199,7 @@ def test_an_unknown_config_lists_the_presets_of_its_own_recipe() -> None:
     with pytest.raises(FileNotFoundError) as err:
         load_posttrain_config("gemma-hugee")
     assert str(err.value) == ("post-training config 'gemma-hugee' is neither a file nor a shipped post-training "
-                              "preset (presets: posttrain-diffusiongemma, posttrain-tiny)")
+                              "preset (presets: posttrain-diffusiongemma, posttrain-mdlm-owt, posttrain-tiny)")
 
 
 def test_one_loader_for_every_recipe(tmp_path: Path) -> None:

@@ -73,6 +73,16 @@ def test_bpe_decode_keeps_or_skips_specials(bpe: TextTokenizer) -> None:
         bpe.decode([5, 1024])
 
 
+def test_a_generated_row_decodes_to_its_text_up_to_the_end_of_text_token(bpe: TextTokenizer) -> None:
+    hello, nxt = bpe.encode("Hello there."), bpe.encode(" Next")
+    row = [bpe.bos_id, *hello, bpe.eos_id, *nxt, bpe.eos_id]
+    assert bpe.decode_until_eos(row) == "Hello there."
+    assert bpe.decode_until_eos(torch.tensor(row)) == "Hello there."  # a row of out.tokens
+    assert bpe.decode_until_eos([bpe.eos_id, bpe.eos_id, *nxt]) == " Next"  # no end-of-text after it: all of it
+    assert bpe.decode_until_eos([*hello, bpe.mask_id]) == "Hello there."  # special tokens left out
+    assert bpe.decode_until_eos([bpe.eos_id]) == bpe.decode_until_eos([]) == ""
+
+
 def test_bpe_learns_the_most_frequent_pair_first() -> None:
     # "ab ab ab ab" pre-tokenizes to "ab" + 3 x "Ġab": pair (a, b) occurs 4 times, (Ġ, a) 3 times.
     # 256 bytes + <|endoftext|> + <|mask|> + exactly one merge = 259 ids.

@@ -27,11 +27,11 @@ from typing import Any, NoReturn, Sequence
 from safetensors import SafetensorError
 
 from tadm import __version__
-from tadm.cli import compute, posttrain, quickstart, sample, study, tokenizer, train
+from tadm.cli import compute, convert, posttrain, quickstart, sample, study, tokenizer, train
 from tadm.cli import eval as eval_cmd
 from tadm.cli.common import CLIError
 
-SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, eval_cmd, study, posttrain)
+SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, convert, eval_cmd, study, posttrain)
 
 
 # Foreseeable failures, printed in one line: OSError covers missing, unreadable and unwritable paths,

@@ -337,8 +337,12 @@ def refresh_arg(p: argparse.ArgumentParser, *, many: bool = False, default: str 
 
 
 def masked_samplers() -> list[str]:
-    """The registered samplers of masked models (those that need a mask id), sorted."""
-    return sorted(name for name, entry in SAMPLERS.items() if entry.needs == "mask_id")
+    """The registered samplers of masked models that read log-probabilities (what tadm's own models give), sorted.
+
+    LLaDA's and Dream's samplers read raw logits and serve post-trained backbones instead.
+    """
+    return sorted(name for name, entry in SAMPLERS.items()
+                  if entry.needs == "mask_id" and entry.sampler_class.consumes == "log_probs")
 
 
 def sampler_args(p: argparse.ArgumentParser, default: str) -> None:

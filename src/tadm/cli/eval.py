@@ -41,6 +41,7 @@ from tadm.specs import load_model_and_tokenizer, resolve_model
 from tadm.tasks.judge import JudgeError
 from tadm.tasks.livecodebench import convert_rows, read_raw_jsonl
 from tadm.tasks.runner import TaskRunConfig, run_tasks
+from tadm.tasks.sandbox import GAPS, MIN_TIMEOUT, parse_gaps
 from tadm.training.data import load_texts
 
 
@@ -553,6 +554,23 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------- tasks
+def code_timeout(value: str) -> float:
+    """``--code-timeout``: a finite number of seconds >= MIN_TIMEOUT (below it the sandbox's start-up would decide)."""
+    number = positive_float(value)
+    if number < MIN_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_TIMEOUT:g} s (the sandbox starts two Python "
+                                         f"interpreters before the program's first line), got {value!r}")
+    return number
+
+
+def sandbox_gaps(value: str) -> list[str]:
+    """``--allow-uncontained-code``: gap names of the code sandbox, comma-separated."""
+    try:
+        return list(parse_gaps(value))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _add_tasks(esub: argparse._SubParsersAction) -> None:
     p = esub.add_parser("tasks", help="the post-training benchmarks: accuracy, corruption, tok/s per method and K",
                         description="Run (or resume) the paper's six benchmarks (GSM8K, HumanEval, GPQA-Diamond, "
@@ -581,16 +599,29 @@ def _add_tasks(esub: argparse._SubParsersAction) -> None:
                    help="degeneration judge: none (default), local, local:PATH (labels scored by likelihood), "
                         "local-free:PATH (free text) or an OpenAI-compatible URL")
     p.add_argument("--judge-model", default=None, metavar="NAME", help="model name served at a --judge URL")
-    p.add_argument("--code-timeout", type=positive_float, default=10.0, metavar="S", help="seconds per program run")
+    p.add_argument("--code-timeout", type=code_timeout, default=10.0, metavar="S",
+                   help=f"seconds per program run (at least {MIN_TIMEOUT:g})")
     p.add_argument("--allow-code-execution", action="store_true",
                    help="run the code tasks (humaneval, livecodebench): their checks run model-written programs "
                         "in tadm's sandbox (also: TADM_ALLOW_CODE_EXEC=1 or HF_ALLOW_CODE_EVAL=1)")
-    p.add_argument("--allow-code-network", action="store_true",
-                   help="run code tasks even where the sandbox cannot block the network (no network namespace)")
+    p.add_argument("--allow-uncontained-code", type=sandbox_gaps, default=[], metavar="GAP[,GAP]",
+                   help="run code tasks even though this machine's sandbox does not contain these (a run that "
+                        f"needs one names it): {', '.join(GAPS)}")
+    p.add_argument("--allow-code-network", action=_ReplacedFlag, nargs=0, help=argparse.SUPPRESS)
     p.add_argument("--out", type=output_dir, default="tadm-tasks", metavar="DIR")
     device_arg(p)
     dtype_arg(p)
     p.set_defaults(func=_run_tasks)
+
+
+class _ReplacedFlag(argparse.Action):
+    """``--allow-code-network``, the former opt-in: it spoke of the network only, where a sandbox without namespaces
+    also leaves other things uncontained; one line says what replaced it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} was replaced by --allow-uncontained-code GAP[,GAP], which names each thing "
+                     f"the sandbox cannot contain on this machine ({', '.join(GAPS)}); a run that needs one names it")
 
 
 def _run_tasks(args: argparse.Namespace) -> int:
@@ -601,7 +632,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
         canvas_length=args.canvas_length,
         max_gen_toks=args.max_gen_toks, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
         judge=args.judge, judge_model=args.judge_model, code_timeout=args.code_timeout,
-        allow_code_execution=args.allow_code_execution, allow_code_network=args.allow_code_network,
+        allow_code_execution=args.allow_code_execution, allow_uncontained_code=args.allow_uncontained_code,
         out_dir=os.fspath(args.out))
     try:
         result = run_tasks(config, log=lambda line: print(f"[tasks] {line}", flush=True),

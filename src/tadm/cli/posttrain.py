@@ -13,18 +13,16 @@ from typing import Any
 
 import torch
 
+from tadm import posttrain
 from tadm.cli.common import (CLIError, config_parser, device_arg, dtype_arg, policy_from_args, positive_int,
                              read_text_file, refresh_arg, refresh_policy_args, seed_value, steps_arg)
 from tadm.hf import load_hf_tokenizer
-from tadm.posttrain.adapter_io import load_anchored
-from tadm.posttrain.generate import encodes_prompts, generate_blocks
 from tadm.posttrain.model import SplitSpec
 from tadm.posttrain.plan import plan_posttrain
-from tadm.posttrain.prompting import encode_prompts, end_of_sequence_id
+from tadm.posttrain.prompting import encode_prompts
 from tadm.posttrain.config import load_posttrain_config
 from tadm.posttrain.trainer import run_posttrain
-from tadm.sampling import build_sampler
-from tadm.sampling.entropy_bound import StableConfidentStopping
+from tadm.tasks.generation import BlockGenerator, GenerationSettings
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -120,7 +118,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def _parse_split(text: str | None):
     if text is None:
-        return None  # load_anchored's default split (2,20) unless an adapter fixes one
+        return None  # load_time_anchored's default split (2,20) unless an adapter fixes one
     try:
         shared, anchor = (int(v) for v in text.split(","))
     except ValueError:
@@ -142,19 +140,17 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 def run_sample(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
+    if args.backbone != "diffusion-gemma":
+        raise CLIError(f"--backbone {args.backbone} cannot encode a prompt: posttrain sample continues prompts of a "
+                       "DiffusionGemma-class base ('diffusion-gemma'); sample tadm's own models with tadm sample")
     try:
-        model, note = load_anchored(args.base, backbone=args.backbone, adapter=args.adapter,
-                                    split=_parse_split(args.split), naive=args.naive, dtype=args.dtype,
-                                    device=args.device)
+        model, note = posttrain.load_time_anchored(args.base, adapter=args.adapter, split=_parse_split(args.split),
+                                                   naive=args.naive, dtype=args.dtype, device=args.device)
     except ValueError as err:
         if args.adapter is None and args.split is None and "split" in str(err):
             raise CLIError(f"{err}: without --adapter the split is --split SHARED,ANCHOR (default 2,20, the paper's "
                            "for 30 layers); give one that fits this base") from None
         raise
-    if not encodes_prompts(model.backbone):
-        raise CLIError(f"--base {args.base} (backbone {type(model.backbone).__name__}) cannot encode a prompt: "
-                       f"posttrain sample continues prompts of a DiffusionGemma-class base; sample tadm's own models "
-                       f"with tadm sample")
     try:
         tokenizer = load_hf_tokenizer(args.tokenizer or args.base)
     except FileNotFoundError as err:
@@ -164,46 +160,36 @@ def run_sample(args: argparse.Namespace) -> int:
     if not args.raw and not getattr(tokenizer, "chat_template", None):
         raise CLIError(f"the tokenizer of {args.tokenizer or args.base} has no chat template: pass --raw to encode "
                        "prompts as plain text, or --tokenizer DIR with a chat tokenizer")
-    ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw, vocab_size=model.vocab_size)
+    ids, mask = encode_prompts(tokenizer, prompts, chat=not args.raw,
+                               vocab_size=model.config.text_config.vocab_size)
+    rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     options = {"entropy_bound": args.entropy_bound, "temperature_max": args.temperature_max,
                "temperature_min": args.temperature_min}
+    policy = policy_from_args(args)
     try:
-        sampler = build_sampler("entropy-bound", model, num_steps=args.steps,
-                                **{key: value for key, value in options.items() if value is not None})
+        settings = GenerationSettings(policy=policy, steps=args.steps, canvas_length=args.canvas_length,
+                                      sampler_options={k: v for k, v in options.items() if v is not None},
+                                      self_conditioning=not args.no_self_conditioning,
+                                      adaptive_stopping=args.adaptive_stopping)
+        generator = BlockGenerator(model, tokenizer, settings, name=str(args.base))
     except ValueError as err:
         raise CLIError(str(err)) from None
-    policy = policy_from_args(args)
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
-    out = generate_blocks(
-        model,
-        ids.to(args.device),
-        sampler=sampler,
-        policy=policy,
-        max_new_tokens=args.max_new_tokens,
-        canvas_length=args.canvas_length,
-        attention_mask=mask.to(args.device),
-        self_conditioning=not args.no_self_conditioning,
-        stopping=StableConfidentStopping() if args.adaptive_stopping else None,
-        eos_token_id=end_of_sequence_id(model.backbone, tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        generator=generator,
-        progress=args.progress,
-    )
+    seed = torch.Generator(device=args.device).manual_seed(args.seed)
+    out = generator.generate(rows, args.max_new_tokens, generator=seed, progress=args.progress)
     _print_samples(args, prompts, tokenizer, out, policy, note)
     return 0
 
 
 def _print_samples(args: argparse.Namespace, prompts: list[str], tokenizer: Any, out: Any, policy: Any,
                    note: str | None) -> None:
-    """The replies and the layer calls, as text or (``--json``) one JSON object."""
-    new = out.new_tokens.tolist()
-    texts = [tokenizer.decode(row, skip_special_tokens=True) for row in new]
+    """The replies (cut at the end of the response) and the layer calls, as text or (``--json``) one JSON object."""
+    texts = [tokenizer.decode(row, skip_special_tokens=True) for row in out.tokens]
     calls = out.layer_calls
     if args.json:
         print(json.dumps({
             "base": str(args.base), "adapter": args.adapter, "fusion_mode": "naive" if args.naive else "paired",
             "refresh": policy.key, "refresh_policy": policy.config(), "steps": args.steps, "seed": args.seed,
-            "prompts": prompts, "texts": texts, "token_ids": new, "layer_calls": calls.as_dict(),
+            "prompts": prompts, "texts": texts, "token_ids": out.tokens, "layer_calls": calls,
             "encoder_layer_calls": out.encoder_layer_calls, "seconds": out.seconds, "note": note,
         }))
         return
@@ -213,6 +199,6 @@ def _print_samples(args: argparse.Namespace, prompts: list[str], tokenizer: Any,
         print(f"--- sample {n}: {prompt!r} ---")
         print(text)
     print(
-        f"layer calls: total={calls.total} (shared={calls.shared}, anchor={calls.anchor}, "
-        f"denoiser={calls.denoiser}); anchor refreshes={calls.anchor_refreshes}; {out.seconds:.2f}s"
+        f"layer calls: total={calls['total']} (shared={calls['shared']}, anchor={calls['anchor']}, "
+        f"denoiser={calls['denoiser']}); anchor refreshes={calls['anchor_refreshes']}; {out.seconds:.2f}s"
     )

@@ -23,7 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sample",
         help="generate text with anchor-cache inference (paper Algorithm 1)",
-        description="Sample from a checkpoint directory or a model builder (random weights).",
+        description="Sample from a checkpoint directory or a model builder (random weights), with --prompt after a "
+                    "prompt. Prints each sample's text up to its first end-of-text token (token ids for a model "
+                    "without a tokenizer), then the layer calls; --json prints the whole token ids and texts.",
     )
     p.add_argument("--model", default=None, help="checkpoint dir, Hub id, or builder name (e.g. tadm-tiny, random "
                                                  "weights); without it, a tadm-tiny with random weights, as a smoke test")
@@ -35,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", "-B", type=positive_int, default=1)
     p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--skip-unchanged", action="store_true", help="reuse the last prediction if the canvas is unchanged")
+    p.add_argument("--prompt", default=None, metavar="TEXT",
+                   help="generate after TEXT: tokenized with the model's tokenizer after BOS and kept at every step "
+                        "(--length counts it)")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir for decoding (default: the checkpoint's, if any)")
     device_arg(p)
     p.add_argument("--progress", action="store_true", help="show a progress bar over reverse steps")
@@ -53,6 +58,20 @@ def _canvas_length(args: argparse.Namespace, model: Any) -> int:
     return length
 
 
+def _prompt_ids(args: argparse.Namespace, tokenizer: Any, length: int) -> list[int] | None:
+    """``--prompt`` as the canvas's prefix, BOS first (a document starts so in training); None without one."""
+    if args.prompt is None:
+        return None
+    if tokenizer is None:
+        raise CLIError(f"--prompt needs the model's tokenizer, and model {args.model!r} has none saved with it: "
+                       "pass --tokenizer DIR")
+    ids = [tokenizer.bos_id, *tokenizer.encode(args.prompt)]
+    if len(ids) >= length:
+        raise CLIError(f"--prompt is {len(ids) - 1} tokens, which with BOS leaves nothing to generate in --length "
+                       f"{length}: shorten it or give a larger --length")
+    return ids
+
+
 def run(args: argparse.Namespace) -> int:
     random_model = args.model is None
     args.model = RANDOM_MODEL if random_model else args.model
@@ -61,9 +80,11 @@ def run(args: argparse.Namespace) -> int:
     sampler = sampler_from_args(args, args.sampler, model)
     policy = policy_from_args(args)
     check_refresh_applies(model, [policy], args.model)
-    tokenizer = optional_tokenizer(args.model, args.tokenizer)  # None: token ids are printed
+    saved = getattr(model, "tokenizer_dir", None)  # the tokenizer saved with the checkpoint, a Hub one's included
+    tokenizer = optional_tokenizer(str(saved) if saved is not None else args.model, args.tokenizer)  # None: ids
     if tokenizer is not None and tokenizer.vocab_size != model.vocab_size:
         raise CLIError(f"tokenizer vocabulary ({tokenizer.vocab_size}) != model vocabulary ({model.vocab_size})")
+    prefix = _prompt_ids(args, tokenizer, length)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     try:
         policy.check_steps(args.steps)
@@ -82,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
         generator=generator,
         device=args.device,
         progress=args.progress,
+        prefix=prefix,
     )
     ids = out.tokens.tolist()
-    texts = [tokenizer.decode(row) for row in ids] if tokenizer is not None else None
+    texts = [tokenizer.decode(row) for row in ids] if tokenizer is not None else None  # all of it, as Gen PPL scores
     tokens_per_second = out.tokens.numel() / max(out.seconds, 1e-9)
     if args.json:
         record = {
@@ -95,11 +117,13 @@ def run(args: argparse.Namespace) -> int:
         }
         if texts is not None:
             record["texts"] = texts
+        if prefix is not None:
+            record.update(prompt=args.prompt, prompt_tokens=len(prefix))
         print(json.dumps(record))
         return 0
-    for n, row in enumerate(texts if texts is not None else ids):
-        print(f"--- sample {n} ---")
-        print(row if texts is not None else " ".join(map(str, row)))
+    for n, row in enumerate(ids):
+        print(f"--- sample {n} ---")  # its text, prompt included, up to its first end-of-text token
+        print(tokenizer.decode_until_eos(row) if tokenizer is not None else " ".join(map(str, row)))
     calls = out.layer_calls
     print(
         f"layer calls: total={calls.total} (shared={calls.shared}, anchor={calls.anchor}, "

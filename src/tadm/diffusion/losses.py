@@ -235,6 +235,7 @@ def discrete_masked_nelbo(
     schedule: NoiseSchedule,
     mask_id: int,
     generator: torch.Generator | None = None,
+    maskable: Tensor | None = None,
 ) -> Tensor:
     """Monte-Carlo estimate of the discrete-time masked NELBO, Eq. (masked-nelbo), one z per step.
 
@@ -252,6 +253,9 @@ def discrete_masked_nelbo(
         schedule: the noise schedule.
         mask_id: id of the mask token.
         generator: source of randomness for the z draws.
+        maskable: optional (L,) or (B, L) bool, the positions the forward process corrupts; the others
+            stay clean at every step (a context the bound is conditioned on) and add 0. The random
+            draws are the same as without it.
 
     Returns:
         (B, L) per-token NELBO estimate in nats (sum over L for a per-sequence bound).
@@ -259,31 +263,38 @@ def discrete_masked_nelbo(
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for i, _, z_t, weight in _discrete_steps(x, num_steps, schedule, mask_id, generator):
+    for i, _, z_t, weight in _discrete_steps(x, num_steps, schedule, mask_id, generator, maskable):
         lp = log_probs_fn(z_t, torch.full((x.shape[0],), i / num_steps, device=x.device))  # (B, L, V)
         total = total + _masked_weighted(weight, _nll_at(lp, x, total.dtype), z_t == mask_id)
     return total
 
 
 def _discrete_steps(
-    x: Tensor, num_steps: int, schedule: NoiseSchedule, mask_id: int, generator: torch.Generator | None
+    x: Tensor, num_steps: int, schedule: NoiseSchedule, mask_id: int, generator: torch.Generator | None,
+    maskable: Tensor | None = None,
 ) -> Iterator[tuple[int, Tensor, Tensor, Tensor]]:
     """The terms both discrete bounds sum, drawn lazily so a caller's own draws interleave in a fixed order.
 
     Yields (i, alpha_t, z_t (B, L), weight (B, L) float32): first the reconstruction at i = 0 with
     z_0 ~ q(z_0 | x) and weight 1 (only when z_0 holds a mask), then i = 1..T with
-    t(i) = i / T, z_t(i) ~ q(z_t | x) and weight -lambda_t >= 0 from ``discrete_weight``.
+    t(i) = i / T, z_t(i) ~ q(z_t | x) and weight -lambda_t >= 0 from ``discrete_weight``. Positions
+    outside ``maskable`` (when given) keep their clean token.
     """
     B, L = x.shape
+
+    def corrupt(alpha: Tensor) -> Tensor:
+        z = mask_corrupt(x, alpha, mask_id, generator)  # (B, L)
+        return z if maskable is None else torch.where(maskable.to(x.device), z, x)
+
     alpha0 = schedule.alpha(torch.zeros((), dtype=torch.float64))
-    z0 = mask_corrupt(x, alpha0, mask_id, generator)  # (B, L)
+    z0 = corrupt(alpha0)  # (B, L)
     if bool((z0 == mask_id).any()):
         yield 0, alpha0, z0, torch.ones(B, L, dtype=torch.float32, device=x.device)
     for i in range(1, num_steps + 1):
         t = torch.tensor(i / num_steps, dtype=torch.float64)
         s = torch.tensor((i - 1) / num_steps, dtype=torch.float64)
         a_t, a_s = schedule.alpha(t), schedule.alpha(s)
-        z_t = mask_corrupt(x, a_t, mask_id, generator)  # (B, L)
+        z_t = corrupt(a_t)  # (B, L)
         yield i, a_t, z_t, (-discrete_weight(a_t, a_s)).to(device=x.device, dtype=torch.float32).expand(B, L)
 
 
@@ -296,6 +307,7 @@ def discrete_cached_nelbo(
     mask_id: int,
     generator: torch.Generator | None = None,
     anchor_generator: torch.Generator | None = None,
+    maskable: Tensor | None = None,
 ) -> dict[int, Tensor]:
     """Monte-Carlo discrete-time bound of the CACHED reverse process, Theorem T-ANELBO (sigma = gamma = 0).
 
@@ -324,6 +336,8 @@ def discrete_cached_nelbo(
         mask_id: id of the mask token.
         generator: source of the z_t draws.
         anchor_generator: source of the further-masking draws (default: ``generator``, interleaved).
+        maskable: optional (L,) or (B, L) bool, the positions the forward process corrupts (as in
+            :func:`discrete_masked_nelbo`); the others stay clean in z_t and in the anchor's z_t'.
 
     Returns:
         {K: (B, L) per-token bound in nats}.
@@ -337,7 +351,7 @@ def discrete_cached_nelbo(
     B, L = x.shape
     totals = {K: torch.zeros(B, L, dtype=torch.float32, device=x.device) for K in intervals}
 
-    for i, a_t, z_t, weight in _discrete_steps(x, num_steps, schedule, mask_id, generator):
+    for i, a_t, z_t, weight in _discrete_steps(x, num_steps, schedule, mask_id, generator, maskable):
         u = _rand((B, L), anchor_generator, x.device)
         by_anchor: dict[int, Tensor] = {}  # anchor step j -> (B, L) nll; K values sharing j share a call
         for K in intervals:
@@ -345,6 +359,8 @@ def discrete_cached_nelbo(
             if j not in by_anchor:
                 a_tp = schedule.alpha(torch.tensor(j / num_steps, dtype=torch.float64))
                 z_a = z_t if j == i else further_mask(z_t, a_t, a_tp, mask_id, uniform=u)  # (B, L)
+                if maskable is not None and j != i:
+                    z_a = torch.where(maskable.to(x.device), z_a, z_t)
                 t = torch.full((B,), i / num_steps, device=x.device)
                 lp = log_probs_fn(z_t, t, z_a, torch.full((B,), j / num_steps, device=x.device))  # (B, L, V)
                 by_anchor[j] = _nll_at(lp, x, torch.float32)

@@ -94,7 +94,7 @@ class SamplerSection:
         return spec | ({"schedule": self.schedule} if self.schedule not in (None, DEFAULT_SCHEDULE) else {})
 
     def validate(self, where: str) -> None:
-        masked = sorted(n for n, e in SAMPLERS.items() if e.needs == "mask_id")
+        masked = sorted(n for n, e in SAMPLERS.items() if e.needs == "mask_id" and e.sampler_class.consumes == "log_probs")
         for key, valid in (("name", ["auto", *masked]), ("nucleus", NUCLEUS_RULES), ("time_grid", TIME_GRIDS)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"{where}.{key} {getattr(self, key)!r} is unknown; valid: {', '.join(valid)}")

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from tadm.nn.dit import (DiTStack, FinalLayer, TimestepEmbedder, masked_log_probs, stack_kwargs, subs_log_probs,
-                         time_condition, token_embedding)
+from tadm.nn.dit import (DiTStack, FinalLayer, TimestepEmbedder, check_time_input, masked_log_probs, stack_kwargs,
+                         subs_log_probs, time_condition, token_embedding)
 from tadm.protocol import LayerSplit
 
 __all__ = ["DiTSizes", "MaskedDiffusionNetwork", "MaskedDiffusionSizes", "check_token_ids"]
@@ -71,6 +71,7 @@ class MaskedDiffusionSizes(DiTSizes):
 
     mask_token_id: int | None = None  # None: vocab_size - 1
     time_conditioning: bool = False
+    time_input: str = "t"  # what the time embedder reads: t, or "sigma-loglinear" (released MDLM checkpoints)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,6 +81,7 @@ class MaskedDiffusionSizes(DiTSizes):
             raise ValueError(f"{owner}.mask_token_id must be None or an int in [0, vocab_size={self.vocab_size}), "
                              f"got {mask_id!r}")
         check_bool(owner, "time_conditioning", self.time_conditioning)
+        check_time_input(owner, self.time_input)
 
     @property
     def resolved_mask_token_id(self) -> int:
@@ -114,7 +116,7 @@ class MaskedDiffusionNetwork(nn.Module):
         self.mask_token_id: int | None = config.resolved_mask_token_id
         self.layer_split = layer_split
         self.embed = token_embedding(config.vocab_size, config.hidden_size)
-        self.time_embed = TimestepEmbedder(config.cond_dim)
+        self.time_embed = TimestepEmbedder(config.cond_dim, time_input=config.time_input)
 
     @property
     def max_seq_len(self) -> int:

@@ -106,16 +106,36 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+TIME_INPUTS: tuple[str, ...] = ("t", "sigma-loglinear")
+"""What a time-conditioned network embeds: the diffusion time t itself (tadm's models), or MDLM's total noise
+sigma(t) = -log(1 - (1 - 1e-3) t) of the log-linear schedule (what the released MDLM / DUO code feeds its DiT)."""
+
+MDLM_LOGLINEAR_EPS: float = 1e-3  # eps of MDLM's LogLinearNoise: alpha_t = 1 - (1 - eps) t
+
+
+def check_time_input(owner: str, value: object) -> str:
+    """``value`` if it names a :data:`TIME_INPUTS` entry, else a ValueError naming ``owner`` and the valid ones."""
+    if value not in TIME_INPUTS:
+        raise ValueError(f"{owner}.time_input must be one of {', '.join(map(repr, TIME_INPUTS))}, got {value!r}")
+    return str(value)
+
+
 class TimestepEmbedder(nn.Module):
     """Sinusoidal features of a scalar time (256 frequencies) followed by an MLP to ``cond_dim``.
 
-    Features are ``[cos(t w_k), sin(t w_k)]`` with ``w_k = max_period^(-k/half)``, as in DiT.
+    Features are ``[cos(s w_k), sin(s w_k)]`` with ``w_k = max_period^(-k/half)``, as in DiT, where
+    ``s`` is the time t itself (``time_input="t"``) or MDLM's log-linear total noise
+    sigma(t) = -log(1 - (1 - 1e-3) t) (``time_input="sigma-loglinear"``, as the released MDLM code
+    conditions its DiT; sigma(0) = 0, so an unconditioned network sees zeros either way).
     """
 
-    def __init__(self, cond_dim: int, frequency_size: int = 256, max_period: float = 10_000.0) -> None:
+    def __init__(
+        self, cond_dim: int, frequency_size: int = 256, max_period: float = 10_000.0, time_input: str = "t"
+    ) -> None:
         super().__init__()
         self.frequency_size = frequency_size
         self.max_period = max_period
+        self.time_input = check_time_input("TimestepEmbedder", time_input)
         self.mlp = nn.Sequential(
             nn.Linear(frequency_size, cond_dim),
             nn.SiLU(),
@@ -135,7 +155,9 @@ class TimestepEmbedder(nn.Module):
         return features
 
     def forward(self, t: Tensor) -> Tensor:
-        """(B,) -> (B, cond_dim)."""
+        """(B,) times -> (B, cond_dim)."""
+        if self.time_input == "sigma-loglinear":
+            t = -torch.log1p(-(1.0 - MDLM_LOGLINEAR_EPS) * t.float())  # (B,) sigma(t)
         features = self.sinusoidal(t, self.frequency_size, self.max_period)  # (B, 256)
         return self.mlp(features.to(self.mlp[0].weight.dtype))
 

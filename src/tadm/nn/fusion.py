@@ -87,6 +87,7 @@ class PairedAttentionFusion(nn.Module):
         self.rank = rank
         self.num_heads = num_heads
         self.eps = eps
+        self.gate_bias = gate_bias
         r = rank
         self.proj_c = nn.Linear(hidden_size, r, bias=False)  # W_C
         self.proj_h = nn.Linear(hidden_size, r, bias=False)  # W_H
@@ -101,6 +102,15 @@ class PairedAttentionFusion(nn.Module):
         nn.init.zeros_(self.gate_out.weight)
         nn.init.constant_(self.gate_out.bias, gate_bias)
         self.up = zero_init(nn.Linear(r, hidden_size, bias=False))  # W_up
+
+    def reset_parameters(self) -> None:
+        """Draw the initial adapter again: default linear layers, ``W_up = 0`` (the identity on H0), ``W_g2 = 0``
+        and ``b_g = gate_bias`` (the gate starts at ``sigmoid(gate_bias)``), as the constructor does."""
+        for module in self.children():
+            module.reset_parameters()
+        nn.init.zeros_(self.gate_out.weight)
+        nn.init.constant_(self.gate_out.bias, self.gate_bias)
+        nn.init.zeros_(self.up.weight)
 
     def adapter_params(self) -> dict[str, nn.Parameter]:
         """All trainable parameters of the adapter, by name (they are saved apart from the backbone)."""

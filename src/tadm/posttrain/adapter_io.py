@@ -36,9 +36,9 @@ from torch import nn
 
 from tadm.hf import first_line, is_connection_error, is_repo_id
 from tadm.nn.hub import read_config
-from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.records import replace_atomically, write_text
+from tadm.sampling.refresh import parse_refresh
 
 __all__ = ["ADAPTER_CONFIG_NAME", "ADAPTER_FORMAT", "ADAPTER_WEIGHTS_NAME", "CARD_TAGS", "LEGACY_ADAPTER_WEIGHTS_NAME",
            "MODEL_CARD_NAME", "AdapterConfig", "CardResults", "adapter_weights_file", "attach_adapter",
@@ -75,6 +75,7 @@ class AdapterConfig:
     format: int = ADAPTER_FORMAT
     adapter_type: str = "paired-attention-fusion"
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. training step, config
+    refresh_policy: dict[str, Any] | None = None  # the default refresh policy it is served with (None: K = 1)
 
     @property
     def split(self) -> SplitSpec:
@@ -143,8 +144,11 @@ def save_adapter(
     *,
     base_model: str,
     extra: dict[str, Any] | None = None,
+    refresh_policy: dict[str, Any] | None = None,
 ) -> Path:
     """Write the fusion weights and ``adapter_config.json`` into ``directory`` (atomically per file).
+
+    ``refresh_policy`` (a policy's ``config()`` mapping) is the default policy a loaded model serves with.
 
     An ``adapter.safetensors`` left there by an older save is removed, so that one weights file is read.
     """
@@ -155,7 +159,7 @@ def save_adapter(
         base_model=str(base_model), backbone=_backbone_kind(model), num_layers=split.total,
         hidden_size=model.hidden_size, shared_layers=split.shared, anchor_layers=split.anchor,
         denoiser_layers=split.denoiser, rank=spec.rank, num_heads=spec.num_heads, eps=float(spec.eps),
-        gate_bias=float(spec.gate_bias), extra=dict(extra or {}),
+        gate_bias=float(spec.gate_bias), extra=dict(extra or {}), refresh_policy=refresh_policy,
     )
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.fusion.state_dict().items()}
     weights = save(tensors, metadata={"format": "pt", "adapter_type": config.adapter_type})
@@ -189,6 +193,11 @@ def _check_adapter_values(path: Path, payload: dict[str, Any]) -> None:
             raise bad(key, "a finite number > 0" if positive else "a finite number")
     if not isinstance(payload["extra"], dict):
         raise bad("extra", "a JSON object")
+    if payload["refresh_policy"] is not None:
+        try:
+            parse_refresh(payload["refresh_policy"])
+        except ValueError as err:
+            raise ValueError(f"{path}: 'refresh_policy' is not a refresh policy ({err})") from None
     if payload["rank"] % payload["num_heads"]:
         raise ValueError(f"{path}: 'rank' {payload['rank']} must be divisible by 'num_heads' {payload['num_heads']}")
     layers = sum(payload[key] for key in _COUNT_KEYS)
@@ -219,7 +228,7 @@ def load_adapter_config(directory: str | os.PathLike[str]) -> AdapterConfig:
     if missing:
         raise ValueError(f"{path}: missing keys {missing}")
     values = {name: f.default for name, f in fields.items() if f.default is not MISSING}
-    values = {**values, "extra": {}, **payload}  # the optional keys' defaults, checked like the rest
+    values = {**values, "extra": {}, "refresh_policy": None, **payload}  # the optional keys' defaults, checked too
     _check_adapter_values(path, values)
     return AdapterConfig(**values)
 
@@ -376,6 +385,7 @@ def save_adapter_pretrained(
     *,
     base_model: str,
     extra: dict[str, Any] | None = None,
+    refresh_policy: dict[str, Any] | None = None,
     card_results: CardResults | None = None,
     license: str | None = None,
     repo_id: str | None = None,
@@ -385,7 +395,7 @@ def save_adapter_pretrained(
     ``card_results``: measured results for the card (see :data:`CardResults`), e.g. one row per K
     with accuracy and tokens/s; ``license``: written to the card only when given.
     """
-    directory = save_adapter(directory, model, base_model=base_model, extra=extra)
+    directory = save_adapter(directory, model, base_model=base_model, extra=extra, refresh_policy=refresh_policy)
     write_model_card(directory, card_results=card_results, license=license, repo_id=repo_id)
     return directory
 
@@ -437,36 +447,3 @@ def push_adapter_to_hub(
                 raise
             raise OSError(f"could not push adapter {repo_id!r}: the Hugging Face Hub at {api.endpoint} cannot be "
                           f"reached ({first_line(err)})") from None
-
-
-def load_anchored(
-    base: str | os.PathLike[str],
-    *,
-    backbone: str = "diffusion-gemma",
-    adapter: str | os.PathLike[str] | None = None,
-    split: SplitSpec | None = None,
-    naive: bool = False,
-    dtype: str = "auto",
-    device: str | torch.device = "cpu",
-) -> tuple[AnchoredBackbone, str | None]:
-    """A base model (Hub id or directory) split into stages, with the fusion of ``adapter`` (directory or Hub id) if given.
-
-    Without an adapter the base is split by ``split`` with an untrained fusion (useful with
-    ``naive=True``: naive reuse of the cached anchor, no fusion); with one, ``split`` must be None.
-    Returns the model in eval mode and a note when the adapter was trained on a base of another name
-    (None otherwise).
-    """
-    if adapter is not None and split is not None:
-        raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
-    loaded = load_backbone(backbone, base, dtype=dtype, device=device)
-    mode = "naive" if naive else "paired"
-    note = None
-    if adapter is not None:
-        adapter = resolve_adapter(adapter)
-        config = load_adapter_config(adapter)
-        if Path(config.base_model).name != Path(str(base)).name:
-            note = f"adapter was trained on {config.base_model!r}, sampling on {str(base)!r}"
-        model = attach_adapter(loaded, adapter, fusion_mode=mode)
-    else:
-        model = AnchoredBackbone(loaded, split if split is not None else SplitSpec(), fusion_mode=mode).to(device)
-    return model.eval(), note

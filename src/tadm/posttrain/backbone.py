@@ -10,12 +10,15 @@ the split needs from a backbone is the small :class:`LayerStackBackbone` protoco
     logits = backbone.logits(h, prepared)                              # final norm + output head
     log_probs = backbone.log_probs(logits, z)                          # the model's output parameterisation
 
-Two adapters are provided: :class:`DiffusionGemmaBackbone` wraps ``transformers``'
+Four adapters are provided: :class:`DiffusionGemmaBackbone` wraps ``transformers``'
 ``DiffusionGemmaForBlockDiffusion`` (a uniform-state block-diffusion LM) through the model's own
-modules, and :class:`MDLMBackbone` wraps tadm's own MDLM DiT stack (:class:`tadm.nn.MDLM`).
+modules, :class:`MDLMBackbone` wraps tadm's own MDLM DiT stack (:class:`tadm.nn.MDLM`), and
+:class:`~tadm.posttrain.backbones.LLaDABackbone` and :class:`~tadm.posttrain.backbones.DreamBackbone`
+wrap a loaded LLaDA or Dream model (bidirectional Transformers over the whole sequence,
+:mod:`tadm.posttrain.backbones`).
 
-Other layer-stack diffusion LMs (LLaDA- or Dream-style bidirectional Transformers) plug in by
-implementing the same five methods; nothing else in :mod:`tadm.posttrain` looks inside a backbone.
+Other layer-stack diffusion LMs plug in by implementing the same five methods; nothing else in
+:mod:`tadm.posttrain` looks inside a backbone.
 ``transformers`` is imported only when a DiffusionGemma backbone is built or loaded.
 """
 
@@ -29,16 +32,19 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tadm.devices import resolve_dtype
 from tadm.hf import check_hf_source, first_line, load_hf, refuse_custom_code
 from tadm.nn import load_model
 from tadm.nn.baselines import MDLM
 from tadm.nn.dit import subs_log_probs, time_condition
+from tadm.nn.released_mdlm import is_released_mdlm_source
+from tadm.posttrain.backbones import DreamBackbone, LLaDABackbone
 
-__all__ = ["BACKBONES", "DiffusionGemmaBackbone", "LayerStackBackbone", "MDLMBackbone", "PromptCache", "StackContext",
-           "check_base", "load_backbone", "load_diffusion_gemma", "resolve_dtype", "tiny_diffusion_gemma_config",
-           "wrap_backbone"]
+__all__ = ["BACKBONES", "DiffusionGemmaBackbone", "DreamBackbone", "LLaDABackbone", "LayerStackBackbone", "MDLMBackbone",
+           "PromptCache", "StackContext", "WRAPPED_CLASSES", "check_base", "load_backbone", "load_diffusion_gemma",
+           "resolve_dtype", "tiny_diffusion_gemma_config", "wrap_backbone"]
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -69,12 +75,15 @@ class StackContext:
         None means a zero self-conditioning signal (the first step).
     self_conditioning_mask: (B,) bool; rows set to False get a zero signal.
     t: (B,) diffusion time, read only by time-conditioned backbones.
+    attention_mask: (B, L) padding mask of a canvas that holds the prompt too (LLaDA, Dream): 1 at
+        real tokens, 0 at (left) padding; None means no padding.
     """
 
     prompt: PromptCache | None = None
     self_conditioning_logits: Tensor | None = None
     self_conditioning_mask: Tensor | None = None
     t: Tensor | None = None
+    attention_mask: Tensor | None = None
 
     def with_time(self, t: Tensor | None) -> StackContext:
         return self if t is None else replace(self, t=t)
@@ -141,6 +150,13 @@ def load_diffusion_gemma(path: str | Path, **kwargs: Any) -> nn.Module:
         raise FileNotFoundError(f"could not load base model {str(path)!r}: {first_line(err)}") from None
 
 
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether ``model``'s gradient (activation) checkpointing is on (transformers renamed the property in 5.x)."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
 def _check_tokens(z: Tensor, what: str = "canvas (B, L)") -> None:
     if z.dim() != 2 or z.dtype != torch.long:
         raise ValueError(f"{what} must be a LongTensor of token ids; got {z.dtype} of shape {tuple(z.shape)}")
@@ -175,7 +191,7 @@ class DiffusionGemmaBackbone(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        if type(model).__name__ != "DiffusionGemmaForBlockDiffusion":
+        if not any(cls.__name__ == "DiffusionGemmaForBlockDiffusion" for cls in type(model).__mro__):
             raise TypeError(f"expected a DiffusionGemmaForBlockDiffusion, got {type(model).__name__}")
         model.requires_grad_(False)
         model.eval()
@@ -308,11 +324,19 @@ class DiffusionGemmaBackbone(nn.Module):
         if not 0 <= start <= stop <= self.num_layers:
             raise ValueError(f"layer range [{start}, {stop}) is outside 0..{self.num_layers}")
         cache = prepared.context.prompt.past_key_values if prepared.context.prompt is not None else None
+        # The frozen layers stay in eval mode, where transformers' own checkpointing is off: with the model's
+        # gradient checkpointing on, a pass that needs gradients (the fusion's, through the denoiser) recomputes
+        # each layer in backward instead of keeping its activations.
+        checkpointing = torch.is_grad_enabled() and h.requires_grad and _checkpointing(self.model)
         for i in range(start, stop):
             layer_type = self.layer_types[i]
-            h = self.decoder.layers[i](h, position_embeddings=prepared.position_embeddings[layer_type],
-                                       attention_mask=prepared.masks[layer_type], position_ids=prepared.position_ids,
-                                       past_key_values=cache)  # (B, L, d)
+            inputs = dict(position_embeddings=prepared.position_embeddings[layer_type],
+                          attention_mask=prepared.masks[layer_type], position_ids=prepared.position_ids,
+                          past_key_values=cache)
+            if checkpointing:
+                h = checkpoint(self.decoder.layers[i], h, use_reentrant=False, **inputs)  # (B, L, d)
+            else:
+                h = self.decoder.layers[i](h, **inputs)  # (B, L, d)
         return h
 
     def logits(self, h: Tensor, prepared: _GemmaPass | None = None) -> Tensor:
@@ -451,8 +475,11 @@ class MDLMBackbone(nn.Module):
     def from_pretrained(
         cls, path: str | Path, *, dtype: str | torch.dtype | None = "fp32", device: str | torch.device = "cpu"
     ) -> MDLMBackbone:
-        """Load a tadm MDLM checkpoint directory (or hub id); a missing path is a one-line FileNotFoundError."""
-        check_base(path, model_type="mdlm")
+        """Load a tadm MDLM checkpoint directory (or hub id), or a released MDLM-family checkpoint (a Hub-layout
+        directory or a Lightning ``.ckpt``, read by tadm itself without its custom code:
+        :mod:`tadm.nn.released_mdlm`); a missing path is a one-line FileNotFoundError."""
+        if not is_released_mdlm_source(path):
+            check_base(path, model_type="mdlm")
         return cls(load_model(path).to(device=device, dtype=resolve_dtype(dtype, device)))
 
     def train(self, mode: bool = True) -> MDLMBackbone:
@@ -493,6 +520,8 @@ class MDLMBackbone(nn.Module):
 BACKBONES: dict[str, Callable[..., nn.Module]] = {
     "diffusion-gemma": DiffusionGemmaBackbone.from_pretrained,
     "mdlm": MDLMBackbone.from_pretrained,
+    "llada": LLaDABackbone.from_pretrained,  # refuses: the user loads the model (its code ships with it)
+    "dream": DreamBackbone.from_pretrained,  # refuses, likewise
 }
 """Backbone kind -> loader ``f(path, *, dtype, device)``."""
 
@@ -500,7 +529,11 @@ BACKBONES: dict[str, Callable[..., nn.Module]] = {
 def load_backbone(
     kind: str, path: str | Path, *, dtype: str | torch.dtype | None = "auto", device: str | torch.device = "cpu"
 ) -> nn.Module:
-    """Load a pretrained backbone of the given kind ("diffusion-gemma", "mdlm") from a directory or hub id."""
+    """Load a pretrained backbone of the given kind ("diffusion-gemma", "mdlm") from a directory or hub id.
+
+    "llada" and "dream" are refused with a one-line error: their modeling code ships with the checkpoint,
+    so the user loads the model and passes it to :func:`wrap_backbone`.
+    """
     try:
         loader = BACKBONES[kind]
     except KeyError:
@@ -508,15 +541,24 @@ def load_backbone(
     return loader(path, dtype=dtype, device=device)
 
 
+WRAPPED_CLASSES: dict[str, Callable[[nn.Module], nn.Module]] = {
+    "DiffusionGemmaForBlockDiffusion": DiffusionGemmaBackbone,
+    "LLaDAModelLM": LLaDABackbone,
+    "DreamModel": DreamBackbone,
+}
+"""Class name of a loaded model -> its adapter (models whose code tadm does not import are matched by name)."""
+
+
 def wrap_backbone(model: nn.Module) -> nn.Module:
-    """The adapter for an already-built model: a DiffusionGemmaForBlockDiffusion or a tadm MDLM."""
-    if isinstance(model, (DiffusionGemmaBackbone, MDLMBackbone)):
+    """The adapter for an already-built model: a DiffusionGemmaForBlockDiffusion, LLaDAModelLM, DreamModel or tadm MDLM."""
+    if isinstance(model, (DiffusionGemmaBackbone, MDLMBackbone, LLaDABackbone, DreamBackbone)):
         return model
-    if type(model).__name__ == "DiffusionGemmaForBlockDiffusion":
-        return DiffusionGemmaBackbone(model)
+    adapter = next((WRAPPED_CLASSES[c.__name__] for c in type(model).__mro__ if c.__name__ in WRAPPED_CLASSES), None)
+    if adapter is not None:  # the class or a subclass of it (the time-anchored DiffusionGemma)
+        return adapter(model)
     if isinstance(model, MDLM):
         return MDLMBackbone(model)
     raise TypeError(
-        f"no backbone adapter for {type(model).__name__}; supported: DiffusionGemmaForBlockDiffusion, tadm MDLM "
+        f"no backbone adapter for {type(model).__name__}; supported: {', '.join(WRAPPED_CLASSES)}, tadm MDLM "
         "(other stacks plug in by implementing tadm.posttrain.backbone.LayerStackBackbone)"
     )

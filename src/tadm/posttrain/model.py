@@ -118,8 +118,9 @@ class AnchoredBackbone(nn.Module):
         if isinstance(fusion, FusionSpec):
             self.fusion_spec = fusion
             fusion = fusion.build(backbone.hidden_size)
-        else:  # a ready module: its initial gate bias is unknown, the trained one is in its weights
-            self.fusion_spec = FusionSpec(rank=fusion.rank, num_heads=fusion.num_heads, eps=fusion.eps)
+        else:  # a ready module: its sizes and initial gate bias (the trained one is in its weights)
+            self.fusion_spec = FusionSpec(rank=fusion.rank, num_heads=fusion.num_heads, eps=fusion.eps,
+                                          gate_bias=getattr(fusion, "gate_bias", FusionSpec.gate_bias))
         if fusion.hidden_size != backbone.hidden_size:
             raise ValueError(
                 f"fusion hidden_size {fusion.hidden_size} != backbone hidden_size {backbone.hidden_size}"

@@ -18,6 +18,13 @@ step's temperature-scaled logits, as at inference. Its anchor step ``i_a`` has a
 unless ``i_a = T``; that signal is bootstrapped from a fresh pass of the frozen model on ``z_t'``
 without self-conditioning, scaled at the previous step's temperature (the usual two-pass
 self-conditioning recipe). At ``i_a = T`` the signal is zero, as at the first inference step.
+
+A backbone with the absorbing (mask) prior (tadm's MDLM, a converted released MDLM checkpoint) is
+rolled out the same way with its own kind of sampler (a masked sampler such as tadm's ``MDLMSampler``
+on the same T-step grid): ``z_t' ~ q(. | x0)`` masks tokens with probability 1 - alpha_t', each
+reverse step j gives the denoiser the time t(j) = j / T (read by time-conditioned networks) and draws
+z~_{j-1} from the sampler's posterior, and the forward-mode ablation masks further, Eq. (fwd_t_t').
+Such backbones have no self-conditioning.
 """
 
 from __future__ import annotations
@@ -30,15 +37,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tadm.diffusion import NoiseSchedule, sample_t, uniform_corrupt
+from tadm.diffusion import NoiseSchedule, further_mask, mask_corrupt, sample_t, uniform_corrupt
 from tadm.posttrain.backbone import PromptCache, StackContext
 from tadm.posttrain.model import AnchoredBackbone
+from tadm.sampling.base import MaskedSampler
 from tadm.sampling.entropy_bound import EntropyBoundOutput, EntropyBoundSampler
 from tadm.sampling.loop import LoopContext, denoise
 from tadm.sampling.refresh import FixedRefresh
 
-__all__ = ["CACHE_AGES", "CACHE_AGE_PROBS", "ROLLOUT_MODES", "RolloutState", "forward_rollout", "on_policy_rollout",
-           "draw_rollout", "rollout_indices", "sample_cache_ages"]
+__all__ = ["CACHE_AGES", "CACHE_AGE_PROBS", "ROLLOUT_MODES", "ROLLOUT_PRIORS", "RolloutState", "forward_rollout",
+           "on_policy_rollout", "draw_rollout", "rollout_indices", "sample_cache_ages"]
 
 CACHE_AGES: tuple[int, ...] = (0, 1, 2)
 CACHE_AGE_PROBS: tuple[float, ...] = (0.34, 0.33, 0.33)
@@ -137,12 +145,20 @@ class _RolloutContext(LoopContext):
         return _where_rows(active, output.prev_sample, z)
 
 
-def _check_rollout(model: AnchoredBackbone, self_conditioning_prob: float) -> None:
-    if model.backbone.prior != "uniform":
-        raise ValueError(
-            f"post-training rollouts (both modes) corrupt canvases with uniform noise and sample with the "
-            f"entropy-bound sampler; backbone {type(model.backbone).__name__} has prior {model.backbone.prior!r}"
-        )
+ROLLOUT_PRIORS = ("uniform", "mask")  # what the rollouts corrupt canvases with, by the backbone's prior
+
+
+def _check_rollout(model: AnchoredBackbone, sampler: Any, self_conditioning_prob: float) -> None:
+    prior = model.backbone.prior
+    if prior not in ROLLOUT_PRIORS:
+        raise ValueError(f"post-training rollouts corrupt canvases with uniform noise or masks; backbone "
+                         f"{type(model.backbone).__name__} has prior {prior!r}")
+    if prior == "uniform" and not isinstance(sampler, EntropyBoundSampler):
+        raise ValueError("a uniform-prior backbone rolls out with the entropy-bound sampler, got "
+                         f"{type(sampler).__name__}")
+    if prior == "mask" and not isinstance(sampler, MaskedSampler):
+        raise ValueError(f"a mask-prior backbone ({type(model.backbone).__name__}) rolls out with a masked sampler "
+                         f"(e.g. tadm's MDLMSampler), got {type(sampler).__name__}")
     if not 0.0 <= self_conditioning_prob <= 1.0:
         raise ValueError(f"self_conditioning_prob must be in [0, 1], got {self_conditioning_prob!r}")
     if self_conditioning_prob > 0 and not model.backbone.supports_self_conditioning:
@@ -186,12 +202,36 @@ def _roll_out(
     return run.z, run.cache.hidden, prepared, model.encode(run.z, prepared)
 
 
+def _masked_roll_out(
+    model: AnchoredBackbone, sampler: MaskedSampler, z: Tensor, k: Tensor, i_a: Tensor,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor, Any, Tensor]:
+    """k reverse steps of a mask-prior backbone from z_t' with the anchor cached there (module docstring):
+    (z~_t, anchor h_t', prepared state, c_t). Rows at the same step index step together."""
+    T = sampler.num_steps
+    times = lambda index: index.double().div(T).float()  # (B,) t(j) = j / T
+    prepared = model.prepare(z, StackContext(), t=times(i_a))
+    anchor = model.compute_anchor(model.encode(z, prepared), prepared)  # (B, L, 2d)
+    z = z.clone()
+    for r in range(int(k.max()) if k.numel() else 0):
+        active = r < k  # (B,) rows still rolling out
+        step = i_a - r  # (B,) their reverse step j
+        prepared = model.prepare(z, StackContext(), t=times(step))
+        log_probs = model.predict(z, model.encode(z, prepared), anchor, prepared)  # (B, L, V)
+        for j in torch.unique(step[active]).tolist():
+            rows = active & (step == j)
+            z[rows] = sampler.step(log_probs[rows], int(j), z[rows], generator).prev_sample
+    i_s = i_a - k
+    prepared = model.prepare(z, StackContext(), t=times(i_s))
+    return z, anchor, prepared, model.encode(z, prepared)
+
+
 @torch.no_grad()
 def draw_rollout(
     model: AnchoredBackbone,
     x0: Tensor,
     *,
-    sampler: EntropyBoundSampler,
+    sampler: EntropyBoundSampler | MaskedSampler,
     schedule: NoiseSchedule,
     mode: str = "on-policy",
     prompt: PromptCache | None = None,
@@ -215,8 +255,9 @@ def draw_rollout(
     Args:
         model: the split backbone with its current fusion (the student).
         x0: (B, L) clean canvas ids.
-        sampler: Algorithm 2 with T = ``sampler.num_steps``, used for the k transitions.
-        schedule: alpha_t of the uniform forward process.
+        sampler: Algorithm 2 with T = ``sampler.num_steps``, used for the k transitions (a masked sampler
+            with ``set_timesteps(T)`` done for a mask-prior backbone).
+        schedule: alpha_t of the forward process.
         mode: one of :data:`ROLLOUT_MODES`.
         prompt: encoded context (block-diffusion backbones), shared by the anchor and current passes.
         cache_ages, cache_age_probs: the distribution of k (paper: {0, 1, 2}, (0.34, 0.33, 0.33)).
@@ -232,7 +273,7 @@ def draw_rollout(
     """
     if mode not in ROLLOUT_MODES:
         raise ValueError(f"rollout mode {mode!r} is unknown; valid: {', '.join(ROLLOUT_MODES)}")
-    _check_rollout(model, self_conditioning_prob)
+    _check_rollout(model, sampler, self_conditioning_prob)
     T = sampler.num_steps
     B, device = x0.shape[0], x0.device
     k = (sample_cache_ages(B, cache_ages, cache_age_probs, generator, device) if cache_age is None
@@ -241,6 +282,8 @@ def draw_rollout(
         t_anchor = sample_t(B, eps=0.0, antithetic=antithetic, generator=generator, device=device)  # (B,)
     t_anchor = t_anchor.to(device)
     i_a, i_s = rollout_indices(t_anchor, k, T)
+    if model.backbone.prior == "mask":
+        return _masked_rollout(model, sampler, x0, schedule, mode, k, t_anchor, i_a, i_s, generator)
     if mode == "on-policy":
         z_anchor = uniform_corrupt(x0, schedule.alpha(t_anchor.double()).float(), model.vocab_size, generator)  # (B, L)
         context = _self_conditioning(model, sampler, z_anchor, prompt, k, i_a, self_conditioning_prob, generator)
@@ -259,6 +302,30 @@ def draw_rollout(
     return RolloutState(x0=x0, z_anchor=z_anchor, z_current=z_current, anchor=anchor, c_current=c_current,
                         prepared=prepared, t_anchor=t_anchor, cache_age=k, i_a=i_a, i_s=i_s,
                         self_conditioning=context.sc_rows)
+
+
+def _masked_rollout(
+    model: AnchoredBackbone, sampler: MaskedSampler, x0: Tensor, schedule: NoiseSchedule, mode: str, k: Tensor,
+    t_anchor: Tensor, i_a: Tensor, i_s: Tensor, generator: torch.Generator | None,
+) -> RolloutState:
+    """:func:`draw_rollout` for a mask-prior backbone (module docstring)."""
+    mask_id = int(model.mask_token_id)
+    alpha_anchor = schedule.alpha(t_anchor.double())  # (B,)
+    if mode == "on-policy":
+        z_anchor = mask_corrupt(x0, alpha_anchor.float(), mask_id, generator)  # (B, L)
+        z_current, anchor, prepared, c_current = _masked_roll_out(model, sampler, z_anchor, k, i_a, generator)
+    else:
+        T = sampler.num_steps
+        alpha_current = schedule.alpha(torch.clamp(t_anchor.double() - k.double() / T, min=0.0))  # (B,)
+        z_current = mask_corrupt(x0, alpha_current.float(), mask_id, generator)  # (B, L)
+        z_anchor = further_mask(z_current, alpha_current.float(), alpha_anchor.float(), mask_id, generator)
+        anchor_state = model.prepare(z_anchor, StackContext(), t=i_a.double().div(T).float())
+        anchor = model.compute_anchor(model.encode(z_anchor, anchor_state), anchor_state)  # (B, L, 2d)
+        prepared = model.prepare(z_current, StackContext(), t=i_s.double().div(T).float())
+        c_current = model.encode(z_current, prepared)
+    return RolloutState(x0=x0, z_anchor=z_anchor, z_current=z_current, anchor=anchor, c_current=c_current,
+                        prepared=prepared, t_anchor=t_anchor, cache_age=k, i_a=i_a, i_s=i_s,
+                        self_conditioning=torch.zeros_like(k, dtype=torch.bool))
 
 
 def on_policy_rollout(model: AnchoredBackbone, x0: Tensor, **options: Any) -> RolloutState:

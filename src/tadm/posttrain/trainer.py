@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from tadm import posttrain as package  # the package's lazy names (the transformers model class)
 from tadm.config import check_resumable
 from tadm.diffusion import get_schedule, kd_loss
 from tadm.hf import first_line, load_hf_tokenizer
@@ -43,9 +44,10 @@ from tadm.posttrain.backbone import load_backbone
 from tadm.posttrain.config import PosttrainConfig, PosttrainConfigError
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases, read_chat_jsonl
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
-from tadm.posttrain.rollout import RolloutState, draw_rollout
+from tadm.posttrain.rollout import ROLLOUT_PRIORS, RolloutState, draw_rollout
 from tadm.records import write_text
 from tadm.sampling.entropy_bound import EntropyBoundSampler
+from tadm.sampling.mdlm import MDLMSampler
 from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
 from tadm.training.distributed import DistInfo, barrier, cleanup, init_distributed, wrap_model
 from tadm.training.lr import build_lr_scheduler
@@ -53,7 +55,8 @@ from tadm.training.metrics import MetricsLogger
 from tadm.training.precision import autocast_context
 from tadm.training.rundir import claim_run_dir, remove_stale_temporaries
 
-__all__ = ["CONFIG_FILENAME", "PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "run_posttrain"]
+__all__ = ["CONFIG_FILENAME", "PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "rollout_sampler",
+           "run_posttrain"]
 
 CONFIG_FILENAME = "posttrain_config.yaml"  # the resolved config, beside the adapter and its training state
 
@@ -84,7 +87,8 @@ def posttrain_loss(
     kd_temperature: float = 1.0,
     fusion: Callable[..., Tensor] | None = None,
 ) -> PosttrainLoss:
-    """Eq. (anchor-sft-objective) at a rollout end point, averaged over ``token_mask`` (B, L) tokens.
+    """Eq. (anchor-sft-objective) at a rollout end point, averaged over ``token_mask`` (B, L) tokens (for a
+    mask-prior backbone, those still masked in the current canvas: the others are carried over, not predicted).
 
     ``fusion`` is the module to evaluate (default ``model.fusion``; a DDP wrapper when distributed);
     it is always evaluated, also for fresh rows (k = 0) where its correction is exactly zero.
@@ -99,6 +103,8 @@ def posttrain_loss(
     kd = kd_loss(teacher, student, temperature=kd_temperature).float()  # (B, L)
     per_token = ce_weight * ce + kd_weight * kd  # (B, L)
     mask = torch.ones_like(per_token) if token_mask is None else token_mask.to(per_token.dtype)
+    if model.backbone.prior == "mask":  # SUBS carries unmasked tokens over: only masked positions are predicted
+        mask = mask * (state.z_current == model.mask_token_id).to(mask.dtype)
     count = mask.sum().clamp_min(1.0)
     loss = (per_token * mask).sum() / count
     by_age: dict[int, float] = {}
@@ -113,6 +119,18 @@ def posttrain_loss(
 
 
 # =========================================================================================== trainer
+def rollout_sampler(model: AnchoredBackbone, config: PosttrainConfig) -> EntropyBoundSampler | MDLMSampler:
+    """The sampler the rollouts share with inference: Algorithm 2 (``rollout.sampler``) for a uniform-prior base,
+    tadm's MDLM sampler on the same T = ``rollout.sampler.num_steps`` grid and ``rollout.schedule`` for a
+    mask-prior one (tadm's MDLM, a converted released MDLM checkpoint)."""
+    r = config.rollout
+    if model.backbone.prior == "mask":
+        sampler = MDLMSampler(int(model.mask_token_id), schedule=r.schedule)
+        sampler.set_timesteps(int(r.sampler.num_steps))
+        return sampler
+    return EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
+
+
 class PosttrainTrainer:
     """Trains the fusion of an :class:`AnchoredBackbone` on canvas batches with on-policy rollouts.
 
@@ -139,7 +157,7 @@ class PosttrainTrainer:
         self.device = torch.device(device)
         self.fusion_runner = fusion_runner if fusion_runner is not None else model.fusion
         r = config.rollout
-        self.sampler = EntropyBoundSampler.from_config(model.vocab_size, r.sampler)
+        self.sampler = rollout_sampler(model, config)
         self.schedule = get_schedule(r.schedule)
         o = config.optim
         self.params = [p for p in model.fusion.parameters() if p.requires_grad]
@@ -281,13 +299,22 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo) -> tuple[PosttrainTr
     torch.manual_seed(config.train.seed)
     if not config.data.train_file:
         raise PosttrainConfigError("data.train_file is empty: give the chat JSONL to train on")
-    backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
-    if backbone.prior != "uniform":
-        raise PosttrainConfigError(
-            f"base.backbone {config.base.backbone} cannot be post-trained: the rollouts corrupt canvases with uniform "
-            f"noise (DiffusionGemma's prior), and this backbone's prior is {backbone.prior!r}")
-    dataset, pad_id = _canvas_dataset(config, backbone)
-    model = AnchoredBackbone(backbone, SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion)))
+    split, fusion = SplitSpec(**asdict(config.split)), FusionSpec(**asdict(config.fusion))
+    if config.base.backbone == "diffusion-gemma":
+        # The fusion trains inside the model class that serves it: the time-anchored DiffusionGemma, seen stage by
+        # stage (its stage view shares its layers and fusion).
+        served, _ = package.load_time_anchored(config.base.path, split=split, fusion=fusion, dtype=config.base.dtype,
+                                               device=info.device)
+        model = served.stage_view()
+        dataset, pad_id = _canvas_dataset(config, model.backbone)
+    else:
+        backbone = load_backbone(config.base.backbone, config.base.path, dtype=config.base.dtype, device=info.device)
+        if backbone.prior not in ROLLOUT_PRIORS:
+            raise PosttrainConfigError(
+                f"base.backbone {config.base.backbone} cannot be post-trained: the rollouts corrupt canvases with "
+                f"uniform noise or masks ({', '.join(ROLLOUT_PRIORS)}), and this backbone's prior is {backbone.prior!r}")
+        dataset, pad_id = _canvas_dataset(config, backbone)
+        model = AnchoredBackbone(backbone, split, fusion)
     model.fusion.to(info.device)
     runner = wrap_model(model.fusion, info)  # every fusion parameter takes part in every step
     trainer = PosttrainTrainer(model, config, device=info.device, fusion_runner=runner, rank=info.rank)

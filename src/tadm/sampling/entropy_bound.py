@@ -35,7 +35,7 @@ from tadm.sampling.base import ConfiguredSampler, check_integer, check_num_steps
 from tadm.sampling.categorical import sample_categorical
 
 __all__ = ["CATEGORICAL_DRAWS", "EntropyBoundOutput", "EntropyBoundSampler", "EntropyBoundSamplerConfig",
-           "StableConfidentStopping", "entropy_bound_accept", "token_entropy"]
+           "entropy_bound_accept", "token_entropy"]
 
 CATEGORICAL_DRAWS = ("multinomial", "gumbel")
 
@@ -258,40 +258,3 @@ class EntropyBoundSampler(ConfiguredSampler):
             prev = argmax if step_index == 1 else renoised
         return EntropyBoundOutput(prev_sample=prev, argmax=argmax, scaled_logits=scaled, accepted=accepted,
                                   entropy=entropy)
-
-
-class StableConfidentStopping:
-    """DiffusionGemma's adaptive stopping: stop a row once its greedy canvas is stable and confident.
-
-    Stable: the greedy canvas equals each of the previous ``stability_threshold`` greedy canvases
-    (0 = always stable). Confident: the mean per-position entropy of the temperature-scaled logits
-    is below ``confidence_threshold``. Off in the paper's evaluations (a fixed step budget).
-    """
-
-    def __init__(self, stability_threshold: int = 1, confidence_threshold: float = 0.005) -> None:
-        check_integer("stability_threshold", stability_threshold, minimum=0)
-        if not confidence_threshold > 0:
-            raise ValueError(f"confidence_threshold must be > 0, got {confidence_threshold!r}")
-        self.stability_threshold = stability_threshold
-        self.confidence_threshold = float(confidence_threshold)
-        self._history: Tensor | None = None
-
-    def reset(self) -> None:
-        """Forget the greedy-canvas history (call at the start of every canvas)."""
-        self._history = None
-
-    def __call__(self, argmax: Tensor, scaled_logits: Tensor) -> Tensor:
-        """(B, L) greedy canvas and (B, L, V) scaled logits -> (B,) bool: which rows may stop."""
-        B = argmax.shape[0]
-        if self.stability_threshold == 0:
-            stable = torch.ones(B, dtype=torch.bool, device=argmax.device)
-        else:
-            if self._history is None:
-                self._history = torch.full(
-                    (self.stability_threshold, *argmax.shape), -1, dtype=argmax.dtype, device=argmax.device
-                )  # (S, B, L)
-            stable = (self._history == argmax[None]).all(dim=-1).all(dim=0)  # (B,)
-            self._history = torch.roll(self._history, shifts=-1, dims=0)
-            self._history[-1] = argmax
-        confident = token_entropy(scaled_logits).mean(dim=-1) < self.confidence_threshold  # (B,)
-        return stable & confident

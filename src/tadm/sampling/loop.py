@@ -13,8 +13,9 @@ bookkeeping, corrupting a clean canvas) and in the state a backbone needs betwee
 ``pass_context()`` is given to ``model.prepare(z, context, t)``, ``after_step`` turns the sampler's output into the next canvas and updates the
 state, ``finished`` stops the run early.
 
-Callers: :func:`tadm.sampling.generate` (unconditional), :func:`tadm.posttrain.generate_blocks`
-(block-wise with a prompt) and :func:`tadm.posttrain.on_policy_rollout` (k steps on one anchor).
+Callers: :func:`tadm.sampling.generate` (unconditional, or after a prompt kept in the canvas) and
+:func:`tadm.posttrain.on_policy_rollout` (k steps on one anchor). A DiffusionGemma generates with its own
+``generate``, the cache inside the model (:mod:`tadm.posttrain.layer_cache`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Name-based choice of a sampler: the one place that maps a name to a sampler and its config.
 
 Every sampler has a config dataclass holding its settings (``MDLMSamplerConfig``,
-``ReMDMSamplerConfig``, ``EntropyBoundSamplerConfig``). A name picks the class, the config and the
+``ReMDMSamplerConfig``, ``EntropyBoundSamplerConfig``, ``LLaDASamplerConfig``, ``DreamSamplerConfig``). A name picks the class, the config and the
 name's own defaults (``remdm-loop`` starts from eta = 0.02, the paper's value at T >= L); options
 given by a caller (Python, CLI flags, a YAML section) override those defaults and are checked by
 the config, so a typo or a value out of range is an error naming it::
@@ -11,8 +11,10 @@ the config, so a typo or a value out of range is an error naming it::
     sampler = sampler_from_config("remdm-cap", config, mask_id=model.mask_token_id)
     sampler = get_sampler("entropy-bound", vocab_size=model.vocab_size, entropy_bound=0.1)
 
-Masked samplers (MDLM, ReMDM) need the model's mask id; the uniform-state entropy-bound sampler
-needs its vocabulary size.
+Masked samplers (MDLM, ReMDM, LLaDA's, Dream's) need the model's mask id; the uniform-state
+entropy-bound sampler needs its vocabulary size. LLaDA's ("llada") and Dream's ("dream-origin",
+"dream-maskgit-plus", "dream-topk-margin", "dream-entropy") samplers read raw logits, like the
+entropy-bound one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Any
 
 from tadm.protocol import check_network
 from tadm.sampling.base import Sampler
+from tadm.sampling.dream import DreamSampler, DreamSamplerConfig
 from tadm.sampling.entropy_bound import EntropyBoundSampler, EntropyBoundSamplerConfig
+from tadm.sampling.llada import LLaDASampler, LLaDASamplerConfig
 from tadm.sampling.mdlm import MDLMSampler, MDLMSamplerConfig
 from tadm.sampling.remdm import ReMDMSampler, ReMDMSamplerConfig
 
@@ -55,6 +59,10 @@ def _remdm(strategy: str, **defaults: Any) -> SamplerEntry:
     return SamplerEntry(ReMDMSampler, ReMDMSamplerConfig, fixed={"strategy": strategy}, defaults=defaults)
 
 
+def _dream(alg: str) -> SamplerEntry:
+    return SamplerEntry(DreamSampler, DreamSamplerConfig, fixed={"alg": alg})
+
+
 SAMPLERS: dict[str, SamplerEntry] = {
     "mdlm": SamplerEntry(MDLMSampler, MDLMSamplerConfig),
     "remdm-cap": _remdm("cap"),
@@ -62,6 +70,11 @@ SAMPLERS: dict[str, SamplerEntry] = {
     "remdm-conf": _remdm("conf"),
     "remdm-loop": _remdm("loop", eta=0.02),
     "entropy-bound": SamplerEntry(EntropyBoundSampler, EntropyBoundSamplerConfig, needs="vocab_size"),
+    "llada": SamplerEntry(LLaDASampler, LLaDASamplerConfig),
+    "dream-origin": _dream("origin"),
+    "dream-maskgit-plus": _dream("maskgit_plus"),
+    "dream-topk-margin": _dream("topk_margin"),
+    "dream-entropy": _dream("entropy"),
 }
 
 

@@ -35,12 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tadm.tasks.livecodebench import functional_program, same_json_output
+from tadm.tasks.livecodebench import functional_checks, functional_program, same_json_output
 from tadm.tasks.sandbox import CodeLimits, run_program
 
 __all__ = ["BENCHMARKS", "EXTRA_BENCHMARKS", "Benchmark", "Example", "Score", "build_prompt", "check_choice",
            "check_math", "check_sum", "extract_choice", "extract_code", "extract_math_answer", "get_benchmark",
-           "parse_task_list", "score", "select_shots"]
+           "humaneval_checks", "humaneval_program", "parse_task_list", "score", "select_shots", "timed_out"]
 
 
 @dataclass(frozen=True)
@@ -279,20 +279,46 @@ def extract_code(text: str) -> str | None:
 
 
 def humaneval_program(example: Example, completion: str) -> str:
-    """The program run for a HumanEval completion: prompt + completion (or the fenced function), then the tests."""
+    """The program run for a HumanEval completion: prompt + completion, or the fenced function with the prompt's
+    imports. The tests are not in it: they run in the sandbox's harness (:func:`humaneval_checks`)."""
     code = extract_code(completion)
     if code is None or f"def {example.entry_point}" not in code:
-        body = example.question + (code if code is not None else completion)
-    else:
-        body = "\n".join(line for line in example.question.splitlines()
-                         if line.startswith(("import ", "from "))) + "\n" + code
-    return f"{body}\n\n{example.tests}\n\ncheck({example.entry_point})\n"
+        return example.question + (code if code is not None else completion) + "\n"
+    return "\n".join(line for line in example.question.splitlines()
+                     if line.startswith(("import ", "from "))) + "\n" + code + "\n"
+
+
+_HUMANEVAL_CHECKS = """\
+for _tail in ("", "\\n    pass\\n"):  # the prompt's helpers and imports; a stub without a docstring needs a body
+    try:
+        _prompt = compile({prompt!r} + _tail, "prompt.py", "exec", dont_inherit=True)
+        break
+    except SyntaxError:
+        _prompt = compile("", "prompt.py", "exec")
+exec(_prompt)
+{tests}
+
+{name} = program.function({name!r})
+check({name})
+"""
+
+
+def humaneval_checks(example: Example) -> str:
+    """The harness's side: the prompt (its helpers, e.g. ``poly`` or ``encode_cyclic``, and imports), the tests,
+    the entry point's name bound to the program's function (some tests call it by name), and ``check`` on it."""
+    return _HUMANEVAL_CHECKS.format(prompt=example.question, tests=example.tests, name=example.entry_point)
 
 
 def check_function(example: Example, completion: str, *, limits: CodeLimits) -> Score:
-    """HumanEval: the program with its tests runs to its end (``check(...)`` returned) and exits 0."""
-    result = run_program(humaneval_program(example, completion), mode="tests", **limits.run_kwargs())
+    """HumanEval: ``check(...)`` returned, run in the sandbox's harness on the program's function."""
+    result = run_program(humaneval_program(example, completion), mode="tests", checks=humaneval_checks(example),
+                         **limits.run_kwargs())
     return Score(result.ok, None, result.status)
+
+
+def timed_out(detail: str) -> bool:
+    """Did a code check end at its time limit (its :class:`Score` ``detail``: ``timeout`` or ``test N: timeout``)?"""
+    return detail == "timeout" or detail.endswith(": timeout")
 
 
 def _same_output(actual: str, expected: str) -> bool:
@@ -306,12 +332,15 @@ def check_stdio(example: Example, response: str, *, limits: CodeLimits) -> Score
     ``Solution().<entry_point>(*args)`` with the driver run to its end."""
     code = extract_code(response) or response  # a block found is never empty
     for n, test in enumerate(example.tests or []):
-        functional = test.get("testtype") == "functional"
-        program = functional_program(code, example.entry_point) if functional else code
-        same = same_json_output if functional else _same_output
-        result = run_program(program, stdin=str(test["input"]), mode="tests" if functional else "script",
-                             **limits.run_kwargs())
-        if result.status != "ok" or not same(result.stdout, str(test["output"])):
+        if test.get("testtype") == "functional":
+            checks = functional_checks(example.entry_point, str(test["input"]))
+            result = run_program(functional_program(code, example.entry_point), mode="tests", checks=checks,
+                                 **limits.run_kwargs())
+            output, same = result.checks_output, same_json_output
+        else:
+            result = run_program(code, stdin=str(test["input"]), mode="script", **limits.run_kwargs())
+            output, same = result.stdout, _same_output
+        if result.status != "ok" or not same(output, str(test["output"])):
             return Score(False, None, f"test {n}: {result.status if result.status != 'ok' else 'wrong output'}")
     return Score(bool(example.tests), None, "passed" if example.tests else "no tests")
 

@@ -2,12 +2,12 @@
 
 * :class:`BlockGenerator` - a post-training base (a DiffusionGemma-class backbone) with or without a
   fusion adapter (sec. "TADM:Post-train"). Canvas after canvas is generated with the entropy-bound
-  sampler (Algorithm 2 inside Algorithm 1; the paper's settings: canvas L = 256, T = 48 steps) by
-  :func:`tadm.posttrain.generate_blocks`, the prompt held in the backbone's KV cache.
+  sampler (Algorithm 2 inside Algorithm 1; the paper's settings: canvas L = 256, T = 48 steps) by the
+  base's own ``generate`` on :class:`tadm.posttrain.TimeAnchoredDiffusionGemma` (the cache inside the model).
 * :class:`PrefixGenerator` - tadm's own masked diffusion models (a checkpoint directory, a Hub id or
   a builder name, see :func:`tadm.specs.resolve_model`). They have no prompt encoder, so the prompt
   is written at the start of the canvas and kept fixed at every reverse step (prefix infilling);
-  the positions after it are denoised by Algorithm 1's loop with the anchor cache.
+  the positions after it are denoised by :func:`tadm.sampling.generate` with it as ``prefix``.
 
 Both turn text into token ids (``encode``), generate a batch of continuations (``generate``) and
 return a :class:`BatchOutput`: per row the ids before the first end-of-sequence token, and what the
@@ -25,16 +25,15 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from tadm.devices import synchronize
 from tadm.hf import load_hf_tokenizer
-from tadm.posttrain.adapter_io import attach_adapter
-from tadm.posttrain.backbone import load_backbone
+from tadm import posttrain
 from tadm.posttrain.data import left_pad
-from tadm.posttrain.generate import generate_blocks
-from tadm.posttrain.model import AnchoredBackbone, SplitSpec
-from tadm.sampling.entropy_bound import StableConfidentStopping
-from tadm.sampling.loop import LoopContext, denoise
+from tadm.posttrain.model import SplitSpec
+from tadm.sampling.entropy_bound import EntropyBoundSamplerConfig
+from tadm.sampling.generate import generate as generate_canvas
 from tadm.sampling.refresh import FixedRefresh, RefreshPolicy
 from tadm.sampling.registry import build_sampler
 from tadm.specs import find_tokenizer, resolve_model
@@ -121,34 +120,66 @@ def _eos_ids(*candidates: Any) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------- base models
+class _RowStop:
+    """A ``transformers`` stopping criterion from a :data:`StopCheck`: asked after each canvas with the ids so far."""
+
+    def __init__(self, stop: StopCheck, eos_ids: Sequence[int], prompt_length: int, budget: int) -> None:
+        self.stop, self.eos_ids, self.prompt_length, self.budget = stop, eos_ids, prompt_length, budget
+
+    def __call__(self, input_ids: Tensor, scores: Any, **kwargs: Any) -> Tensor:
+        rows = [cut_at_eos(row, self.eos_ids, self.budget)[0] for row in input_ids[:, self.prompt_length:].tolist()]
+        return torch.tensor([self.stop(n, row) for n, row in enumerate(rows)], dtype=torch.bool,
+                            device=input_ids.device)
+
+
+class _StepProgress:
+    """A streamer for the base's ``generate`` that only advances a progress bar at every denoising step."""
+
+    def __init__(self, total: int) -> None:
+        self.bar = tqdm(total=total, desc="denoising", unit="step", leave=False)
+
+    def put(self, value: Tensor) -> None:
+        """The prompt and every finished canvas: nothing to show."""
+
+    def put_draft(self, value: Tensor | None = None, logits: Tensor | None = None) -> None:
+        self.bar.update(1)
+
+    def end(self) -> None:
+        self.bar.close()
+
+
 class BlockGenerator:
     """A post-training base (plus an optional fusion adapter) generating canvases after a prompt.
 
+    Generation is the base model's own ``generate`` on a :class:`~tadm.posttrain.TimeAnchoredDiffusionGemma`
+    (the anchor cache inside the model): its entropy-bound sampler, temperature schedule and stopping.
+
     Args:
-        model: an :class:`~tadm.posttrain.AnchoredBackbone` whose backbone encodes prompts
-            (``prefill``/``append``; DiffusionGemma). Its ``fusion_mode`` picks the paired fusion or
-            the naive-reuse baseline.
+        model: a :class:`~tadm.posttrain.TimeAnchoredDiffusionGemma`.
         tokenizer: the base's ``transformers`` tokenizer (its chat template is used by callers).
-        settings: refresh policy and entropy-bound sampler settings.
+        settings: refresh policy and entropy-bound sampler settings (``entropy_bound``, ``temperature_max``,
+            ``temperature_min``).
     """
 
     kind = "base"
 
     def __init__(self, model: Any, tokenizer: Any, settings: GenerationSettings, *, name: str = "") -> None:
-        backbone = model.backbone
-        if not (hasattr(backbone, "prefill") and hasattr(backbone, "append")):
-            raise ValueError(f"{type(backbone).__name__} has no prompt encoder (prefill/append): only "
-                             "DiffusionGemma-class bases generate after a prompt")
+        if not hasattr(model, "anchor_cache") or not callable(getattr(model, "generate", None)):
+            raise ValueError(f"{type(model).__name__} is not a time-anchored DiffusionGemma: only DiffusionGemma-class "
+                             "bases generate after a prompt")
         if settings.sampler not in (None, "entropy-bound"):
             raise ValueError("a post-training base samples with 'entropy-bound' (Algorithm 2), "
                              f"not {settings.sampler!r}")
         self.model, self.tokenizer, self.settings, self.name = model.eval(), tokenizer, settings, name
-        self.fusion_mode = model.fusion_mode  # set on the shared model before each batch
+        self.fusion_mode = model.anchor_cache.mode  # set for each batch (the model is shared)
         self.steps = BASE_STEPS if settings.steps is None else settings.steps
-        self.sampler = build_sampler("entropy-bound", model, num_steps=self.steps, **settings.sampler_options)
+        options = EntropyBoundSamplerConfig(num_steps=self.steps, **settings.sampler_options)  # validates
+        if options.categorical != "multinomial":
+            raise ValueError(f"a base samples with its own generate, whose draws are multinomial; "
+                             f"categorical={options.categorical!r} is not available there")
+        self.options = options
         self.device = next(model.parameters()).device
-        config = getattr(getattr(backbone, "model", None), "generation_config", None)
-        self.eos_ids = _eos_ids(getattr(config, "eos_token_id", None), tokenizer.eos_token_id)
+        self.eos_ids = _eos_ids(getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id)
         self.pad_id = tokenizer.pad_token_id
 
     @classmethod
@@ -160,12 +191,11 @@ class BlockGenerator:
         """Load ``base`` (a directory or Hub id), attach ``adapter`` (or split it by ``split`` = (S, A))."""
         if adapter is not None and split is not None:
             raise ValueError("give an adapter or a split, not both: an adapter fixes its own split")
-        mode = "naive" if naive else "paired"
-        stack = load_backbone(backbone, base, dtype=dtype, device=device)
-        if adapter is not None:
-            model = attach_adapter(stack, adapter, fusion_mode=mode)
-        else:
-            model = AnchoredBackbone(stack, SplitSpec(*split) if split else SplitSpec(), fusion_mode=mode).to(device)
+        if backbone != "diffusion-gemma":
+            raise ValueError(f"backbone {backbone!r} has no prompt encoder: only DiffusionGemma-class bases "
+                             "('diffusion-gemma') generate after a prompt")
+        model, _ = posttrain.load_time_anchored(base, adapter=adapter, split=SplitSpec(*split) if split else None, naive=naive,
+                                      dtype=dtype, device=device)
         tok = load_hf_tokenizer(str(tokenizer or base))
         return cls(model, tok, settings, name=Path(str(base)).name + (f"+{Path(adapter).name}" if adapter else ""))
 
@@ -178,7 +208,8 @@ class BlockGenerator:
 
     @property
     def canvas_length(self) -> int:
-        return int(self.model.backbone.canvas_length if self.settings.canvas_length is None else self.settings.canvas_length)
+        return int(self.model.config.canvas_length if self.settings.canvas_length is None
+                   else self.settings.canvas_length)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; BOS is added unless the text already starts with it (a chat template's)."""
@@ -189,38 +220,48 @@ class BlockGenerator:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def _row_stop(self, stop: StopCheck | None, budget: int) -> Callable[[Tensor], Tensor] | None:
-        """``stop`` (row, ids before EOS) -> done, as generate_blocks' check on the (B, n) tokens so far."""
-        if stop is None:
-            return None
+    def generation_kwargs(self, max_new_tokens: int) -> dict[str, Any]:
+        """The base's generation-config fields for these settings (every step runs unless adaptive stopping)."""
+        # deferred: transformers is an optional dependency (the posttrain and tasks extras)
+        from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+            EntropyBoundSamplerConfig as HFEntropyBoundSamplerConfig,
+        )
 
-        def done(new: Tensor) -> Tensor:
-            rows = [cut_at_eos(row, self.eos_ids, budget)[0] for row in new.tolist()]
-            return torch.tensor([stop(n, row) for n, row in enumerate(rows)], dtype=torch.bool)
-
-        return done
+        o = self.options
+        stopping = (1, 0.005) if self.settings.adaptive_stopping else (None, None)  # the base's released values
+        return dict(max_new_tokens=max_new_tokens, max_denoising_steps=self.steps,
+                    sampler_config=HFEntropyBoundSamplerConfig(entropy_bound=float(o.entropy_bound)),
+                    t_min=float(o.temperature_min), t_max=float(o.temperature_max),
+                    stability_threshold=stopping[0], confidence_threshold=stopping[1],
+                    eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, return_dict_in_generate=True)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 generator: torch.Generator | None = None, stop: StopCheck | None = None) -> BatchOutput:
+                 generator: torch.Generator | None = None, stop: StopCheck | None = None,
+                 progress: bool = False) -> BatchOutput:
         """Generate ``ceil(max_new_tokens / L)`` canvases after each prompt (left-padded into one batch).
 
         ``stop(row, ids)`` is asked after each canvas; a row for which it is true (e.g. a stop string
-        appeared) gets no further canvas, and the batch ends when every row is done.
+        appeared) gets no further canvas, and the batch ends when every row is done. ``progress``: a
+        progress bar over the denoising steps.
         """
+        # deferred: transformers is an optional dependency (the posttrain and tasks extras)
+        from transformers import StoppingCriteriaList
+
         ids, mask = (t.to(self.device) for t in left_pad(prompts, self.pad_id if self.pad_id is not None else 0))
-        self.model.fusion_mode = self.fusion_mode
-        run = lambda: generate_blocks(  # noqa: E731
-            self.model, ids, sampler=self.sampler, policy=self.settings.policy, max_new_tokens=max_new_tokens,
-            canvas_length=self.canvas_length, attention_mask=mask, self_conditioning=self.settings.self_conditioning,
-            stopping=StableConfidentStopping() if self.settings.adaptive_stopping else None,
-            eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, generator=generator,
-            stop=self._row_stop(stop, max_new_tokens))
+        criteria = [] if stop is None else [_RowStop(stop, self.eos_ids, ids.shape[1], max_new_tokens)]
+        streamer = _StepProgress(-(-max_new_tokens // self.canvas_length) * self.steps) if progress else None
+        run = lambda: self.model.generate(  # noqa: E731
+            ids, attention_mask=mask, stopping_criteria=StoppingCriteriaList(criteria), streamer=streamer,
+            refresh_policy=self.settings.policy, naive=self.fusion_mode == "naive", generator=generator,
+            canvas_length=self.canvas_length, self_conditioning=self.settings.self_conditioning,
+            **self.generation_kwargs(max_new_tokens))
         out, seconds = _timed(self.device, run)
-        rows = [cut_at_eos(row, self.eos_ids, max_new_tokens) for row in out.new_tokens.tolist()]
-        passes = out.decoder_forward_passes
+        record = self.model.last_generation
+        new = out.sequences[:, ids.shape[1]:]
+        rows = [cut_at_eos(row, self.eos_ids, max_new_tokens) for row in new.tolist()]
         return BatchOutput(tokens=[r[0] for r in rows], ended=[r[1] for r in rows],
-                           layer_calls=out.layer_calls.as_dict(), encoder_layer_calls=out.encoder_layer_calls,
-                           decoder_forward_passes=passes.tolist() if passes is not None else [], seconds=seconds)
+                           layer_calls=record.layer_calls.as_dict(), encoder_layer_calls=record.encoder_layer_calls,
+                           decoder_forward_passes=_passes(new, out.tokens_per_forward, self.pad_id), seconds=seconds)
 
     def describe(self) -> dict[str, Any]:
         """Settings as written to results files."""
@@ -231,24 +272,21 @@ class BlockGenerator:
                 "adaptive_stopping": self.settings.adaptive_stopping}
 
 
+def _passes(new: Tensor, tokens_per_forward: Tensor, pad_id: int | None) -> list[int]:
+    """Per row, the denoising passes it took part in, from the base's ``tokens_per_forward`` (valid tokens / passes)."""
+    valid = new.shape[1] if pad_id is None else (new != pad_id).sum(dim=-1)
+    valid = torch.as_tensor(valid, dtype=torch.float64).expand(new.shape[0])
+    rate = tokens_per_forward.double().cpu()
+    return [int(round(float(v / r))) if r > 0 else 0 for v, r in zip(valid.cpu(), rate)]
+
+
 # -------------------------------------------------------------------------------- tadm's own models
-class _FixedPrefix(LoopContext):
-    """Loop state that writes the prompt back into the canvas after every reverse step."""
-
-    def __init__(self, fixed: Tensor, values: Tensor) -> None:
-        self.fixed, self.values = fixed, values
-
-    def after_step(self, position: int, step_index: int | Tensor, z: Tensor, output: Any) -> Tensor:
-        return torch.where(self.fixed, self.values, output.prev_sample)
-
-
 class PrefixGenerator:
     """One of tadm's own masked diffusion models, generating after a prompt by prefix infilling.
 
     The canvas holds ``[BOS] + prompt`` followed by the generation budget (at most the model's
-    ``max_seq_len``; a longer prompt keeps its last tokens). The run ends with the sampler's final
-    step, as in :func:`tadm.sampling.generate` (masks left take the argmax; the released grid adds its
-    final network pass).
+    ``max_seq_len``; a longer prompt keeps its last tokens), generated by :func:`tadm.sampling.generate`
+    with the prompt as its ``prefix`` (kept at every step; the run ends with the sampler's final step).
 
     Args:
         model: a masked :class:`~tadm.protocol.CacheableDenoiser` (TADM, MDLM, ADLM).
@@ -296,32 +334,19 @@ class PrefixGenerator:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def _canvas(self, prompts: Sequence[Sequence[int]], budget: int, generator: torch.Generator | None):
-        rows = [list(p)[-(self.max_seq_len - budget):] for p in prompts]
-        length = max(len(r) for r in rows) + budget
-        z = self.sampler.initial_canvas(len(rows), length, generator, self.device)
-        fixed = torch.zeros_like(z, dtype=torch.bool)
-        values = torch.zeros_like(z)
-        for n, row in enumerate(rows):
-            values[n, :len(row)] = torch.tensor(row, dtype=z.dtype)
-            fixed[n, :len(row)] = True
-        return torch.where(fixed, values, z), _FixedPrefix(fixed, values), [len(r) for r in rows]
-
-    def _denoise(self, z: Tensor, context: _FixedPrefix, generator: torch.Generator | None) -> tuple[Tensor, Any]:
-        self.sampler.set_timesteps(self.steps)
-        run = denoise(self.model, self.sampler, z, range(self.steps, 0, -1), policy=self.settings.policy,
-                      context=context, generator=generator)  # the sampler's final step included, as in generate
-        return run.z, run.layer_calls
-
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  generator: torch.Generator | None = None, stop: StopCheck | None = None) -> BatchOutput:
         """Denoise ``min(max_new_tokens, max_seq_len - 1)`` positions after each prompt (one canvas, so
         ``stop`` has nothing to end early and is not used). A prompt longer than the rest of the canvas keeps
         its last tokens; the output counts the tokens each row lost."""
         budget = max(1, min(int(max_new_tokens), self.max_seq_len - 1))
-        z, context, starts = self._canvas(prompts, budget, generator)
-        (z, calls), seconds = _timed(self.device, lambda: self._denoise(z, context, generator))
-        rows = [cut_at_eos(z[n, s:s + budget].tolist(), self.eos_ids, budget) for n, s in enumerate(starts)]
+        kept = [list(p)[-(self.max_seq_len - budget):] for p in prompts]
+        run = lambda: generate_canvas(  # noqa: E731
+            self.model, self.sampler, batch_size=len(kept), seq_len=max(len(r) for r in kept) + budget,
+            num_steps=self.steps, policy=self.settings.policy, generator=generator, device=self.device, prefix=kept)
+        out, seconds = _timed(self.device, run)
+        calls, starts = out.layer_calls, out.prefix_lengths
+        rows = [cut_at_eos(out.new_tokens(n).tolist(), self.eos_ids, budget) for n in range(len(kept))]
         return BatchOutput(tokens=[r[0] for r in rows], ended=[r[1] for r in rows], layer_calls=calls.as_dict(),
                            encoder_layer_calls=0, decoder_forward_passes=[calls.denoiser_calls] * len(rows),
                            seconds=seconds, prompt_tokens_dropped=[len(p) - s for p, s in zip(prompts, starts)])

@@ -19,8 +19,9 @@ Two kinds of test (``testtype``):
   expected output line by line (trailing spaces ignored);
 * ``functional`` (LeetCode): the solution defines ``class Solution`` with method ``func_name``; the
   input holds one JSON value per line (the arguments) and the output one JSON value (the result).
-  :func:`functional_program` appends a small driver that calls the method and prints
-  ``json.dumps`` of the result, which is compared to the expected value as JSON.
+  :func:`functional_program` puts the usual imports before the solution, and :func:`functional_checks`
+  (run in the sandbox's harness, not in the program) calls the method on a fresh ``Solution()`` and
+  prints ``json.dumps`` of the result, which is compared to the expected value as JSON.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from typing import Any
 
 from tadm.records import read_json_lines
 
-__all__ = ["convert_rows", "decode_test_cases", "functional_program", "read_raw_jsonl", "record_from_row",
-           "same_json_output"]
+__all__ = ["convert_rows", "decode_test_cases", "functional_checks", "functional_program", "read_raw_jsonl",
+           "record_from_row", "same_json_output"]
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -119,22 +120,26 @@ def convert_rows(rows: Iterable[dict[str, Any]], *, since: str | None = None,
     return [r for r in records if (since is None or r["date"] >= since) and (until is None or r["date"] <= until)]
 
 
-_DRIVER = """
-
-# --- tadm: call the LeetCode-style method on the test's arguments (one JSON value per input line)
-import json as _tadm_json, sys as _tadm_sys
-_tadm_args = [_tadm_json.loads(_line) for _line in _tadm_sys.stdin.read().split("\\n") if _line.strip()]
-_tadm_result = getattr(Solution(), {name!r})(*_tadm_args)
-print(_tadm_json.dumps(_tadm_result))
+_CALL = """import json
+arguments = [json.loads(line) for line in {input!r}.split("\\n") if line.strip()]
+print(json.dumps(program.method("Solution", {name!r})(*arguments)))
 """
 
 
 def functional_program(code: str, func_name: str) -> str:
-    """``code`` (which defines ``class Solution``) followed by a driver calling ``Solution().func_name``."""
+    """``code`` (which defines ``class Solution``) after the imports LeetCode solutions take for granted."""
     if not func_name:
         raise ValueError("a functional LiveCodeBench test needs the method's name (func_name)")
     header = "from typing import *\nfrom collections import *\nimport math, heapq, bisect, itertools, functools\n"
-    return header + code + _DRIVER.format(name=func_name)
+    return header + code + "\n"
+
+
+def functional_checks(func_name: str, arguments: str) -> str:
+    """The harness's side of a functional test: ``Solution().func_name`` on the JSON values of ``arguments``
+    (one a line), its result printed as JSON."""
+    if not func_name:
+        raise ValueError("a functional LiveCodeBench test needs the method's name (func_name)")
+    return _CALL.format(input=arguments, name=func_name)
 
 
 def same_json_output(actual: str, expected: str) -> bool:

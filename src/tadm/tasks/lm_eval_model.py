@@ -1,11 +1,14 @@
-"""The ``tadm`` model of EleutherAI's lm-evaluation-harness: generation tasks on tadm's diffusion LMs.
+"""The ``tadm`` model of EleutherAI's lm-evaluation-harness: tasks on tadm's diffusion LMs.
 
 Importing this module registers :class:`TadmLM` as ``tadm`` in lm-eval's model registry (the command
 line: :mod:`tadm.tasks.lm_eval_cli`); from Python, ``import tadm.tasks.lm_eval_model`` before
 ``lm_eval.simple_evaluate(model="tadm", ...)``. Its settings (model or base + adapter, refresh policy,
-sampler; paper: canvas 256, 48 steps) are :class:`~tadm.tasks.model_args.TadmModelArgs`. Only
-``generate_until`` requests are answered (the paper's post-training benchmarks are all generation
-tasks); per-request tokens, wall time, tokens/s and layer calls are kept in :attr:`TadmLM.request_stats`
+sampler; paper: canvas 256, 48 steps) are :class:`~tadm.tasks.model_args.TadmModelArgs`.
+``generate_until`` requests are answered by both kinds of model (the paper's post-training benchmarks
+are all generation tasks); ``loglikelihood`` and ``loglikelihood_rolling`` requests (multiple-choice,
+likelihood and perplexity tasks) by tadm's own models (``model=...``) with Monte-Carlo estimates of
+tadm's likelihood bounds at the run's K (:mod:`tadm.tasks.likelihood`). Per-request tokens, wall time,
+tokens/s and layer calls are kept in :attr:`TadmLM.request_stats` and :attr:`TadmLM.likelihood_stats`
 and summed by :meth:`TadmLM.summary`.
 """
 
@@ -22,8 +25,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
+from tadm.tasks.likelihood import LikelihoodScorer, LikelihoodStats
 from tadm.tasks.model_args import TadmModelArgs, parse_batch_size, repeated_keys
-from tadm.tasks.stats import BatchStats, RequestStats, summarize
+from tadm.tasks.stats import BatchStats, RequestStats, summarize, summarize_likelihood
 
 __all__ = ["TadmLM", "batch_seed", "stop_strings", "truncate_at_stops"]
 
@@ -90,6 +94,8 @@ class TadmLM(LM):
         self.batch_size = parse_batch_size(self.args.batch_size, self.args.max_batch_size)
         self.request_stats: list[RequestStats] = []
         self.batch_stats: list[BatchStats] = []
+        self.likelihood_stats: list[LikelihoodStats] = []
+        self._scorer: LikelihoodScorer | None = None
         self._warned_gen_kwargs = False
         self._warned_prompt_cut = False
 
@@ -122,16 +128,45 @@ class TadmLM(LM):
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> TadmLM:
         return cls(**cls._merged(dict(arg_dict), additional_config))
 
-    # ------------------------------------------------------------------ unsupported request types
+    # ------------------------------------------------------------------ log-likelihood
+    def likelihood_scorer(self) -> LikelihoodScorer:
+        """The scorer of log-likelihood requests (built on first use); a post-training base has none."""
+        if self._scorer is None:
+            if getattr(self.generator, "kind", None) != "tadm":
+                raise NotImplementedError(
+                    "tadm model: log-likelihood requests (output_type loglikelihood, multiple_choice or "
+                    "loglikelihood_rolling) are answered by tadm's own models (model=...); a post-training base "
+                    "(base=...) answers generation tasks (output_type: generate_until) only")
+            self._scorer = LikelihoodScorer(self.generator, mc_samples=self.args.mc_samples,
+                                            likelihood_steps=self.args.likelihood_steps, seed=self.args.seed,
+                                            batch_size=self.batch_size, greedy_check=bool(self.args.greedy_check))
+        return self._scorer
+
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        raise NotImplementedError(
-            "tadm model: 'loglikelihood' requests (tasks with output_type loglikelihood or multiple_choice) are "
-            "not supported; only generation tasks (output_type: generate_until) are")
+        """(log p estimate, is_greedy) of each request's continuation after its context (tadm.tasks.likelihood)."""
+        scorer = self.likelihood_scorer()
+        results = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="tadm loglikelihood"):
+            context, continuation = request.args
+            ll, greedy, stats = scorer.score(context, continuation, task=getattr(request, "task_name", None),
+                                             doc_id=getattr(request, "doc_id", None))
+            self.likelihood_stats.append(stats)
+            results.append((ll, greedy))
+            self.cache_hook.add_partial("loglikelihood", request.args, (ll, greedy))
+        return results
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        raise NotImplementedError(
-            "tadm model: 'loglikelihood_rolling' requests (perplexity tasks) are not supported; only generation "
-            "tasks (output_type: generate_until) are")
+        """log p estimate of each request's whole text, over lm-eval's disjoint rolling windows."""
+        scorer = self.likelihood_scorer()
+        results = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="tadm loglikelihood_rolling"):
+            (text,) = request.args[:1]
+            ll, stats = scorer.score_rolling(text, task=getattr(request, "task_name", None),
+                                             doc_id=getattr(request, "doc_id", None))
+            self.likelihood_stats.extend(stats)
+            results.append(ll)
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, ll)
+        return results
 
     # ------------------------------------------------------------------ chat template
     def _chat_tokenizer(self) -> Any:
@@ -221,11 +256,18 @@ class TadmLM(LM):
 
     # ------------------------------------------------------------------ accounting
     def summary(self) -> dict[str, Any]:
-        """Totals of every request answered so far (:func:`tadm.tasks.stats.summarize`) and the settings."""
-        return {**summarize(self.request_stats, self.batch_stats), "settings": self.generator.describe(),
-                "seed": self.args.seed, "batch_size": self.batch_size}
+        """Totals of every request answered so far (:func:`tadm.tasks.stats.summarize`) and the settings; with
+        log-likelihood requests answered, their totals under ``"loglikelihood"``
+        (:func:`tadm.tasks.stats.summarize_likelihood`: tokens, wall time, tokens/s, passes and layer calls at K)."""
+        out = {**summarize(self.request_stats, self.batch_stats), "settings": self.generator.describe(),
+               "seed": self.args.seed, "batch_size": self.batch_size}
+        if self.likelihood_stats:
+            assert self._scorer is not None
+            out["loglikelihood"] = {**summarize_likelihood(self.likelihood_stats), **self._scorer.describe()}
+        return out
 
     def reset_stats(self) -> None:
         """Forget the recorded requests and batches (e.g. between tasks)."""
         self.request_stats.clear()
         self.batch_stats.clear()
+        self.likelihood_stats.clear()

@@ -30,13 +30,15 @@ __all__ = ["SAMPLER_OPTION_KEYS", "TadmModelArgs", "parse_batch_size", "parse_in
 SAMPLER_OPTION_KEYS = ("entropy_bound", "temperature_max", "temperature_min", "categorical",
                        "top_p", "eta", "schedule", "nucleus", "time_grid")
 _INT_LIMITS = {"steps": 1, "canvas_length": 1, "max_gen_toks": 1, "min_interval": 1, "max_interval": 1,
-               "seed": 0}
-_OPTIONAL_INTS = ("steps", "canvas_length", "max_interval")
-_BOOL_KEYS = ("naive", "skip_unchanged", "self_conditioning", "adaptive_stopping", "thinking")
+               "seed": 0, "mc_samples": 1, "likelihood_steps": 1}
+_OPTIONAL_INTS = ("steps", "canvas_length", "max_interval", "likelihood_steps")
+_BOOL_KEYS = ("naive", "skip_unchanged", "self_conditioning", "adaptive_stopping", "thinking", "greedy_check")
 # the long form's parameters and the refresh_policy each belongs to
 _LONG_FORM = {"refresh_steps": "schedule", "tau": "adaptive", "min_interval": "adaptive", "max_interval": "adaptive"}
 # settings of block generation (a base) and their defaults: tadm's own models sample one canvas without them
 _BASE_ONLY = {"canvas_length": None, "self_conditioning": True, "adaptive_stopping": False}
+# settings of log-likelihood requests and their defaults: only tadm's own models answer those
+_OWN_MODEL_ONLY = {"mc_samples": 64, "likelihood_steps": None, "greedy_check": False}
 
 
 def parse_ints(value: Any, what: str) -> tuple[int, ...] | None:
@@ -86,6 +88,10 @@ class TadmModelArgs:
     ``entropy_bound``, ``temperature_max``, ``temperature_min``; masked: ``top_p``, ``eta``, ...),
     ``self_conditioning``, ``adaptive_stopping``. Run: ``seed``, ``batch_size``, ``device``,
     ``dtype``, ``max_gen_toks`` (default budget), ``thinking`` (chat template's thinking mode).
+    Log-likelihood requests (tadm's own models, :mod:`tadm.tasks.likelihood`): ``mc_samples``
+    (Monte-Carlo draws per request, default 64), ``likelihood_steps`` (T of the discrete bound; default:
+    the continuous bound at K = 1, the sampler's ``steps`` at K > 1), ``greedy_check`` (compute
+    ``is_greedy``); their draws are seeded from ``seed``.
     """
 
     model: str | None = None
@@ -124,6 +130,9 @@ class TadmModelArgs:
     dtype: str = "auto"
     max_gen_toks: int = 256
     thinking: bool = False
+    mc_samples: int = 64
+    likelihood_steps: int | None = None
+    greedy_check: bool = False
 
     @classmethod
     def from_kwargs(cls, *, require_model: bool = True, **kwargs: Any) -> TadmModelArgs:
@@ -171,6 +180,12 @@ class TadmModelArgs:
                                  f"of their max_seq_len, so drop {'it' if one else 'them'}")
         parse_batch_size(self.batch_size, self.max_batch_size)
         if self.base is not None:
+            given = [f"{key}={getattr(self, key)}" for key, default in _OWN_MODEL_ONLY.items()
+                     if getattr(self, key) != default]
+            if given:
+                raise ValueError(f"tadm model: {', '.join(given)} set(s) how tadm's own models (model=...) answer "
+                                 "log-likelihood requests; a post-training base (base=...) answers generation tasks "
+                                 "only, so drop it")
             self.split_pair()
         try:
             resolve_dtype(self.dtype)

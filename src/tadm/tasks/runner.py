@@ -33,11 +33,12 @@ from typing import Any
 from tadm.records import UnitStore, git_commit, machine_info
 from tadm.sampling.refresh import RefreshPolicy, parse_refresh, parse_refresh_list
 from tadm.tasks import register_lm_eval_model
-from tadm.tasks.benchmarks import Benchmark, build_prompt, parse_task_list, score
+from tadm.tasks.benchmarks import Benchmark, build_prompt, parse_task_list, score, timed_out
 from tadm.tasks.datasets import TaskData, load_task
 from tadm.tasks.judge import DegenerationJudge, make_judge_client
 from tadm.tasks.model_args import TadmModelArgs
-from tadm.tasks.sandbox import CodeLimits, code_execution_allowed, containment, not_allowed_message
+from tadm.tasks.sandbox import (CodeLimits, code_execution_allowed, containment, not_allowed_message,
+                                uncontained_message)
 from tadm.tasks.task_tables import write_tables
 
 __all__ = ["Method", "TaskRunConfig", "TaskRunResult", "methods", "run_tasks"]
@@ -75,7 +76,7 @@ class TaskRunConfig:
     code_timeout: float = 10.0
     code_memory_mb: int = 1024
     allow_code_execution: bool = False  # the opt-in to run model-written code (the environment can grant it)
-    allow_code_network: bool = False  # run code where the sandbox cannot block the network
+    allow_uncontained_code: list[str] = field(default_factory=list)  # gaps of the code sandbox the user accepts
     out_dir: str = "tadm-tasks"
 
     def policies(self) -> list[RefreshPolicy]:
@@ -86,7 +87,8 @@ class TaskRunConfig:
         return (self.canvas_length or PAPER_CANVAS_LENGTH) if self.base else None
 
     def code_limits(self) -> CodeLimits:
-        return CodeLimits(self.code_timeout, self.code_memory_mb, self.allow_code_execution, self.allow_code_network)
+        return CodeLimits(self.code_timeout, self.code_memory_mb, self.allow_code_execution,
+                          tuple(self.allow_uncontained_code))
 
     def check(self, log: Log | None = None) -> list[Benchmark]:
         """The benchmarks to run; a ValueError for settings that cannot run.
@@ -96,6 +98,7 @@ class TaskRunConfig:
         """
         benches = parse_task_list(self.tasks)
         code = [b.name for b in benches if b.runs_code]
+        limits = self.code_limits()
         if code and not code_execution_allowed(self.allow_code_execution):
             if self.tasks is not None:
                 raise ValueError(not_allowed_message(f"{', '.join(code)} (its check)"))
@@ -103,13 +106,11 @@ class TaskRunConfig:
             if log is not None:
                 log(f"skipped {', '.join(code)}: they run model-written code; add --allow-code-execution "
                     f"(or set TADM_ALLOW_CODE_EXEC=1) to run them in the sandbox")
-        elif code and not containment().network_blocked and not self.allow_code_network:
-            raise ValueError(f"{', '.join(code)}: this machine does not allow a network namespace, so generated "
-                             "code could reach the network; run in a container, or add --allow-code-network")
-        self.code_limits()
+        elif code and (gaps := uncontained_message(containment(), limits.allow_uncontained)) is not None:
+            raise ValueError(f"{', '.join(code)}: {gaps}")
         runs_code = any(b.runs_code for b in benches)
         unused = [flag for flag, given in (("--code-timeout", self.code_timeout != TaskRunConfig.code_timeout),
-                                           ("--allow-code-network", self.allow_code_network)) if given]
+                                           ("--allow-uncontained-code", bool(self.allow_uncontained_code))) if given]
         if unused and not runs_code:
             raise ValueError(f"{' and '.join(unused)} apply to the code tasks (humaneval, livecodebench), and this "
                              "run has none")
@@ -189,7 +190,8 @@ def unit_spec(cfg: TaskRunConfig, bench: Benchmark, data: TaskData, method: Meth
             "adapter": cfg.adapter if method.adapter else None, "split": cfg.split, "model": cfg.model,
             "steps": cfg.steps, "canvas_length": cfg.base_canvas_length(),
             "max_gen_toks": budget(cfg, bench), "batch_size": cfg.batch_size, "data": data.source,
-            "data_sha": _data_hash(data), "examples": len(data.examples), "shots": len(data.shots)}
+            "data_sha": _data_hash(data), "examples": len(data.examples), "shots": len(data.shots),
+            **({"code_timeout": cfg.code_timeout, "code_memory_mb": cfg.code_memory_mb} if bench.runs_code else {})}
 
 
 # ------------------------------------------------------------------------------------- generation
@@ -280,9 +282,12 @@ def _generate_all(cfg: TaskRunConfig, store: UnitStore, units: list[_Unit],
             result = run_unit(_generator_for(generator, cfg, unit.method), cfg, unit.bench, unit.data, unit.seed)
             store.save(unit.path, unit.spec, result)
             cut = result["stats"].get("prompts_cut", 0)
+            timeouts = sum(timed_out(r["detail"]) for r in result["records"])
             log(f"{unit.bench.name} {unit.method.key} seed {unit.seed}: accuracy {result['accuracy']:.3f} "
                 f"({result['correct']}/{result['n']}), {result['stats']['tokens_per_second']:.1f} tok/s"
-                + (f"; {cut} prompts cut to fit the canvas (lower --max-gen-toks to keep them whole)" if cut else ""))
+                + (f"; {cut} prompts cut to fit the canvas (lower --max-gen-toks to keep them whole)" if cut else "")
+                + (f"; {timeouts} of {result['n']} programs timed out at --code-timeout {cfg.code_timeout:g} s: "
+                   "the accuracy measures the time limit (raise --code-timeout)" if 2 * timeouts > result["n"] else ""))
             ran += 1
     return ran
 
@@ -333,6 +338,7 @@ def _payload(store: UnitStore, unit: _Unit) -> dict[str, Any]:
             "max_gen_toks": stored["spec"].get("max_gen_toks"),
             "accuracy": stored["accuracy"], "n": stored["n"], "stats": stored["stats"],
             "correct": [bool(r["correct"]) for r in stored["records"]],
+            "timeouts": sum(timed_out(str(r.get("detail", ""))) for r in stored["records"]),
             "prompts": [r.get("prompt", r.get("id")) for r in stored["records"]],
             "judge": judged.get("summary") if judged is not None else None,
             "provenance": stored.get("provenance")}

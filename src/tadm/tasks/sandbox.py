@@ -2,34 +2,62 @@
 
 Code a model wrote is untrusted. :func:`run_program` runs it only after an explicit opt-in
 (:func:`code_execution_allowed`: ``--allow-code-execution``, ``TADM_ALLOW_CODE_EXEC=1``, or lm-eval's
-``HF_ALLOW_CODE_EVAL=1``), in a fresh temporary directory, with ``sys.executable -I -B``, and with
-every containment this machine offers (:func:`containment` probes them once):
+``HF_ALLOW_CODE_EVAL=1``), in a fresh temporary directory, as two processes of
+:mod:`tadm.tasks.sandbox_child` started with ``python -I -B`` and an environment of their own (``PATH``,
+``HOME`` and ``TMPDIR`` in the directory, the locale; no variable of the evaluator, tokens included):
 
-* **Linux namespaces** (``unshare``; no root needed where unprivileged user namespaces are allowed):
-  a network namespace with no interfaces (no network at all, raw sockets included), a PID namespace
-  (the program sees only its own processes, cannot signal the evaluator, and *every* descendant,
-  ``setsid`` ones included, dies with the namespace), and a mount namespace in which every mount is
-  remounted read-only except the temporary directory, so writes anywhere else fail;
-* **Landlock** (Linux >= 5.13, also without namespaces): writes refused outside the temporary
-  directory (and ``/dev/null``); from ABI 4 TCP connect/bind refused; from ABI 6 no signal can reach
-  a process outside the sandbox.
+* the **harness** holds the checks (a HumanEval ``check``, a LiveCodeBench call) and the only pipe the
+  verdict comes back on; every descendant of the program is its child or orphan (it is PID 1 of the
+  namespace, else their subreaper), and it kills them all, ``setsid`` ones included, before it answers;
+* the **program** runs the model's code, then answers the harness's calls of its functions through a
+  pipe: arguments and results cross as copies of plain data (numbers, strings, containers).
 
-Always: a wall-clock time limit after which everything the program started is killed (the PID
-namespace, or its session plus every process carrying the run's marker in its environment), reading
-its output never waits past that deadline, a CPU-time limit (``RLIMIT_CPU``), an address-space limit
-(``RLIMIT_AS``), a minimal environment, a socket block in the prelude as a last line, and removal of
-the temporary directory (a directory left by an evaluator that was killed is removed by the next run).
+**Honest scoring.** A program with checks is correct only when the checks, run in the harness, returned.
+The program never holds the verdict's pipe nor anything that decides it, so reading its own stack frames,
+objects or file descriptors finds nothing to forge; ``exit(0)`` or ``os._exit(0)`` before or during the
+checks ends it unscored (``"incomplete"``); and a result is a copy, so an object whose ``__eq__`` always
+holds cannot pass a check. Without checks (``"script"`` mode, stdin programs) the output is what is
+compared; there ``SystemExit`` 0 is a normal end, as on a judge.
 
-Where there is no network namespace, the network cannot be fully blocked (Landlock does not cover
-UDP or raw sockets), so code runs there only with ``allow_network=True`` (``--allow-code-network``).
+**Containment**, with every part this machine offers (:func:`containment` probes them once):
 
-**Honest scoring.** A run counts as complete only if the program ran to its end: after it returns,
-the prelude writes a random per-run sentinel (read from a pipe that is closed before the program
-starts) to standard error. ``exit(0)``, ``os._exit(0)``, ``raise SystemExit(0)`` or a killed
-process leave no sentinel, and :attr:`SandboxResult.ok` is False. In ``"script"`` mode (stdin
-programs) ``SystemExit`` with status 0 is a normal end, as on a judge. Code that deliberately
-inspects the prelude's own stack frame could still find the sentinel: the check stops early exits,
-not an adversary inside the interpreter; that is what the containment above is for.
+* **Linux namespaces** (``unshare``; no root needed where unprivileged user namespaces are allowed): a
+  network namespace with no interface (no network; abstract Unix sockets belong to it), a PID namespace
+  (the program sees only its own processes; none can signal the evaluator; every descendant dies with
+  it) and a mount namespace in which every mount is read-only but the temporary directory; no capability
+  is left in it, so nothing can be remounted;
+* **Landlock** (Linux >= 5.13): writes refused outside the temporary directory (and ``/dev/null``); files
+  under ``/proc`` readable only for the program's own process (no other process's environment, command
+  line, memory or open files); no ptrace of a process outside the sandbox; from ABI 4 no TCP; from ABI 6
+  no signal and no abstract Unix socket out of the sandbox;
+* **seccomp** (Linux on x86-64 and ARM64): ``socket()`` refused (no TCP, UDP, raw or Unix socket, so no
+  network and no local listener, socket file or abstract name), only connected stream pairs allowed;
+  ``connect``, ``sendto`` an address, io_uring, ptrace and other processes' memory refused; no signal to
+  the harness, to the evaluator (its threads when the run starts) or to every process at once.
+
+Always: a wall-clock time limit after which everything the program started is killed (but for the gap
+``leftover-processes``), reading its output never waits past that limit (plus a second for the harness to
+answer), a CPU-time limit (``RLIMIT_CPU``), an address-space limit (``RLIMIT_AS``), no new privileges on
+Linux (setuid programs run without theirs), and removal of the temporary directory (one left by an
+evaluator that was killed is removed by the next run). Never contained: reading the files the user can
+read (outside ``/proc`` under Landlock); what is read can leave only through the program's own output.
+
+What the machine cannot contain is a **gap**; :meth:`Containment.gaps` names each with its sentence:
+
+* ``network`` (neither namespaces nor seccomp): UDP and raw sockets (and TCP below Landlock ABI 4) reach
+  other machines;
+* ``local-sockets`` (no seccomp): the host's Unix socket files (and abstract sockets, unless namespaces or
+  Landlock ABI 6 hold those);
+* ``file-writes`` (neither namespaces nor Landlock): writes wherever the user can, the evaluator's memory
+  through ``/proc/<pid>/mem`` included;
+* ``process-files`` (neither namespaces nor Landlock): the ``/proc`` files of the user's processes, their
+  environments included;
+* ``signals`` (no namespaces, Landlock ABI < 6): signals to the user's other processes;
+* ``leftover-processes`` (no namespaces, no seccomp, Landlock ABI < 6): the program can kill the harness,
+  so a ``setsid`` descendant may outlive the run.
+
+Code runs despite a gap only when the user accepts that gap by name (``allow_uncontained``,
+``--allow-uncontained-code GAP[,GAP]``); otherwise :class:`SandboxUnavailable` names the gaps and the flag.
 """
 
 from __future__ import annotations
@@ -37,6 +65,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import json
+import math
 import os
 import re
 import resource
@@ -48,18 +78,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import IO
 
-__all__ = ["CODE_EXEC_ENV", "HF_CODE_EVAL_ENV", "NETWORK_ERROR", "CodeExecutionNotAllowed", "CodeLimits",
-           "Containment", "SandboxResult", "SandboxUnavailable", "code_execution_allowed", "containment", "run_program"]
+from tadm.tasks import sandbox_child
+from tadm.tasks.sandbox_child import ARCHES, NETWORK_ERROR, SETUP_FAILED
 
-NETWORK_ERROR = "network access is disabled in the tadm sandbox"
+__all__ = ["CODE_EXEC_ENV", "GAPS", "HF_CODE_EVAL_ENV", "MIN_TIMEOUT", "NETWORK_ERROR", "CodeExecutionNotAllowed",
+           "CodeLimits", "Containment", "SandboxResult", "SandboxUnavailable", "code_execution_allowed",
+           "containment", "parse_gaps", "run_program", "uncontained_message"]
+
 CODE_EXEC_ENV = "TADM_ALLOW_CODE_EXEC"
 HF_CODE_EVAL_ENV = "HF_ALLOW_CODE_EVAL"
 MODES = ("tests", "script")
+GAPS = ("network", "local-sockets", "file-writes", "process-files", "signals", "leftover-processes")
+# Two interpreters start before the program's first line: a trivial HumanEval check takes 0.3 s (median; 0.6 s at
+# most) on a two-core machine under a load of 9. Below a second, the limit would score start-up, not code.
+MIN_TIMEOUT = 1.0
+_HARNESS_GRACE = 1.0  # seconds past the limit the harness has to kill everything and answer
+_CHILD = os.path.abspath(sandbox_child.__file__)
 _DIR_PREFIX = "tadm-sandbox-"
 _MARKER_ENV = "TADM_SANDBOX_RUN"
-_SETUP_FAILED = 97  # the prelude's exit status when it cannot put its containment in place
 
 
 class CodeExecutionNotAllowed(PermissionError):
@@ -67,7 +107,7 @@ class CodeExecutionNotAllowed(PermissionError):
 
 
 class SandboxUnavailable(RuntimeError):
-    """This machine cannot contain the code as asked (no network namespace, and network not allowed)."""
+    """This machine cannot contain the code as asked: a gap the user did not accept."""
 
 
 def code_execution_allowed(flag: bool = False) -> bool:
@@ -80,122 +120,101 @@ def not_allowed_message(what: str) -> str:
             f"({HF_CODE_EVAL_ENV}=1 is honoured too). It runs sandboxed; see 'Task evaluation' in the README")
 
 
-# ------------------------------------------------------------------------------------------ prelude
-# Runs as `python -I -B -c _PRELUDE MODE NONCE_FD NAMESPACES LANDLOCK` in the temporary directory.
-_PRELUDE = r'''
-import ctypes, os, runpy, socket, struct, sys
-mode, nonce_fd, namespaces, landlock = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-nonce = os.read(nonce_fd, 64)
-os.close(nonce_fd)
-workdir = os.getcwd()
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-
-def fail(message):
-    os.write(2, ("tadm sandbox: " + message + "\n").encode())
-    os._exit(97)
-
-if namespaces:  # every mount read-only but the working directory (mount namespace of our own)
-    if libc.mount(workdir.encode(), workdir.encode(), None, 4096, None) != 0:
-        fail("cannot bind the working directory: " + os.strerror(ctypes.get_errno()))
-    keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
-    with open("/proc/self/mountinfo") as handle:
-        mounts = [line.split() for line in handle]
-    for fields in mounts:
-        target = fields[4].encode().decode("unicode_escape")
-        if target == workdir:
-            continue
-        flags = 32 | 4096 | 1  # MS_REMOUNT | MS_BIND | MS_RDONLY, keeping the locked flags
-        for option in fields[5].split(","):
-            flags |= keep.get(option, 0)
-        if libc.mount(None, target.encode(), None, flags, None) != 0 and "rw" in fields[5].split(","):
-            fail("cannot make " + target + " read-only: " + os.strerror(ctypes.get_errno()))
-
-if landlock:  # writes only under the working directory; TCP and outside signals refused where supported
-    abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    write = sum(1 << bit for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))
-    write |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)
-    size = 8 if abi < 4 else 16 if abi < 6 else 24
-    attr = struct.pack("QQQ", write, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)[:size]
-    ruleset = libc.syscall(444, ctypes.create_string_buffer(attr, size), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if ruleset < 0:
-        fail("landlock: " + os.strerror(ctypes.get_errno()))
-    for path, access in ((workdir, write), ("/dev/null", 2 | (1 << 14 if abi >= 3 else 0))):
-        where = os.open(path, os.O_PATH)
-        rule = ctypes.create_string_buffer(struct.pack("=Qi", access, where), 12)
-        if libc.syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)) != 0:
-            fail("landlock rule for " + path + ": " + os.strerror(ctypes.get_errno()))
-        os.close(where)
-    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.syscall(446, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
-        fail("landlock: " + os.strerror(ctypes.get_errno()))
-    os.close(ruleset)
-
-def _no_network(*args, **kwargs):
-    raise OSError("network access is disabled in the tadm sandbox")
-socket.socket.__init__ = _no_network  # the class stays a class: ssl subclasses it
-for name in ("create_connection", "create_server", "getaddrinfo", "socketpair", "fromfd"):
-    setattr(socket, name, _no_network)
-del ctypes, libc, struct
-sys.argv = ["program.py"]
-try:
-    runpy.run_path("program.py", run_name="__main__")
-except SystemExit as stop:
-    if mode != "script" or stop.code not in (0, None):
-        raise
-for stream in (sys.stdout, sys.stderr):
-    try:
-        stream.flush()
-    except Exception:
-        os._exit(1)
-os.write(2, b"\n" + nonce + b"\n")
-os._exit(0)
-'''
-
-
 # -------------------------------------------------------------------------------------- containment
 @dataclass(frozen=True)
 class Containment:
-    """What this machine lets the sandbox enforce."""
+    """What this machine lets the sandbox enforce (module docstring)."""
 
     namespaces: bool  # user + network + PID + mount namespaces through ``unshare``
     landlock_abi: int  # 0: no Landlock
+    seccomp: bool  # the system-call filter of :func:`tadm.tasks.sandbox_child.seccomp_program`
 
     @property
-    def network_blocked(self) -> bool:
-        return self.namespaces
+    def name(self) -> str:
+        parts = [("namespaces", self.namespaces), (f"landlock-abi{self.landlock_abi}", self.landlock_abi >= 1),
+                 ("seccomp", self.seccomp)]
+        return "+".join(part for part, on in parts if on) or "none"
 
-    @property
-    def filesystem_contained(self) -> bool:
-        return self.namespaces or self.landlock_abi >= 1
-
-    @property
-    def processes_contained(self) -> bool:
-        """Every descendant dies at the end and none can signal the evaluator."""
-        return self.namespaces
+    def gaps(self) -> dict[str, str]:
+        """What this level does not contain, by name (:data:`GAPS`), each with what the program can then do."""
+        ns, abi, filtered = self.namespaces, self.landlock_abi, self.seccomp
+        found = {}
+        if not ns and not filtered:
+            found["network"] = ("UDP and raw sockets reach other machines (TCP is refused by Landlock)" if abi >= 4
+                                else "TCP, UDP and raw sockets reach other machines")
+        if not filtered:
+            which = "socket files" if ns or abi >= 6 else "socket files and abstract sockets"
+            found["local-sockets"] = (f"the program can connect to the host's Unix {which} (a Docker or ssh-agent "
+                                      "socket, D-Bus) and talk to the services behind them")
+        if not ns and abi == 0:
+            found["file-writes"] = ("the program can write wherever the user can: any file, the evaluator's "
+                                    "included, and the memory of the user's processes through /proc/<pid>/mem, so it "
+                                    "can also change its own score")
+            found["process-files"] = ("the program can read the /proc files of every process of the user: "
+                                      "environments (tokens included), command lines, open files, the evaluator's "
+                                      "included")
+        if not ns and abi < 6:
+            found["signals"] = "the program can signal (kill, stop) every process of the user" + (
+                " except the harness and the evaluator's threads at its start" if filtered else
+                ", the evaluator included")
+        if not ns and not filtered and abi < 6:
+            found["leftover-processes"] = ("the program can kill the harness that reaps its descendants, so one "
+                                           "started with setsid may outlive the run (the sweep by an environment "
+                                           "marker is best effort)")
+        return found
 
     def describe(self) -> str:
-        network = "NETWORK OPEN" + (" (TCP blocked by Landlock)" if self.landlock_abi >= 4 else "")
-        processes = "processes killed by session and marker (best effort)"
-        if self.landlock_abi >= 6:
-            processes += "; signals to the evaluator blocked"
-        parts = ["no network" if self.network_blocked else network,
-                 "writes only in its directory" if self.filesystem_contained else "FILE SYSTEM WRITABLE",
-                 "own PID namespace" if self.processes_contained else processes]
-        how = "+".join(x for x, on in (("namespaces", self.namespaces), (f"landlock-abi{self.landlock_abi}",
-                                                                       self.landlock_abi >= 1)) if on) or "none"
-        return f"{how}: " + ", ".join(parts)
+        gaps = self.gaps()
+        held = [gap for gap in GAPS if gap not in gaps]
+        text = f"{self.name}: " + (", ".join(held) + " contained" if held else "nothing contained")
+        return text + ("; NOT CONTAINED: " + ", ".join([*gaps, "file reads"]) if gaps else "; file reads not contained")
+
+
+def uncontained_message(level: Containment, allowed: Iterable[str] = ()) -> str | None:
+    """None when every gap of ``level`` is in ``allowed``; else one line naming them and the flag that accepts them."""
+    missing = {gap: why for gap, why in level.gaps().items() if gap not in set(allowed)}
+    if not missing:
+        return None
+    return (f"this machine's code sandbox ({level.name}) does not contain "
+            + "; ".join(f"{gap} ({why})" for gap, why in missing.items())
+            + f". Run the evaluation in a container or VM, or accept {'this' if len(missing) == 1 else 'these'} "
+            f"with --allow-uncontained-code {','.join(missing)}")
+
+
+def parse_gaps(value: Iterable[str] | str) -> tuple[str, ...]:
+    """Gap names (:data:`GAPS`) from a comma-separated string or a list; an unknown name is a ValueError."""
+    names = [v.strip() for v in value.split(",")] if isinstance(value, str) else [str(v).strip() for v in value]
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in GAPS]
+    if unknown:
+        raise ValueError(f"unknown sandbox gap {unknown[0]!r}; valid: {', '.join(GAPS)}")
+    return tuple(dict.fromkeys(names))
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
 
 
 def _landlock_abi() -> int:
     if not sys.platform.startswith("linux"):
         return 0
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
-        abi = int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+        abi = int(_libc().syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
     except (OSError, AttributeError):
         return 0
     return max(0, abi)
+
+
+def _seccomp_available() -> bool:
+    if not sys.platform.startswith("linux") or os.uname().machine not in ARCHES:
+        return False
+    try:
+        return _libc().prctl(ctypes.c_int(21), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                             ctypes.c_ulong(0)) >= 0  # PR_GET_SECCOMP: -1 (EINVAL) without seccomp
+    except (OSError, AttributeError):
+        return False
 
 
 _UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc")
@@ -203,22 +222,31 @@ _UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--mount", "--pid", "--f
 
 @functools.lru_cache(maxsize=1)
 def containment() -> Containment:
-    """Probe once what this machine allows: the namespaces (a real sandboxed run) and the Landlock ABI."""
-    abi = _landlock_abi()
+    """Probe once what this machine allows (a real sandboxed run per level tried, strongest first)."""
+    abi, filtered = _landlock_abi(), _seccomp_available()
     can_unshare = shutil.which("unshare") is not None and sys.platform.startswith("linux")
-    namespaces = can_unshare and _probe(Containment(True, abi))
-    if not namespaces and abi >= 1 and not _probe(Containment(False, abi)):
-        abi = 0
-    return Containment(namespaces, abi)
+    tried = [Containment(True, abi, filtered)] if can_unshare else []
+    tried += [Containment(False, abi, filtered), Containment(False, 0, filtered), Containment(False, 0, False)]
+    for level in dict.fromkeys(tried):
+        if _probe(level):
+            return level
+    return tried[-1]
 
 
 def _probe(level: Containment) -> bool:
-    """Does a trivial program run to its end under ``level``, and is a write outside its directory refused?
-    False also when the sandboxed run cannot be started at all."""
+    """Do a program and its checks run to their end under ``level``, with a write outside its directory refused
+    where the level contains writes and a socket refused where it filters them? False also when the sandboxed run
+    cannot be started at all."""
     outside = os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}probe-{os.getpid()}-{secrets.token_hex(4)}")
-    code = f"try:\n    open({outside!r}, 'w').close()\nexcept OSError:\n    pass\nelse:\n    raise SystemExit(5)\n"
+    code = "def answer():\n    return 42\n"
+    if "file-writes" not in level.gaps():
+        code += f"try:\n    open({outside!r}, 'w').close()\nexcept OSError:\n    pass\nelse:\n    raise SystemExit(5)\n"
+    if level.seccomp:
+        code += ("import _socket\ntry:\n    _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)\n"
+                 "except PermissionError:\n    pass\nelse:\n    raise SystemExit(6)\n")
     try:
-        return _run(code, stdin="", timeout=20.0, memory_mb=1024, max_output=4096, mode="tests", level=level).ok
+        return _run(code, stdin="", timeout=20.0, memory_mb=1024, max_output=4096, mode="tests",
+                    checks="assert program.function('answer')() == 42\n", level=level).ok
     except (OSError, subprocess.SubprocessError):
         return False
     finally:
@@ -231,16 +259,18 @@ def _probe(level: Containment) -> bool:
 class CodeLimits:
     """How the checks of a code benchmark may run a program: limits and the user's permissions."""
 
-    timeout: float = 10.0  # seconds of wall clock per program
+    timeout: float = 10.0  # seconds of wall clock per program, at least MIN_TIMEOUT
     memory_mb: int = 1024
     allow_execution: bool = False  # the opt-in (the environment can also grant it)
-    allow_network: bool = False  # run where the network cannot be blocked
+    allow_uncontained: tuple[str, ...] = field(default=())  # gaps of this machine's sandbox the user accepts
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.timeout, (int, float)) and 0 < self.timeout < float("inf")):
-            raise ValueError(f"code timeout must be a number of seconds > 0, got {self.timeout!r}")
+        if not (isinstance(self.timeout, (int, float)) and MIN_TIMEOUT <= self.timeout < float("inf")):
+            raise ValueError(f"code timeout must be a number of seconds >= {MIN_TIMEOUT:g} (the sandbox starts two "
+                             f"Python interpreters before the program's first line), got {self.timeout!r}")
         if isinstance(self.memory_mb, bool) or not isinstance(self.memory_mb, int) or self.memory_mb < 16:
             raise ValueError(f"code memory limit must be an integer number of MB >= 16, got {self.memory_mb!r}")
+        object.__setattr__(self, "allow_uncontained", parse_gaps(self.allow_uncontained))
 
     def run_kwargs(self) -> dict[str, object]:
         return asdict(self)  # the field names are run_program's keywords
@@ -250,9 +280,10 @@ class CodeLimits:
 class SandboxResult:
     """How a program ended.
 
-    ``status``: "ok" (exit 0 and ran to its end), "incomplete" (exit 0 before its end: ``exit(0)``,
-    ``os._exit(0)``), "error" (non-zero exit), "timeout", "memory", or "sandbox" (the containment
-    could not be put in place).
+    ``status``: "ok" (its checks returned; without checks, it ran to its end and exited 0), "incomplete"
+    (exit 0 before its end or its checks': ``exit(0)``, ``os._exit(0)``), "error" (a non-zero exit or a
+    failed check), "timeout", "memory", or "sandbox" (the containment could not be put in place).
+    ``checks_output``: what the checks printed (a LiveCodeBench call prints its result there).
     """
 
     status: str
@@ -262,6 +293,7 @@ class SandboxResult:
     seconds: float
     completed: bool = False
     containment: str = ""
+    checks_output: str = ""
 
     @property
     def ok(self) -> bool:
@@ -271,7 +303,7 @@ class SandboxResult:
 def _limits(timeout: float, memory_mb: int):
     """The child's ``preexec_fn``: address-space and CPU-time limits."""
     memory = int(memory_mb) * 1024 * 1024
-    cpu = int(timeout) + 1
+    cpu = int(math.ceil(timeout)) + 1
 
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -281,21 +313,30 @@ def _limits(timeout: float, memory_mb: int):
 
 
 def _environment(workdir: str, marker: str) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "TMPDIR": workdir,
-            "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "no_proxy": "*", _MARKER_ENV: marker}
+    """The sandbox's whole environment: nothing of the evaluator's (its PATH neither)."""
+    path = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]))
+    return {"PATH": path, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+            "no_proxy": "*", _MARKER_ENV: marker}
+
+
+def _evaluator_ids() -> list[int]:
+    """This process's id, its threads' ids and its negated process group (what ``kill`` would take to reach it)."""
+    pid = os.getpid()
+    try:
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit()][:1000]
+    except OSError:
+        threads = []
+    return sorted({pid, *threads, -os.getpgid(0)})
 
 
 def _kill_everything(process: subprocess.Popen, marker: str) -> None:
-    """SIGKILL the program's session and every process whose environment carries ``marker``.
+    """SIGKILL the harness's process group and every process whose environment carries ``marker``.
 
-    In a PID namespace killing ``unshare`` is enough (``--kill-child`` takes the namespace down); the
-    marker scan catches ``setsid`` escapes where there is no namespace (best effort: a process that
-    cleared its environment is not found).
+    The harness kills the program's descendants itself; this is the fallback for a harness that did not
+    answer (in a PID namespace, killing ``unshare`` takes the namespace down with ``--kill-child``).
     """
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     needle = f"{_MARKER_ENV}={marker}".encode()
     for _ in range(3):  # a fork during the scan is caught by the next pass
         found = False
@@ -313,10 +354,11 @@ def _kill_everything(process: subprocess.Popen, marker: str) -> None:
             break
 
 
-def _exchange(process: subprocess.Popen, data: bytes, deadline: float, cap: int) -> tuple[bytes, bytes, bytes, bool]:
-    """Feed stdin and read stdout/stderr until both close (or, once the program exited, a grace of 0.25 s
-    for descendants holding them) or ``deadline``: (stdout head, stderr head, stderr tail, timed out)."""
-    out, err, tail = bytearray(), bytearray(), bytearray()
+def _exchange(process: subprocess.Popen, data: bytes, readers: list[tuple[IO[bytes], int]],
+              deadline: float) -> tuple[list[bytes], bool]:
+    """Feed stdin and read every reader (up to its cap) until all close (or, once the process exited, a grace
+    of 0.25 s for descendants holding them) or ``deadline``: (what each gave, cut off at the deadline)."""
+    buffers = [bytearray() for _ in readers]
     selector = selectors.DefaultSelector()
     if process.stdin is not None:
         if data:
@@ -324,15 +366,15 @@ def _exchange(process: subprocess.Popen, data: bytes, deadline: float, cap: int)
             selector.register(process.stdin, selectors.EVENT_WRITE)
         else:
             process.stdin.close()
-    selector.register(process.stdout, selectors.EVENT_READ, out)
-    selector.register(process.stderr, selectors.EVENT_READ, err)
+    for (reader, cap), buffer in zip(readers, buffers):
+        selector.register(reader, selectors.EVENT_READ, (buffer, cap))
     view, sent = memoryview(data), 0
-    drain_until = None  # the program exited: descendants that kept its pipes open get a short grace
+    drain_until = None  # the process exited: descendants that kept its pipes open get a short grace
     try:
         while selector.get_map():
             now = time.monotonic()
             if now >= deadline:
-                return bytes(out), bytes(err), bytes(tail), True
+                return [bytes(b) for b in buffers], True
             if drain_until is None and process.poll() is not None:
                 drain_until = now + 0.25
             if drain_until is not None and now >= drain_until:
@@ -351,22 +393,39 @@ def _exchange(process: subprocess.Popen, data: bytes, deadline: float, cap: int)
                 if not chunk:
                     selector.unregister(key.fileobj)
                     continue
-                buffer = key.data
+                buffer, cap = key.data
                 if len(buffer) < cap:
                     buffer += chunk[: cap - len(buffer)]
-                if buffer is err:
-                    tail += chunk
-                    del tail[:-256]
     finally:
         selector.close()
-        for stream in (process.stdin, process.stdout, process.stderr):
+        for stream in [process.stdin, *(reader for reader, _ in readers)]:
             if stream is not None and not stream.closed:
                 stream.close()
-    return bytes(out), bytes(err), bytes(tail), False
+    return [bytes(b) for b in buffers], False
+
+
+def _stop(process: subprocess.Popen, marker: str, level: Containment, answered: bool) -> None:
+    """Let the harness finish (it kills the program's descendants), then make sure nothing is left: its process
+    group, and, when it did not answer, every process carrying the run's marker."""
+    try:
+        process.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        answered = False
+        if not level.namespaces:  # the harness kills every descendant on SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=1.0)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if not answered:
+        _kill_everything(process, marker)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=2.0)
 
 
 def _status(returncode: int | None, stderr: str, completed: bool) -> str:
-    if returncode == _SETUP_FAILED and "tadm sandbox:" in stderr:
+    if returncode == SETUP_FAILED and "tadm sandbox:" in stderr:
         return "sandbox"
     if returncode == 0:
         return "ok" if completed else "incomplete"
@@ -375,6 +434,36 @@ def _status(returncode: int | None, stderr: str, completed: bool) -> str:
     if returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return "timeout"
     return "error"
+
+
+def _outcome(verdict: dict | None, harness_code: int | None, stderr: str,
+             cut_off: bool) -> tuple[str, int | None, bool]:
+    """(status, the program's exit status, completed) from the harness's verdict."""
+    if verdict is None:  # the harness did not answer
+        if cut_off:
+            return "timeout", None, False
+        return ("sandbox" if _status(harness_code, stderr, False) == "sandbox" else "error"), harness_code, False
+    status, code = verdict.get("status"), verdict.get("returncode")
+    code = code if isinstance(code, int) else None
+    if status == "ok":
+        return "ok", code, True
+    if status in ("timeout", "stopped"):
+        return "timeout", None, False
+    if status == "sandbox":
+        return "sandbox", code, False
+    if status == "failed":
+        return ("memory" if verdict.get("error") == "MemoryError" else "error"), code, False
+    completed = status == "exited" and verdict.get("completed") is True
+    return _status(code, stderr, completed), code, completed
+
+
+def _verdict(raw: bytes, nonce: str) -> dict | None:
+    """The harness's verdict, if it is one (a line of JSON carrying this run's nonce)."""
+    try:
+        verdict = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    return verdict if isinstance(verdict, dict) and verdict.get("nonce") == nonce else None
 
 
 def _remove_tree(path: str) -> None:
@@ -410,87 +499,84 @@ def _sweep_leftovers() -> None:
 
 
 def _run(code: str, *, stdin: str, timeout: float, memory_mb: int, max_output: int, mode: str,
-         level: Containment) -> SandboxResult:
+         checks: str | None, level: Containment) -> SandboxResult:
     workdir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
-    nonce, marker = secrets.token_hex(16).encode(), secrets.token_hex(8)
-    read_end, write_end = os.pipe()
+    nonce, marker = secrets.token_hex(16), secrets.token_hex(8)
+    verdict_read, verdict_write = os.pipe()
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
             handle.write(code)
-        os.write(write_end, nonce)
-        os.close(write_end)
-        write_end = -1
-        prefix = (shutil.which("unshare") or "unshare", *_UNSHARE_FLAGS) if level.namespaces else ()
-        command = [*prefix, sys.executable, "-I", "-B", "-c", _PRELUDE, mode, str(read_end),
-                   "1" if level.namespaces else "0", "1" if level.landlock_abi >= 1 else "0"]
         start = time.monotonic()
-        deadline = start + timeout
+        setup = {"nonce": nonce, "mode": mode, "checks": checks, "deadline": start + timeout,
+                 "namespaces": level.namespaces, "landlock": level.landlock_abi, "seccomp": level.seccomp,
+                 "protected": [] if level.namespaces else _evaluator_ids(), "memory_mb": memory_mb,
+                 "max_output": max_output}
+        with open(os.path.join(workdir, "harness.json"), "w", encoding="utf-8") as handle:
+            json.dump(setup, handle)  # the harness reads and deletes it before the program starts
+        prefix = (shutil.which("unshare") or "unshare", *_UNSHARE_FLAGS) if level.namespaces else ()
+        command = [*prefix, sys.executable, "-I", "-B", _CHILD, "harness", "harness.json", str(verdict_write)]
         process = subprocess.Popen(command, cwd=workdir, env=_environment(workdir, marker), stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_end,),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(verdict_write,),
                                    preexec_fn=_limits(timeout, memory_mb), start_new_session=True)
-        os.close(read_end)
-        read_end = -1
+        os.close(verdict_write)
+        verdict_write = -1
+        verdict_file = os.fdopen(verdict_read, "rb")
+        verdict_read = -1
+        out, err, raw, cut_off = b"", b"", b"", True
         try:
-            out, err, tail, timed_out = _exchange(process, stdin.encode("utf-8"), deadline, max_output)
-            if not timed_out:
-                try:
-                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+            (out, err, raw), cut_off = _exchange(process, stdin.encode("utf-8"),
+                                                 [(process.stdout, max_output), (process.stderr, max_output),
+                                                  (verdict_file, 4 * max_output + 65536)],
+                                                 start + timeout + _HARNESS_GRACE)
         finally:
-            _kill_everything(process, marker)
-            try:
-                process.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                pass
+            verdict = _verdict(raw, nonce)
+            _stop(process, marker, level, answered=verdict is not None and verdict.get("clean") is True)
         seconds = time.monotonic() - start
-        sentinel = b"\n" + nonce + b"\n"
-        completed = not timed_out and tail.endswith(sentinel)
-        if completed and err.endswith(sentinel):
-            err = err[: -len(sentinel)]
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        # a timed-out run is never completed
-        status = "timeout" if timed_out else _status(process.returncode, stderr, completed)
-        return SandboxResult(status, None if timed_out else process.returncode, stdout, stderr, seconds, completed,
-                             level.describe())
+        status, returncode, completed = _outcome(verdict, process.returncode, stderr, cut_off)
+        return SandboxResult(status, returncode, stdout, stderr, seconds, completed, level.describe(),
+                             str((verdict or {}).get("output", "")))
     finally:
-        for fd in (read_end, write_end):
+        for fd in (verdict_read, verdict_write):
             if fd >= 0:
                 os.close(fd)
         _remove_tree(workdir)
 
 
 def run_program(code: str, *, stdin: str = "", timeout: float = 10.0, memory_mb: int = 1024,
-                max_output: int = 1 << 20, mode: str = "tests", allow_execution: bool = False,
-                allow_network: bool = False) -> SandboxResult:
+                max_output: int = 1 << 20, mode: str = "tests", checks: str | None = None,
+                allow_execution: bool = False, allow_uncontained: Iterable[str] = ()) -> SandboxResult:
     """Run Python ``code`` in the sandbox (module docstring); never in this process.
 
     Args:
-        code: the program.
+        code: the program (run as ``__main__`` from ``program.py`` in its directory).
         stdin: its standard input.
-        timeout: wall-clock seconds (also the CPU-time limit, plus one second).
+        timeout: wall-clock seconds, at least :data:`MIN_TIMEOUT` (also the CPU-time limit, plus one second).
         memory_mb: address-space limit.
-        max_output: characters of stdout and of stderr kept.
+        max_output: characters of stdout, of stderr and of the checks' output kept.
         mode: ``"tests"`` (any ``SystemExit`` is an early end) or ``"script"`` (``SystemExit`` 0 is a
-            normal end, as for a stdin program).
+            normal end, as for a stdin program; no checks).
+        checks: Python run in the harness once the program's code ran to its end; ``program.function(name)``
+            and ``program.method(cls, name)`` call into the program. The run is "ok" only if they return.
         allow_execution: the user's opt-in (also granted by the environment, :func:`code_execution_allowed`).
-        allow_network: run even where the network cannot be blocked.
+        allow_uncontained: the gaps of this machine's sandbox (:data:`GAPS`) the user accepts.
 
     Raises:
         CodeExecutionNotAllowed: without the opt-in.
-        SandboxUnavailable: the network cannot be blocked here and ``allow_network`` is False.
+        SandboxUnavailable: this machine's sandbox has a gap not in ``allow_uncontained``.
     """
     if not code_execution_allowed(allow_execution):
         raise CodeExecutionNotAllowed(not_allowed_message("this check"))
-    if not (timeout > 0 and memory_mb > 0):  # NaN fails too
-        raise ValueError(f"timeout and memory_mb must be > 0, got {timeout}, {memory_mb}")
+    if not (MIN_TIMEOUT <= timeout < float("inf") and memory_mb > 0):  # NaN fails too
+        raise ValueError(f"timeout must be >= {MIN_TIMEOUT:g} seconds and memory_mb > 0, got {timeout}, {memory_mb}")
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is unknown; valid: {', '.join(MODES)}")
+    if checks is not None and mode != "tests":
+        raise ValueError("checks run in 'tests' mode only")
     level = containment()
-    if not level.network_blocked and not allow_network:
-        raise SandboxUnavailable(
-            "this machine does not allow a network namespace (unshare --user --net), so generated code could "
-            "reach the network; run it in a container, or accept network access with --allow-code-network")
+    message = uncontained_message(level, parse_gaps(allow_uncontained))
+    if message is not None:
+        raise SandboxUnavailable(message)
     _sweep_leftovers()
     return _run(code, stdin=stdin, timeout=float(timeout), memory_mb=int(memory_mb), max_output=max_output,
-                mode=mode, level=level)
+                mode=mode, checks=checks, level=level)

@@ -23,7 +23,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["BatchStats", "RequestStats", "summarize"]
+from tadm.sampling.refresh import refresh_policy_from_config
+
+__all__ = ["BatchStats", "RequestStats", "summarize", "summarize_likelihood", "summary_table"]
 
 
 @dataclass
@@ -88,3 +90,41 @@ def summarize(requests: Iterable[RequestStats], batches: Iterable[BatchStats]) -
         "stops": stops,
         "prompts_cut": sum(r.prompt_tokens_dropped > 0 for r in requests),
     }
+
+
+def summarize_likelihood(stats: Iterable[Any]) -> dict[str, Any]:
+    """Totals over scored (context, continuation) pairs (:class:`tadm.tasks.likelihood.LikelihoodStats`): scored
+    and context tokens, Monte-Carlo draws, wall time, scored tokens per second, network passes and layer calls."""
+    stats = list(stats)
+    seconds = sum(s.seconds for s in stats)
+    scored = sum(s.continuation_tokens for s in stats)
+    calls: Counter[str] = Counter()
+    for s in stats:
+        calls.update({key: int(value) for key, value in s.layer_calls.items()})
+    return {
+        "requests": len(stats),
+        "continuation_tokens": scored,
+        "context_tokens": sum(s.context_tokens for s in stats),
+        "contexts_cut": sum(s.context_tokens_dropped > 0 for s in stats),
+        "samples": sum(s.samples for s in stats),
+        "seconds": seconds,
+        "tokens_per_second": scored / seconds if seconds > 0 else 0.0,
+        "network_passes": sum(s.network_passes for s in stats),
+        "layer_calls": dict(calls),
+    }
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """A Markdown table of what a run's generation cost, from ``TadmLM.summary()`` (:func:`summarize` plus the
+    generator's settings): its refresh policy (K), requests, generated tokens, wall time, tokens/s and
+    Transformer-layer calls (all, per request, per stage) with the anchor refreshes."""
+    calls = summary["layer_calls"]
+    label = refresh_policy_from_config(summary["settings"]["refresh_policy"]).label()  # "K=2", "adaptive tau=0.3"
+    head = ("refresh", "requests", "generated tokens", "seconds", "tokens/s", "layer calls", "per request",
+            "shared / anchor / denoiser", "anchor refreshes")
+    row = (label, f"{summary['requests']:,}", f"{summary['generated_tokens']:,}", f"{summary['seconds']:.1f}",
+           f"{summary['tokens_per_second']:.1f}", f"{calls.get('total', 0):,}",
+           f"{summary['layer_calls_per_request']:,.0f}",
+           f"{calls.get('shared', 0):,} / {calls.get('anchor', 0):,} / {calls.get('denoiser', 0):,}",
+           f"{calls.get('anchor_refreshes', 0):,}")
+    return "\n".join(["|" + "|".join(head) + "|", "|" + "|".join("---:" for _ in head) + "|", "|" + "|".join(row) + "|"])

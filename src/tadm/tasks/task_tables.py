@@ -25,11 +25,12 @@ from tadm.eval.plots import PLOTS_SKIPPED, can_plot, plot_task_accuracy_vs_refre
 from tadm.eval.significance import PairedSummary, paired_summary, prompt_differences
 from tadm.records import markdown_table, write_csv, write_json, write_text
 
-__all__ = ["CELL_FIELDS", "cells", "naive_rows", "prompt_comparison", "task_rows", "write_tables"]
+__all__ = ["CELL_FIELDS", "cells", "naive_rows", "prompt_comparison", "task_rows", "timeout_notes", "write_tables"]
 
-CELL_FIELDS = ("task", "method", "K", "seeds", "examples", "accuracy_mean", "accuracy_std", "tokens_per_second",
-               "layer_calls_per_request", "generated_tokens", "seconds", "corruption", "null_share", "unparsed",
-               "judged")
+CELL_FIELDS = ("task", "method", "K", "seeds", "examples", "accuracy_mean", "accuracy_std", "timeouts",
+               "tokens_per_second", "layer_calls_per_request", "generated_tokens", "seconds", "corruption",
+               "null_share", "unparsed", "judged")
+TIMEOUT_MARK = "†"  # on an accuracy of a code task where more than half the programs (over seeds) timed out
 
 
 def _spread(values: list[float]) -> tuple[float, float]:
@@ -68,8 +69,26 @@ def cells(units: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         mean, std = _spread([u["accuracy"] for u in group])
         cost = _cost(group)
         out.append({"task": task, "method": method, "K": K, "seeds": len(group), "examples": group[0]["n"],
-                    "accuracy_mean": mean, "accuracy_std": std, **cost, **_judged(group)})
+                    "accuracy_mean": mean, "accuracy_std": std, "timeouts": sum(u.get("timeouts", 0) for u in group),
+                    **cost, **_judged(group)})
     return out
+
+
+def _label(method: str, K: Any) -> str:
+    return {"baseline": "Base", "tadm": "TADM", "naive": "naive reuse"}[method] + f", K={K}"
+
+
+def _timeouts_dominate(cell: dict[str, Any]) -> bool:
+    """More than half the cell's programs (over seeds) timed out: its accuracy measures the time limit."""
+    return 2 * cell.get("timeouts", 0) > cell["examples"] * cell["seeds"]
+
+
+def timeout_notes(all_cells: Sequence[dict[str, Any]], benches: Sequence[Any], code_timeout: Any = None) -> list[str]:
+    """One line per cell where time-outs dominate (:func:`_timeouts_dominate`)."""
+    titles = {b.name: b.title for b in benches}
+    limit = f" at --code-timeout {code_timeout:g} s" if isinstance(code_timeout, (int, float)) else ""
+    return [f"{titles.get(c['task'], c['task'])}, {_label(c['method'], c['K'])}: {c['timeouts']} of "
+            f"{c['examples'] * c['seeds']} programs timed out{limit}" for c in all_cells if _timeouts_dominate(c)]
 
 
 def task_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], benches: Sequence[Any],
@@ -80,7 +99,7 @@ def task_rows(all_cells: list[dict[str, Any]], units: Sequence[dict[str, Any]], 
         mine = [u for u in units if u["method"] == method.name and u["K"] == method.K]
         cost = _cost(mine)
         first = first or cost["layer_calls"]
-        row: dict[str, Any] = {"method": {"baseline": "Base", "tadm": "TADM"}[method.name] + f", K={method.K}"}
+        row: dict[str, Any] = {"method": _label(method.name, method.K)}
         for bench in benches:
             cell = next(c for c in all_cells if (c["task"], c["method"], c["K"]) == (bench.name, method.name, method.K))
             row[bench.title] = cell["accuracy_mean"], cell["accuracy_std"]
@@ -186,6 +205,8 @@ def provenance_lines(provenance: dict[str, Any] | None, cells_: Sequence[dict[st
                  + (f", {machine['gpu']}" if machine.get("gpu") else ", no GPU"))
     lines.append(f"- Commit: `{commit[:10] if commit else 'unknown (not a git checkout)'}`"
                  + (" with local changes" if provenance.get("dirty") else ""))
+    if provenance.get("sandbox"):
+        lines.append(f"- Code sandbox: {provenance['sandbox']}")
     if provenance.get("judge"):
         lines.append(f"- Judge: `{provenance['judge']}`" + (f" ({provenance['judge_note']})"
                                                              if provenance.get("judge_note") else ""))
@@ -203,13 +224,27 @@ def _tokens(bench: Any, units: Sequence[dict[str, Any]]) -> str:
     return f"{'/'.join(map(str, used))} tokens, capped from {bench.max_gen_toks}"
 
 
+def _marked(tasks: list[dict[str, Any]], all_cells: Sequence[dict[str, Any]],
+            benches: Sequence[Any]) -> list[dict[str, Any]]:
+    """The task rows with :data:`TIMEOUT_MARK` on the accuracies where time-outs dominate."""
+    titles = {b.name: b.title for b in benches}
+    flagged = {(titles[c["task"]], _label(c["method"], c["K"])) for c in all_cells
+               if c["task"] in titles and _timeouts_dominate(c)}
+    return [{k: (f"{_fmt(v, k)} {TIMEOUT_MARK}" if (k, row["method"]) in flagged else v) for k, v in row.items()}
+            for row in tasks]
+
+
 def _markdown_file(tasks: list[dict[str, Any]], naive: list[dict[str, Any]], benches: Sequence[Any],
-                   units: Sequence[dict[str, Any]]) -> str:
+                   units: Sequence[dict[str, Any]], all_cells: Sequence[dict[str, Any]], notes: list[str]) -> str:
     shots = ", ".join(f"{b.title} ({b.shots}-shot, {_tokens(b, units)}, {b.metric})" for b in benches)
     text = ("# Task evaluation (TADM:Post-train)\n\n"
             f"Benchmarks: {shots}. Accuracy in %, mean ± std over seeds; "
             "compute = denoising layer calls relative to the first row.\n\n## Accuracy, throughput and compute\n\n"
-            + _markdown(tasks))
+            + _markdown(_marked(tasks, all_cells, benches)))
+    if notes:
+        text += (f"\n{TIMEOUT_MARK} Time-outs dominate: more than half the programs timed out, so the accuracy "
+                 "measures the time limit, not the code (raise --code-timeout):\n\n"
+                 + "".join(f"- {note}\n" for note in notes))
     if naive:
         text += ("\n## Naive reuse vs TADM\n\nAccuracy (%): mean over benchmarks of the seed means; "
                  "corruption (%): share of parsed "
@@ -236,7 +271,9 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
     out.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out / "table.md", "task_csv": out / "task_table.csv", "cells_csv": out / "cells.csv",
              "json": out / "results.json"}
-    text = _markdown_file(tasks, naive, benches, units) + "\n".join(provenance_lines(provenance, all_cells))
+    notes = timeout_notes(all_cells, benches, config.get("code_timeout"))
+    text = _markdown_file(tasks, naive, benches, units, all_cells, notes) + "\n".join(
+        provenance_lines(provenance, all_cells))
     write_text(files["markdown"], text.rstrip("\n") + "\n")
     flat = [_flat(row) for row in tasks]
     write_csv(files["task_csv"], list(flat[0]) if flat else ["method"], flat)
@@ -249,5 +286,5 @@ def write_tables(units: Sequence[dict[str, Any]], benches: Sequence[Any], rows: 
         else:
             warnings.warn(PLOTS_SKIPPED, stacklevel=2)
     write_json(files["json"], {"config": config, "provenance": provenance, "cells": all_cells, "task_table": flat,
-                               "naive_table": naive})
+                               "naive_table": naive, "timeout_notes": notes})
     return files

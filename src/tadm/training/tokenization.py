@@ -137,6 +137,16 @@ class TextTokenizer:
             raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size})")
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def decode_until_eos(self, ids: Sequence[int] | Any) -> str:
+        """The text of a generated row (a list, 1-D tensor or array): the BOS / end-of-text tokens it starts with
+        are skipped (a sample starts where a document does), and the text ends before the next end-of-text token
+        (what comes after it is another document); special tokens are left out.
+        """
+        ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+        start = next((n for n, i in enumerate(ids) if i not in (self.bos_id, self.eos_id)), len(ids))
+        end = next((n for n in range(start, len(ids)) if ids[n] == self.eos_id), len(ids))
+        return self.decode(ids[start:end], skip_special_tokens=True)
+
     # ---------------------------------------------------------------- persistence
     def _meta(self) -> dict[str, Any]:
         return {

@@ -61,7 +61,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from tadm.config import ConfigError, ExperimentConfig, check_resumable
+from tadm.config import ConfigError, ExperimentConfig, check_resumable, short_run_warnings
 from tadm.diffusion import get_schedule
 from tadm.nn import TADM, build_model
 from tadm.records import replace_atomically
@@ -603,6 +603,8 @@ def _report_setup(run: _Run, num_parameters: int) -> None:
         f"{' (micro-batch derived: global / world size)' if tc.micro_batch_size is None else ''}; {info.device}, "
         f"{precision}; out_dir {run.out_dir}"
     )
+    for line in short_run_warnings(cfg.optim, tc):
+        run.say(f"tadm train: warning: {line}")
     if run.start_step:
         run.say(f"resuming from step {run.start_step} ({run.state_path})")
 

@@ -1,0 +1,128 @@
+"""The anchor cache inside the model against transformers' own DiffusionGemma, side by side in one run (CPU).
+
+A 30-layer random ``DiffusionGemmaForBlockDiffusion`` (split 2 / 20 / 8, as the paper splits the 26B model) and
+its time-anchored copy (same weights, a random rank-32 fusion) generate the same prompt with transformers' own
+``generate``, batch 1, every step run (no adaptive stopping). The three methods are timed in turns (the order
+rotates every repeat) and the medians compared:
+
+* ``tadm K=1`` / base: the cost of the cache machinery when every pass refreshes (goal: at most 1.03);
+* base / ``tadm K=3``: the speed-up, against the analytic ratio of Transformer-layer calls (encoder included)
+  (goal: at least 0.9 of it).
+
+At K = 1 the tokens must equal the base's; the script checks it. Run it with nothing else on the machine::
+
+    python benchmarks/bench_time_anchored.py                 # about 10 minutes on two cores
+    python benchmarks/bench_time_anchored.py --repeats 3 --steps 12 --hidden 64   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import DiffusionGemmaForBlockDiffusion
+
+from tadm.posttrain import FusionSpec
+from tadm.posttrain.backbone import tiny_diffusion_gemma_config
+from tadm.posttrain.hf_model import TimeAnchoredDiffusionGemma
+from tadm.records import git_commit
+
+SPLIT = (2, 20)  # shared, anchor; 8 denoiser layers of 30
+
+
+def build(hidden: int, canvas: int, seed: int = 0) -> tuple[DiffusionGemmaForBlockDiffusion, TimeAnchoredDiffusionGemma]:
+    config = tiny_diffusion_gemma_config(vocab_size=1024, hidden_size=hidden, num_layers=30, canvas_length=canvas,
+                                         num_heads=4, head_dim=hidden // 4, sliding_window=64, num_experts=8,
+                                         top_k_experts=2)
+    torch.manual_seed(seed)
+    base = DiffusionGemmaForBlockDiffusion(config).eval()
+    anchored = TimeAnchoredDiffusionGemma.from_pretrained(copy.deepcopy(base), split=SPLIT,
+                                                          fusion=FusionSpec(rank=max(8, hidden // 8), num_heads=4))
+    with torch.no_grad():  # a fusion far from its identity initialisation costs what a trained one does
+        generator = torch.Generator().manual_seed(1)
+        for p in anchored.fusion.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    return base, anchored
+
+
+def layer_calls(num_layers: int, steps: int, canvases: int, K: int) -> tuple[int, int]:
+    """(decoder, encoder) Transformer-layer calls of a generation: Algorithm 1 per canvas, the encoder once per canvas."""
+    shared, anchor = SPLIT
+    denoiser = num_layers - shared - anchor
+    per_canvas = steps * (shared + denoiser) + -(-steps // K) * anchor
+    return canvases * per_canvas, canvases * num_layers
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--steps", type=int, default=48, help="denoising steps per canvas (paper: 48)")
+    p.add_argument("--canvases", type=int, default=1)
+    p.add_argument("--canvas", type=int, default=64, help="canvas length")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--json", type=Path, default=None, help="write the measurements here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    base, anchored = build(args.hidden, args.canvas)
+    prompt = torch.randint(3, 1024, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+    settings = dict(max_new_tokens=args.canvases * args.canvas, max_denoising_steps=args.steps,
+                    stability_threshold=None, confidence_threshold=None, eos_token_id=None)
+    runs = {"base": lambda: base.generate(prompt, **settings),
+            "tadm K=1": lambda: anchored.generate(prompt, refresh_interval=1, **settings),
+            "tadm K=3": lambda: anchored.generate(prompt, refresh_interval=3, **settings)}
+    tokens, calls = {}, {}
+    with torch.no_grad():
+        for name, run in runs.items():  # warm-up, tokens and layer calls
+            torch.manual_seed(11)
+            tokens[name] = run().sequences
+            if name != "base":
+                record = anchored.last_generation
+                calls[name] = (record.layer_calls.total, record.encoder_layer_calls)
+        times = {name: [] for name in runs}
+        order = list(runs)
+        for r in range(args.repeats):
+            for name in order[r % 3:] + order[:r % 3]:
+                torch.manual_seed(11 + r)
+                start = time.perf_counter()
+                runs[name]()
+                times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    base_calls = layer_calls(30, args.steps, args.canvases, 1)
+    k3_calls = layer_calls(30, args.steps, args.canvases, 3)
+    assert calls["tadm K=3"] == k3_calls and calls["tadm K=1"] == base_calls, (calls, base_calls, k3_calls)
+    analytic = sum(base_calls) / sum(k3_calls)
+    decoder_only = base_calls[0] / k3_calls[0]
+    overhead = median["tadm K=1"] / median["base"]
+    speedup = median["base"] / median["tadm K=3"]
+    same = torch.equal(tokens["tadm K=1"], tokens["base"])
+    print(f"30-layer random DiffusionGemma (hidden {args.hidden}, MoE 8x top-2, vocab 1024), split 2 / 20 / 8, batch 1, "
+          f"prompt {args.prompt}, {args.canvases} canvas(es) of {args.canvas}, {args.steps} steps; "
+          f"median of {args.repeats} interleaved runs, one thread")
+    print("| method | median s | all runs (s) | layer calls (decoder + encoder) |")
+    print("|---|---|---|---|")
+    for name in runs:
+        counted = sum(base_calls) if name == "base" else sum(calls[name])
+        print(f"| {name} | {median[name]:.3f} | {', '.join(f'{t:.3f}' for t in times[name])} | {counted} |")
+    print(f"K = 1 tokens equal the base's: {same}")
+    print(f"tadm K=1 / base = {overhead:.3f} (goal <= 1.03: {'met' if overhead <= 1.03 else 'NOT met'})")
+    print(f"base / tadm K=3 = {speedup:.3f}; analytic layer-call ratio {analytic:.3f} (decoder only {decoder_only:.3f}); "
+          f"speed-up / analytic = {speedup / analytic:.3f} (goal >= 0.9: {'met' if speedup / analytic >= 0.9 else 'NOT met'})")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "argv": sys.argv[1:], "commit": git_commit(), "machine": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "times": times, "median": median, "layer_calls": calls,
+            "analytic_ratio": analytic, "decoder_only_ratio": decoder_only, "k1_overhead": overhead,
+            "k3_speedup": speedup, "k1_tokens_equal": same}, indent=1) + "\n")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
