@@ -433,7 +433,7 @@ STAGE_C_SPLIT, STAGE_C_FUSION = (2, 20, 8), {"rank": 256, "num_heads": 4}  # the
 
 def _full_size_refusal(device: torch.device, goals: bool) -> str | None:
     """Why stage c cannot run at full size on ``device`` (None on a GPU): its model in the dtype it would take
-    there (float32 off CUDA) needs about 105 GB, by the plan's estimate (tadm.posttrain.plan) at batch 1."""
+    there (float32 off CUDA) needs over 100 GB, by the plan's estimate (tadm.posttrain.plan) at batch 1."""
     if device.type == "cuda":
         return None
     from tadm.posttrain import FusionSpec, SplitSpec

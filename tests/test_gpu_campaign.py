@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,7 +155,7 @@ def test_stage_d_keeps_the_study_and_its_cache_under_a_relative_results_folder(t
 
 @pytest.mark.parametrize("args", [["--device", "cpu"], ["--goals", "--device", "cpu"], ["--stage", "c", "--device", "cpu"]])
 def test_full_sizes_on_the_cpu_are_refused_up_front_with_the_plans_memory_figure(tmp_path, monkeypatch, capsys, args):
-    """Stage c at full size would build DiffusionGemma-26B-A4B in float32 on the CPU (about 105 GB) and die of memory."""
+    """Stage c at full size would build DiffusionGemma-26B-A4B in float32 on the CPU (over 100 GB) and die of memory."""
     campaign = _load_campaign()
     ran: list[str] = []  # the stages stand-ins: nothing of this size is ever built here
     monkeypatch.setattr(campaign, "STAGES", {key: dataclasses.replace(stage, run=lambda ctx, key=key: ran.append(key))
@@ -165,7 +166,8 @@ def test_full_sizes_on_the_cpu_are_refused_up_front_with_the_plans_memory_figure
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and not out and not ran and not (tmp_path / "results").exists(), (out, err)
     assert lines[0].startswith("gpu_campaign: error: stage c builds DiffusionGemma-26B-A4B at full size")
-    assert "about 105 GB on cpu" in lines[0] and "--tiny" in lines[0]
+    needed = re.search(r"which needs about (\d+) GB on cpu \(float32 weights (\d+) GB; tadm posttrain plan's", lines[0])
+    assert needed and int(needed[1]) >= int(needed[2]) >= 100 and "--tiny" in lines[0], lines[0]
 
 
 @pytest.mark.slow
