@@ -428,12 +428,34 @@ def _diffusion_gemma(ctx: Any) -> tuple[Any, Any]:
     return model.eval(), config
 
 
+STAGE_C_SPLIT, STAGE_C_FUSION = (2, 20, 8), {"rank": 256, "num_heads": 4}  # the paper's split of the 30 layers
+
+
+def _full_size_refusal(device: torch.device, goals: bool) -> str | None:
+    """Why stage c cannot run at full size on ``device`` (None on a GPU): its model in the dtype it would take
+    there (float32 off CUDA) needs over 100 GB, by the plan's estimate (tadm.posttrain.plan) at batch 1."""
+    if device.type == "cuda":
+        return None
+    from tadm.posttrain import FusionSpec, SplitSpec
+    from tadm.posttrain.backbone import diffusion_gemma_26b_config
+    from tadm.posttrain.plan import build_meta_model, estimate_inference_memory
+
+    model = build_meta_model(diffusion_gemma_26b_config(), SplitSpec(*STAGE_C_SPLIT), FusionSpec(**STAGE_C_FUSION))
+    estimate = estimate_inference_memory(model, batch=1, prompt=512, canvas=256, dtype=torch.float32)
+    weights = estimate.items["backbone weights"]
+    instead = "run --goals on a GPU" if goals else "run it on a GPU (--device cuda), leave it out (--stage a b d)"
+    return (f"stage c builds DiffusionGemma-26B-A4B at full size, which needs about {estimate.total / 1e9:.0f} GB on "
+            f"{device} (float32 weights {weights / 1e9:.0f} GB; tadm posttrain plan's estimate at batch 1); {instead}, "
+            f"or add --tiny to rehearse every stage at tiny sizes on the CPU")
+
+
 def _time_anchored(model: Any) -> Any:
     """``model`` time-anchored in place (the anchor cache inside the model): split 2 / 20 / 8, a rank-256 fusion."""
     from tadm.posttrain import FusionSpec
     from tadm.posttrain.hf_model import TimeAnchoredDiffusionGemma
 
-    anchored = TimeAnchoredDiffusionGemma.from_pretrained(model, split=(2, 20), fusion=FusionSpec(rank=256, num_heads=4))
+    anchored = TimeAnchoredDiffusionGemma.from_pretrained(model, split=STAGE_C_SPLIT[:2],
+                                                        fusion=FusionSpec(**STAGE_C_FUSION))
     with torch.no_grad():  # random weights: the fusion is not the identity, so it costs what a trained one does
         generator = torch.Generator(device=next(model.parameters()).device).manual_seed(1)
         for p in anchored.fusion.parameters():
@@ -916,6 +938,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.repeats is not None and args.repeats < 1:
         print(f"gpu_campaign: error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+        return 2
+    refusal = None if args.tiny or "c" not in stages else _full_size_refusal(device, args.goals)
+    if refusal is not None:
+        print(f"gpu_campaign: error: {refusal}", file=sys.stderr)
         return 2
     results = Path(args.results).resolve()  # stage d's study runs in the repository: one meaning for a relative path
     folders = [results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])

@@ -290,3 +290,99 @@ def test_refresh_on_a_model_without_an_anchor_network():
     for spec in ("4", "adaptive:tau=0.1", "schedule:steps=8/4"):
         with pytest.raises(CLIError, match="model 'm' has no anchor network"):
             check_refresh_applies(mdlm, [parse_refresh(1), parse_refresh(spec)], "m")
+
+
+# --------------------------------------------------------------------- under torchrun, and Ctrl-C at start-up
+TORCHRUN_RANK_1 = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["train", "tadm-tiny", "train.bogus=1"], "tadm train: error: overrides: unknown key 'train.bogus'"),
+    (["train", "tadm-tiny", "--bogus"], "tadm train: error: unrecognized arguments: --bogus"),
+])
+def test_under_torchrun_only_rank_0_prints_the_line_and_torchrun_reads_it(tmp_path, capsys, monkeypatch, argv, line):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))  # torchrun sets one per rank
+    for name, value in TORCHRUN_RANK_1.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ""  # rank 1: silent
+    # torchrun's summary of the failed rank shows the line, instead of a pointer to its documentation
+    summary = ChildFailedError("tadm", {1: ProcessFailure(1, 4242, 2, str(error_file))}).format_msg()
+    assert f"traceback : {line}" in summary and "To enable traceback" not in summary, summary
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(line), err
+
+
+@pytest.mark.slow
+def test_torchrun_with_a_bad_argument_prints_tadms_line_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "tadm", "train", "tadm-tiny",
+               "train.bogus=1", f"train.out_dir={tmp_path / 'run'}"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode != 0  # torchrun reports the failure
+    said = [line for line in run.stderr.splitlines() if line.startswith("tadm train: error:")]
+    assert len(said) == 1 and "unknown key 'train.bogus'" in said[0], run.stderr
+    # torchrun's own summary names it for both ranks
+    assert run.stderr.count("traceback : tadm train: error: overrides: unknown key 'train.bogus'") == 2, run.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# Sends this process a Ctrl-C when the first module of the named package starts to import.
+_CTRL_C_DURING_IMPORT = """
+import os, signal, sys
+
+PACKAGE = sys.argv[1]
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == PACKAGE:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["tadm", *sys.argv[2:]]
+from tadm.cli import main  # as the console script does
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("rank, said", [("0", ["tadm: interrupted"]), ("1", [])])
+def test_ctrl_c_while_the_cli_imports_torch_is_one_line(rank, said):
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, "torch", "train", "tadm-tiny"],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "RANK": rank, "OMP_NUM_THREADS": "1", "TADM_DEBUG": ""})
+    assert run.returncode == 130 and run.stderr.splitlines() == said, run.stderr
+    assert run.stdout == ""
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line(capsys, monkeypatch):
+    import os
+    import signal
+
+    real_build = cli.build_parser
+
+    def build_then_ctrl_c():
+        parser = real_build()
+        os.kill(os.getpid(), signal.SIGINT)
+        return parser
+
+    monkeypatch.setattr(cli, "build_parser", build_then_ctrl_c)
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["compute", "--anchor-layers", "12"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["tadm: interrupted"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back for the command and for pytest

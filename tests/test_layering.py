@@ -42,6 +42,11 @@ USES: dict[str, set[str]] = {
 # third-party packages a function may import on first use: optional extras, never the core requirements
 OPTIONAL = ("transformers", "lm_eval", "mauve", "matplotlib", "datasets", "pyarrow", "math_verify",
             "torch.utils.tensorboard")
+# the one core requirement imported on first use: scipy.stats takes about 0.6 s to import, which every `tadm`
+# command would pay at start-up, and only the paired comparisons (tadm.eval.significance) use it
+DEFERRED_CORE = ("scipy",)
+# what importing the command line must not load (each is imported by the command that needs it)
+HEAVY = (*OPTIONAL, *DEFERRED_CORE, "sklearn", "faiss")
 
 
 def closure(package: str) -> set[str]:
@@ -113,7 +118,7 @@ def test_every_import_of_a_module_stays_within_its_floors(path):
             used = floor(name)
             if used is not None and used not in allowed:
                 wrong.append(f"line {node.lineno}: {name} ({used} is not below {own})")
-            optional = any(name == o or name.startswith(o + ".") for o in OPTIONAL)
+            optional = any(name == o or name.startswith(o + ".") for o in OPTIONAL + DEFERRED_CORE)
             if id(node) in inner and not optional:
                 deferred.append(f"line {node.lineno}: {name}")
     assert not wrong, f"{module} reaches above its floor: {wrong}"
@@ -163,3 +168,14 @@ def test_importing_a_package_loads_only_its_floors(package):
     loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                            check=True).stdout))
     assert loaded - {package} <= closure(package), f"tadm.{package} loads {sorted(loaded - {package} - closure(package))}"
+
+
+def test_importing_the_command_line_loads_no_heavy_package():
+    """`tadm` starts without transformers, lm-eval, matplotlib, datasets or scipy: the subcommands import them
+    when they run (a Ctrl-C at start-up and every command's start pay only for torch)."""
+    code = ("import json, sys; import tadm.cli; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                           check=True).stdout))
+    heavy = {name.split(".")[0] for name in HEAVY if name.split(".")[0] != "torch"}
+    assert not loaded & heavy, f"importing tadm.cli loads {sorted(loaded & heavy)}"

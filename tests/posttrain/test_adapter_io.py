@@ -126,3 +126,87 @@ def test_a_malformed_adapter_config_is_one_cli_line(gemma, tmp_path, capsys):
     assert code == 2 and "Traceback" not in err and len(lines) == 1, err
     assert lines[0].startswith("tadm posttrain sample: error: ") and "missing keys" in lines[0]
     assert str(directory / ADAPTER_CONFIG_NAME) in lines[0]
+
+
+# ------------------------------------------------------------------- adapter weights that cannot be read
+class Payload:
+    """Unpickling this object runs code: it writes ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('payload ran')",))
+
+
+def plant_weights(directory, case, marker):
+    """Replace the adapter's weights file in ``directory`` by a broken or planted one; returns the file to name."""
+    weights = directory / ADAPTER_WEIGHTS_NAME
+    if case == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif case == "random-bytes":
+        weights.write_bytes(bytes(range(256)) * 8)
+    elif case == "empty":
+        weights.write_bytes(b"")
+    elif case == "pickle-renamed":  # a torch.save pickle under the safetensors name
+        torch.save({"fusion.gate": Payload(marker)}, weights)
+    elif case == "bin-only":  # PEFT's older pickle name instead of the safetensors file
+        weights.unlink()
+        weights = directory / "adapter_model.bin"
+        torch.save({"fusion.gate": Payload(marker)}, weights)
+    return weights
+
+
+WEIGHTS_CASES = {
+    "truncated": "is not a readable safetensors file (incomplete metadata",
+    "random-bytes": "is not a readable safetensors file (header too large",
+    "empty": "is not a readable safetensors file (header too small",
+    "pickle-renamed": "is not a readable safetensors file (header too large",
+    "bin-only": "tadm loads adapter weights only from safetensors",
+}
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory):
+    """A tiny saved base and a saved adapter for it (copied per test before it is damaged)."""
+    root = tmp_path_factory.mktemp("weights-safety")
+    gemma = build_tiny_gemma()
+    gemma.save_pretrained(root / "base")
+    save_adapter(root / "adapter", _trained(gemma), base_model=str(root / "base"))
+    return root / "base", root / "adapter"
+
+
+def _damaged_copy(saved_pair, tmp_path, case):
+    import shutil
+
+    directory = tmp_path / "adapter"
+    shutil.copytree(saved_pair[1], directory)
+    marker = tmp_path / "payload-ran"
+    return directory, plant_weights(directory, case, marker), marker
+
+
+@pytest.mark.parametrize("case", list(WEIGHTS_CASES))
+def test_damaged_adapter_weights_are_one_line_naming_the_file_through_from_pretrained(saved_pair, tmp_path, case):
+    from tadm.posttrain import TimeAnchoredDiffusionGemma
+
+    directory, weights, marker = _damaged_copy(saved_pair, tmp_path, case)
+    for load in (lambda: attach_adapter(DiffusionGemmaBackbone(build_tiny_gemma()), directory),
+                 lambda: TimeAnchoredDiffusionGemma.from_pretrained(saved_pair[0], adapter=directory)):
+        with pytest.raises((ValueError, FileNotFoundError)) as error:
+            load()
+        message = str(error.value)
+        assert "\n" not in message and str(weights) in message and WEIGHTS_CASES[case] in message, message
+    assert not marker.exists()  # nothing was unpickled
+
+
+@pytest.mark.parametrize("case", ["truncated", "pickle-renamed", "bin-only"])
+def test_damaged_adapter_weights_are_one_line_in_posttrain_sample(saved_pair, tmp_path, capsys, case):
+    from tadm.cli import main
+
+    directory, weights, marker = _damaged_copy(saved_pair, tmp_path, case)
+    code = main(["posttrain", "sample", "--base", str(saved_pair[0]), "--adapter", str(directory), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("tadm ")]  # not transformers' progress bars
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("tadm posttrain sample: error: ") and str(weights) in lines[0], lines[0]
+    assert WEIGHTS_CASES[case] in lines[0] and not marker.exists()

@@ -3,6 +3,10 @@
 import json
 import os
 import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from tadm.config import PRESET_DIR
 from tadm.posttrain import PosttrainTrainer, load_posttrain_config, run_posttrain
 from tadm.posttrain.adapter_io import ADAPTER_WEIGHTS_NAME
 from tadm.training.checkpoint import STATE_FORMAT, UnsafeStateError, load_training_state
+from tadm.training.rundir import LOCK_FILENAME, RunDirLock, RunDirLockedError
 
 from .conftest import build_tiny_gemma, tiny_chat_tokenizer
 
@@ -177,3 +182,90 @@ def test_a_pad_id_outside_the_vocabulary_is_one_line(files, tmp_path, capsys):
                  f"data.train_file={files / 'chat.jsonl'}", f"train.out_dir={tmp_path / 'run'}", "data.pad_id=99999"])
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "Loading weights" not in line]
     assert code == 2 and len(err) == 1 and "data.pad_id 99999 is not a token id of the tokenizer (0.." in err[0]
+
+
+# ------------------------------------------------------------------------------ one run per out_dir
+def _cli_argv(files, out, *extra):
+    return ["posttrain", "train", str(PRESET_DIR / "posttrain-tiny.yaml"), f"base.path={files / 'base'}",
+            f"data.train_file={files / 'chat.jsonl'}", f"train.out_dir={out}", "train.max_steps=2",
+            "train.micro_batch_size=2", "train.grad_accum_steps=2", "rollout.sampler.num_steps=6",
+            "data.canvases_per_example=1", "optim.warmup_steps=1", "fusion.rank=8", *extra]
+
+
+def test_a_second_run_on_a_locked_out_dir_is_refused_naming_the_holder(files, tmp_path, capsys):
+    from tadm.cli import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(  # another process holds the out_dir, as a running tadm train or posttrain would
+        [sys.executable, "-c", "import sys; from tadm.training.rundir import RunDirLock; RunDirLock(sys.argv[1])"
+         ".acquire(); print('locked', flush=True); sys.stdin.read()", str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        for extra in ([], ["train.resume=false"]):
+            assert main(_cli_argv(files, out, *extra)) == 2
+            err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+            assert len(err) == 1 and err[0].startswith("tadm posttrain train: error: train.out_dir "), err
+            assert f"'{out}' is in use by another run (PID {holder.pid} on host {socket.gethostname()}" in err[0]
+    finally:
+        holder.kill()  # SIGKILL: the OS releases the lock
+        holder.wait()
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILENAME]  # nothing was written
+
+
+def test_a_run_holds_its_out_dir_while_it_trains(files, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real_step, tried = PosttrainTrainer.train_step, []
+
+    def step_while_locked(self, micro_batches):
+        with pytest.raises(RunDirLockedError, match=rf"is in use by another run \(PID {os.getpid()} on host"):
+            RunDirLock(out).acquire()  # a second run now: refused
+        tried.append(self.step)
+        return real_step(self, micro_batches)
+
+    monkeypatch.setattr(PosttrainTrainer, "train_step", step_while_locked)
+    run_posttrain(_config(files, out, "train.max_steps=1"), log=lambda m: None)
+    assert tried == [0]
+    RunDirLock(out).acquire().release()  # released at the end
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+# --------------------------------------------------------------------------- the saved config
+def test_the_config_is_replaced_atomically(files, tmp_path, monkeypatch):
+    """A kill while the config is saved (here: at the rename of its temporary) leaves the previous one whole."""
+    out = tmp_path / "run"
+    config_path = out / "adapter" / "posttrain_config.yaml"
+    real_replace, saves = os.replace, []
+
+    def replace(src, dst, *args, **kwargs):
+        if os.fspath(dst) == str(config_path):
+            saves.append(Path(src).read_text())
+            if len(saves) == 2:  # the save at step 4: killed before the rename
+                raise SimulatedCrash
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(SimulatedCrash):
+        run_posttrain(_config(files, out), log=lambda m: None)
+    monkeypatch.undo()
+    assert config_path.read_text() == saves[0] and not list(config_path.parent.glob(".posttrain_config.yaml.tmp-*"))
+    messages = []
+    run_posttrain(_config(files, out), log=messages.append)  # resumes from step 2 with the intact config
+    assert any(m.startswith("resumed from") and m.endswith("at step 2") for m in messages)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "not-a-mapping"])
+def test_a_corrupt_saved_config_is_named_as_corrupt(files, tmp_path, capsys, damage):
+    from tadm.cli import main
+
+    out = tmp_path / "run"
+    run_posttrain(_config(files, out, "train.max_steps=2"), log=lambda m: None)
+    path = out / "adapter" / "posttrain_config.yaml"
+    text = path.read_text()
+    path.write_text({"empty": "", "truncated": text[: len(text) // 3], "not-a-mapping": "- 1\n- 2\n"}[damage])
+    capsys.readouterr()
+    assert main(_cli_argv(files, out, "train.max_steps=4")) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"cannot resume: {path} is corrupt or truncated" in err[0], err
+    assert "config changed" not in err[0]

@@ -67,6 +67,10 @@ def test_few_shot_prompt_holds_the_shots_then_the_question():
     assert "(A) x\n(B) y\n(C) z\n(D) w" in mc
 
 
+# Programs that finish get a time-out they cannot reach, however loaded the machine; a program that loops forever
+# gets a short one (it times out whatever the machine's speed).
+ROOMY = CodeLimits(timeout=600, allow_execution=True)
+LOOP_LIMITS = CodeLimits(timeout=2, allow_execution=True)
 HUMANEVAL = Example("he/0", 'def add(a, b):\n    """Sum."""\n', tests="def check(f):\n    assert f(2, 3) == 5\n",
                     entry_point="add")
 
@@ -80,7 +84,8 @@ HUMANEVAL = Example("he/0", 'def add(a, b):\n    """Sum."""\n', tests="def check
 ])
 @pytest.mark.slow
 def test_humaneval_completions_run_in_the_sandbox(completion, passed):
-    result = score(get_benchmark("humaneval"), HUMANEVAL, completion, limits=CodeLimits(timeout=2, allow_execution=True))
+    looping = "while True" in completion  # only it meets its time-out: the others get one they cannot reach
+    result = score(get_benchmark("humaneval"), HUMANEVAL, completion, limits=LOOP_LIMITS if looping else ROOMY)
     assert result.correct is passed
     if "while True" in completion:
         assert result.detail == "timeout"
@@ -90,8 +95,8 @@ def test_livecodebench_programs_must_pass_every_test():
     example = Example("lcb/0", "Reverse the line.", tests=[{"input": "abc\n", "output": "cba\n"},
                                                           {"input": "xy\n", "output": "yx"}])
     good = "```python\nprint(input()[::-1])\n```"
-    assert score(get_benchmark("livecodebench"), example, good, limits=CodeLimits(timeout=5, allow_execution=True)).correct
-    bad = score(get_benchmark("livecodebench"), example, "```python\nprint(input())\n```", limits=CodeLimits(timeout=5, allow_execution=True))
+    assert score(get_benchmark("livecodebench"), example, good, limits=ROOMY).correct
+    bad = score(get_benchmark("livecodebench"), example, "```python\nprint(input())\n```", limits=ROOMY)
     assert not bad.correct and bad.detail == "test 0: wrong output"
     assert extract_code("no fence") is None
 

@@ -69,6 +69,10 @@ def test_rows_become_records_with_every_test_and_dates_filter():
     assert [r["id"] for r in convert_rows(raw_rows(), until="2025-03-01")] == ["abc001_a"]
 
 
+# Programs that finish get a time-out they cannot reach, however loaded the machine (the looping one gets 1 s).
+ROOMY = CodeLimits(timeout=600, allow_execution=True)
+
+
 def _examples():
     return [example_from_record(LCB, record_from_row(r), n) for n, r in enumerate(raw_rows())]
 
@@ -76,14 +80,14 @@ def _examples():
 @pytest.mark.slow
 def test_stdin_and_functional_solutions_are_run_against_every_test():
     stdin_ex, leet_ex = _examples()
-    assert score(LCB, stdin_ex, "```python\nprint(input()[::-1])\n```", limits=CodeLimits(timeout=5, allow_execution=True)).correct
-    assert not score(LCB, stdin_ex, "```python\nprint(input())\n```", limits=CodeLimits(timeout=5, allow_execution=True)).correct
+    assert score(LCB, stdin_ex, "```python\nprint(input()[::-1])\n```", limits=ROOMY).correct
+    assert not score(LCB, stdin_ex, "```python\nprint(input())\n```", limits=ROOMY).correct
     good = ("```python\nclass Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
             "        seen = {}\n        for i, x in enumerate(nums):\n            if target - x in seen:\n"
             "                return [seen[target - x], i]\n            seen[x] = i\n```")
-    assert score(LCB, leet_ex, good, limits=CodeLimits(timeout=5, allow_execution=True)).correct
+    assert score(LCB, leet_ex, good, limits=ROOMY).correct
     first_only = good.replace("return [seen[target - x], i]", "return [0, 1] if len(nums) > 3 else [1, 0]")
-    wrong = score(LCB, leet_ex, first_only, limits=CodeLimits(timeout=5, allow_execution=True))
+    wrong = score(LCB, leet_ex, first_only, limits=ROOMY)
     assert not wrong.correct and wrong.detail == "test 1: wrong output"  # passes the public test only
     loops = good.replace("seen = {}", "while True: pass")
     assert score(LCB, leet_ex, loops, limits=CodeLimits(timeout=1, allow_execution=True)).detail == "test 0: timeout"

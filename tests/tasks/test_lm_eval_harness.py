@@ -152,3 +152,26 @@ def test_command_line_checks_a_refresh_schedule_against_the_steps_first(capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "tadm-lm-eval: error: tadm model: the refresh schedule must list the first step, i = T = 8 (the anchor is "
         "computed there), got steps 16/4")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["truncated", "pickle-renamed", "bin-only"])
+def test_command_line_names_damaged_adapter_weights_in_one_line(task_dir, base_dir, adapter_dir, tmp_path, capsys,
+                                                                 case):
+    import shutil
+
+    from tadm.tasks.lm_eval_cli import main
+    from tests.posttrain.test_adapter_io import WEIGHTS_CASES, plant_weights
+
+    damaged = tmp_path / "adapter"
+    shutil.copytree(adapter_dir, damaged)
+    marker = tmp_path / "payload-ran"
+    weights = plant_weights(damaged, case, marker)
+    argv = ["--model", "tadm", "--model_args", f"base={base_dir},adapter={damaged},steps=2", "--tasks",
+            str(task_dir / "tiny_echo.yaml"), "--limit", "1", "--device", "cpu"]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    # said once, in the last line: no traceback ending in "ValueError: <message>"
+    assert lines[-1].startswith("tadm-lm-eval: error: ") and WEIGHTS_CASES[case] in lines[-1], lines
+    assert [line for line in lines if str(weights) in line] == lines[-1:]
+    assert not marker.exists()  # nothing was unpickled

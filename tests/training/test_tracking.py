@@ -307,3 +307,51 @@ def test_study_units_inherit_the_loggers(tmp_path: Path) -> None:
     assert model_experiment_config(legacy, legacy.model("tadm"), 0).train.loggers == ["jsonl", "tensorboard"]
     with pytest.raises(ConfigError, match=r"train\.loggers has unknown logger\(s\) 'mlflow'"):
         load_study_config(tmp_path / "study.yaml", ["train.loggers=[mlflow]"])
+
+
+# ------------------------------------------------------------------------ a folder TensorBoard cannot write
+def _read_only(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``folder`` read-only: by its mode, and by os.access for root too (whom the mode does not stop)."""
+    import os
+
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o555)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != folder and real_access(path, mode, **kw))
+
+
+def test_a_read_only_tensorboard_folder_is_one_line_before_the_writer_starts(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    started: list[str] = []
+    monkeypatch.setattr(tensorboard, "SummaryWriter", lambda log_dir, **kw: started.append(log_dir))
+    _read_only(tmp_path / "tensorboard", monkeypatch)
+    try:
+        with pytest.raises(ConfigError) as error:
+            MetricsLogger(tmp_path, loggers=["jsonl", "tensorboard"])
+        message = str(error.value)
+        assert "\n" not in message and f"'{tmp_path / 'tensorboard'}' is not writable" in message, message
+        assert "train.loggers" in message and started == []  # no writer thread to fail after the message
+    finally:
+        (tmp_path / "tensorboard").chmod(0o755)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "tensorboard").write_text("user data")  # a file where the folder goes
+    with pytest.raises(ConfigError, match=r"tensorboard' is a file, not a folder"):
+        MetricsLogger(tmp_path / "other", loggers=["tensorboard"])
+    assert (tmp_path / "other" / "tensorboard").read_text() == "user data" and started == []
+
+
+def test_pretraining_with_a_read_only_tensorboard_folder_is_one_cli_line(tmp_path: Path, tokenizer_dir: Path,
+                                                                         cache_dir: Path, capsys: pytest.CaptureFixture,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch.utils.tensorboard")
+    out = tmp_path / "run"
+    save_config(pretrain_config(out, tokenizer_dir, cache_dir, "train.loggers=[jsonl,tensorboard]"), tmp_path / "c.yaml")
+    _read_only(out / "tensorboard", monkeypatch)
+    try:
+        assert main(["train", str(tmp_path / "c.yaml")]) == 2
+    finally:
+        (out / "tensorboard").chmod(0o755)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("tadm train: error: ") and "tensorboard" in err[0], err
+    assert list((out / "tensorboard").iterdir()) == []

@@ -1,14 +1,22 @@
 """The ``tadm`` command: one module per subcommand, each exposing ``add_parser(sub)`` and ``run(args)``.
 
 Foreseeable failures (bad values, missing or unreadable files, a busy run directory) end in one
-line on stderr and exit status 2; Ctrl-C in 130. ``--debug`` (anywhere on the command line) or
-the environment variable ``TADM_DEBUG=1`` prints the full traceback instead, for developers.
+line on stderr and exit status 2; Ctrl-C in 130, also while the subcommands are still being
+imported. ``--debug`` (anywhere on the command line) or the environment variable ``TADM_DEBUG=1``
+prints the full traceback instead, for developers. Under ``torchrun`` only rank 0 prints the line
+(:mod:`tadm.cli.reporting`).
 """
 
 from __future__ import annotations
 
+# Ctrl-C while the imports below load torch (a second or more) is one line, not a traceback from inside an import;
+# the handler is put back at the end of this module.
+from tadm.cli.reporting import (DEBUG_ENV, INTERRUPTED_STATUS, catch_startup_interrupt, debug_env,
+                                record_for_torchrun, reports, restore_interrupt)
+
+_BEFORE_IMPORTS = catch_startup_interrupt()
+
 import argparse
-import os
 import re
 import sys
 import traceback
@@ -24,7 +32,6 @@ from tadm.cli import eval as eval_cmd
 from tadm.cli.common import CLIError
 
 SUBCOMMANDS = (quickstart, train, sample, compute, tokenizer, convert, eval_cmd, study, posttrain)
-DEBUG_ENV = "TADM_DEBUG"
 
 
 # Foreseeable failures, printed in one line: OSError covers missing, unreadable and unwritable paths,
@@ -66,7 +73,9 @@ class OneLineErrorParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        line = f"{self.prog}: error: {message} (see '{self.prog} --help')"
+        record_for_torchrun(line)
+        self.exit(2, line + "\n" if reports() else None)  # under torchrun: rank 0's line only
 
 
 def _finish_options(parser: argparse.ArgumentParser, debug_default: object) -> None:
@@ -94,8 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def debug_requested(args: argparse.Namespace | None = None) -> bool:
     """--debug was given, or the environment sets TADM_DEBUG to something other than '', '0' or 'false'."""
-    env = os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
-    return env or bool(getattr(args, "debug", False))
+    return debug_env() or bool(getattr(args, "debug", False))
 
 
 def _install_hint(command: str, err: BaseException) -> str:
@@ -172,12 +180,21 @@ def _warning_printer(command: str) -> Any:
     return show
 
 
+def _say(line: str) -> None:
+    """Print a one-line error on stderr (rank 0 only under torchrun) and give it to torchrun's failure summary."""
+    record_for_torchrun(line)
+    if reports():
+        print(line, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    previous = catch_startup_interrupt()  # Ctrl-C while the parser is built: one line, status 130
     try:
-        args = _parse(parser, argv)
-    except SystemExit as done:  # --help, or a usage error already printed in one line
+        args = _parse(build_parser(), argv)
+    except SystemExit as done:  # --help, a usage error already printed in one line, or Ctrl-C
         return int(done.code or 0) if not isinstance(done.code, str) else 2
+    finally:
+        restore_interrupt(previous)
     # "eval sweep", "posttrain train": the command as typed, for the messages below
     command = " ".join(filter(None, (args.command, getattr(args, f"{args.command}_command", None))))
     try:
@@ -188,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug_requested(args):
             traceback.print_exc()
         else:
-            print(_error_line(command, err), file=sys.stderr)
+            _say(_error_line(command, err))
         return 2
     except (MemoryError, RuntimeError) as err:
         if not is_out_of_memory(err) or debug_requested(args):
@@ -199,5 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug_requested(args):
             traceback.print_exc()
-        print(f"tadm {command}: interrupted", file=sys.stderr)
-        return 130
+        if reports():  # under torchrun every rank gets the Ctrl-C; one line is enough
+            print(f"tadm {command}: interrupted", file=sys.stderr)
+        return INTERRUPTED_STATUS
+
+
+restore_interrupt(_BEFORE_IMPORTS)  # the imports are done; main() catches Ctrl-C from here on

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tadm.cli.common import config_parser
+from tadm.cli.reporting import reports
 from tadm.config import check_objective_keys, load_config
 from tadm.training.checkpoint import STATE_FILENAME
 from tadm.training.trainer import NonFiniteLossError, TrainingInterrupted, train
@@ -70,13 +71,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         train(cfg, resume=args.resume)
     except NonFiniteLossError as err:
-        print(f"tadm train: {err}", file=sys.stderr)
+        if reports():  # under torchrun every rank stops at the same step; one line is enough
+            print(f"tadm train: {err}", file=sys.stderr)
         return 3
     except TrainingInterrupted as err:
         print(f"tadm train: {err}; resume with: {resume_command(args)}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
-        if _env_int("RANK", 0) == 0:  # under torchrun every rank gets the Ctrl-C; one line is enough
+        if reports():  # under torchrun every rank gets the Ctrl-C; one line is enough
             print(f"tadm train: {_interrupted(args, cfg.train.out_dir)}", file=sys.stderr)
         return 130
     return 0

@@ -25,11 +25,19 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from types import ModuleType
 from typing import Any
 
-from scipy import stats
-
 __all__ = ["PairedSummary", "mean_interval", "paired_summary", "prompt_differences", "recovered_share", "sign_test"]
+
+
+def _stats() -> ModuleType:
+    """``scipy.stats``, imported on first use."""
+    # deferred: importing scipy.stats takes about 0.6 s, which every `tadm` command would pay at start-up (the CLI
+    # imports this module through the study and task tables), while only the paired comparisons use it
+    from scipy import stats
+
+    return stats
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -37,7 +45,7 @@ def sign_test(wins: int, losses: int) -> float:
     n = int(wins) + int(losses)
     if n == 0:
         return 1.0
-    return float(stats.binomtest(int(wins), n, 0.5, alternative="two-sided").pvalue)
+    return float(_stats().binomtest(int(wins), n, 0.5, alternative="two-sided").pvalue)
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -48,7 +56,7 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan, math.nan
-    half = stats.t.ppf(0.5 + confidence / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    half = _stats().t.ppf(0.5 + confidence / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 
@@ -81,7 +89,7 @@ def paired_summary(differences: Iterable[float], confidence: float = 0.95) -> Pa
     mean, low, high = mean_interval(d, confidence)
     ahead, behind = sum(x > 0 for x in d), sum(x < 0 for x in d)
     spread = len(d) > 1 and statistics.stdev(d) > 0
-    t_p = float(stats.ttest_1samp(d, 0.0).pvalue) if spread else math.nan
+    t_p = float(_stats().ttest_1samp(d, 0.0).pvalue) if spread else math.nan
     return PairedSummary(len(d), mean, low, high, ahead, behind, len(d) - ahead - behind,
                          sign_test(ahead, behind), t_p)
 

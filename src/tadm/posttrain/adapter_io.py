@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import HfApi, snapshot_download
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from torch import nn
 
@@ -49,6 +50,8 @@ LEGACY_ADAPTER_WEIGHTS_NAME = "adapter.safetensors"  # written before the rename
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 MODEL_CARD_NAME = "README.md"
 ADAPTER_FORMAT = 1
+# weights files of other libraries' adapters that hold pickles: named when found, never loaded
+_PICKLE_WEIGHTS_NAMES = ("adapter_model.bin", "adapter.bin", "adapter_model.pt", "adapter.pt", "adapter_model.pth")
 CARD_TAGS = ("tadm", "time-anchored-diffusion", "diffusion-language-model", "text-diffusion", "adapter")
 """Tags of every adapter's model card."""
 _HUB_FILES = (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, LEGACY_ADAPTER_WEIGHTS_NAME, MODEL_CARD_NAME)
@@ -132,6 +135,11 @@ def adapter_weights_file(directory: str | os.PathLike[str]) -> Path:
     for name in (ADAPTER_WEIGHTS_NAME, LEGACY_ADAPTER_WEIGHTS_NAME):
         if (directory / name).is_file():
             return directory / name
+    pickled = next((directory / name for name in _PICKLE_WEIGHTS_NAMES if (directory / name).is_file()), None)
+    if pickled is not None:
+        raise FileNotFoundError(f"{directory} has no {ADAPTER_WEIGHTS_NAME} but {pickled}: tadm loads adapter weights "
+                                "only from safetensors (loading a pickle can run any code); save the adapter with "
+                                "tadm (save_adapter or save_pretrained)")
     raise FileNotFoundError(f"{directory} has no {ADAPTER_WEIGHTS_NAME} (nor the older {LEGACY_ADAPTER_WEIGHTS_NAME})")
 
 
@@ -232,8 +240,18 @@ def load_adapter_config(directory: str | os.PathLike[str]) -> AdapterConfig:
 
 def load_adapter_state(directory: str | os.PathLike[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """The fusion's state dict from ``adapter_model.safetensors`` (or the older ``adapter.safetensors``) of
-    ``directory``, a directory or Hub id."""
-    return load_file(str(adapter_weights_file(resolve_adapter(directory))), device=str(device))
+    ``directory``, a directory or Hub id.
+
+    Only safetensors is read, so nothing is ever unpickled: a truncated or corrupt file, or one in
+    another format (a pickle renamed ``.safetensors``), is a one-line ValueError naming the file.
+    """
+    path = adapter_weights_file(resolve_adapter(directory))
+    try:
+        return load_file(str(path), device=str(device))
+    except SafetensorError as err:
+        detail = first_line(err).removeprefix("Error while deserializing header: ")
+        raise ValueError(f"adapter weights {path} is not a readable safetensors file ({detail}): it is truncated, "
+                         "corrupt or in another format; save or download the adapter again") from None
 
 
 def load_fusion_state(fusion: nn.Module, directory: str | os.PathLike[str]) -> None:
@@ -376,7 +394,7 @@ def write_model_card(
     """Write ``README.md`` (:func:`model_card`) into a saved adapter directory; returns its path."""
     directory = Path(directory)
     config = load_adapter_config(directory)
-    state = load_file(str(adapter_weights_file(directory)))
+    state = load_adapter_state(directory)
     text = model_card(config, num_parameters=sum(t.numel() for t in state.values()), card_results=card_results,
                       license=license, repo_id=repo_id)
     return write_text(directory / MODEL_CARD_NAME, text)

@@ -42,8 +42,8 @@ from tqdm.auto import tqdm
 
 from tadm.config import check_resumable
 from tadm.diffusion import get_schedule, kd_loss
-from tadm.hf import load_hf_tokenizer
-from tadm.posttrain.adapter_io import save_adapter
+from tadm.hf import first_line, load_hf_tokenizer
+from tadm.posttrain.adapter_io import ADAPTER_CONFIG_NAME, save_adapter
 from tadm.posttrain.anchorize import anchorize, is_anchorized
 from tadm.posttrain.architectures import find_architecture, rollout_sampler_for
 from tadm.posttrain.backbone import load_backbone
@@ -51,6 +51,7 @@ from tadm.posttrain.config import PosttrainConfig, PosttrainConfigError
 from tadm.posttrain.data import CanvasBatch, ChatCanvasDataset, collate_canvases, read_chat_jsonl
 from tadm.posttrain.model import AnchoredBackbone, FusionSpec, SplitSpec
 from tadm.posttrain.rollout import ROLLOUT_PRIORS, RolloutState, draw_rollout
+from tadm.records import write_text
 from tadm.sampling.entropy_bound import EntropyBoundSampler
 from tadm.sampling.registry import SAMPLERS, build_sampler
 from tadm.training.checkpoint import STATE_FILENAME, STATE_FORMAT, load_training_state, save_training_state
@@ -58,8 +59,12 @@ from tadm.training.distributed import DistInfo, barrier, cleanup, init_distribut
 from tadm.training.lr import build_lr_scheduler
 from tadm.training.metrics import MetricsLogger
 from tadm.training.precision import autocast_context
+from tadm.training.rundir import claim_run_dir, remove_stale_temporaries
 
-__all__ = ["PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "rollout_sampler", "run_posttrain"]
+__all__ = ["CONFIG_FILENAME", "PosttrainLoss", "PosttrainTrainer", "canvas_batches", "posttrain_loss", "rollout_sampler",
+           "run_posttrain"]
+
+CONFIG_FILENAME = "posttrain_config.yaml"  # the resolved config, beside the adapter and its training state
 
 # What a resumed run may not change: all but the step count, logging, saving, device and precision.
 RESUME_FIXED = ("base.path", "base.backbone", "split", "fusion", "rollout", "loss", "data", "optim",
@@ -352,12 +357,41 @@ def _build_trainer(config: PosttrainConfig, info: DistInfo,
 
 
 def _save(trainer: PosttrainTrainer, adapter_dir: Path) -> None:
-    """Write the adapter, the training state (atomically) and the resolved config; called on rank 0 only."""
+    """Write the resolved config, the adapter and the training state, each atomically; called on rank 0 only.
+
+    The config comes first, so that a training state to resume from always has its config beside it."""
     config = trainer.config
+    write_text(adapter_dir / CONFIG_FILENAME, OmegaConf.to_yaml(OmegaConf.structured(config)))
     extra = {"step": trainer.step, "config": config.to_dict()}
     save_adapter(adapter_dir, trainer.model, base_model=config.base.path, extra=extra)
     save_training_state(trainer.state_dict(), adapter_dir / STATE_FILENAME)
-    (adapter_dir / "posttrain_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
+
+
+def _saved_config(path: Path, state_path: Path) -> dict[str, Any]:
+    """The config a run was saved with (``posttrain_config.yaml``); a one-line error naming the file when it is not
+    a whole config (a copy cut off or damaged outside tadm, whose own writes are atomic)."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as err:  # YAML and OmegaConf raise many types; every one means "not a config"
+        saved, problem = None, first_line(err)
+    else:
+        missing = [key for key in RESUME_FIXED if not _has_key(saved, key)]
+        problem = (f"it holds {type(saved).__name__}, not a mapping of sections" if not isinstance(saved, dict) else
+                   "it is empty" if not saved else f"it lacks {', '.join(missing)}" if missing else None)
+    if problem is not None:
+        raise PosttrainConfigError(f"cannot resume: {path} is corrupt or truncated ({problem}); restore it (the run's "
+                                   f"config is also under 'extra.config' in {path.parent / ADAPTER_CONFIG_NAME}) or "
+                                   f"start over with another train.out_dir (the training state is {state_path})")
+    return saved
+
+
+def _has_key(tree: Any, dotted: str) -> bool:
+    """Whether the nested mapping ``tree`` holds the dotted key ``dotted`` (``"base.path"``)."""
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
 
 
 def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print, model: nn.Module | None = None) -> Path:
@@ -371,69 +405,90 @@ def run_posttrain(config: PosttrainConfig, *, log: Callable[[str], None] = print
     are averaged by DDP. With ``train.resume`` a run continues from ``out_dir/adapter/training_state.pt``
     (read with ``weights_only=True``: a file holding other objects is refused). Metrics go to
     ``out_dir/metrics.jsonl`` (records ``{"step", "split": "train", "loss", "ce", "kd", ...}``) and the
-    other ``train.loggers`` (TensorBoard in ``out_dir/tensorboard``, W&B), as in pretraining.
+    other ``train.loggers`` (TensorBoard in ``out_dir/tensorboard``, W&B), as in pretraining. As there too,
+    ``train.out_dir`` is locked for the whole call (``.tadm.lock``): a second run on it is refused, naming the
+    holder, before it reads or writes anything.
     """
+    out_dir = Path(config.train.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PosttrainConfigError(f"train.out_dir {str(out_dir)!r} is an existing file; choose another train.out_dir")
+    info = init_distributed(config.train.device)
+    try:
+        # one run per out_dir: a second one is refused (naming the holder) before it reads or writes anything
+        with claim_run_dir(out_dir, info):
+            return _run_claimed(config, info, log, model)
+    finally:
+        cleanup(info)
+
+
+def _state_to_resume(config: PosttrainConfig, info: DistInfo) -> dict[str, Any] | None:
+    """The training state a run continues from (None for a fresh run), once the checks that it may have passed."""
     t = config.train
     out_dir = Path(t.out_dir)
     adapter_dir = out_dir / "adapter"
     state_path = adapter_dir / STATE_FILENAME
-    if out_dir.exists() and not out_dir.is_dir():
-        raise PosttrainConfigError(f"train.out_dir {str(out_dir)!r} is an existing file; choose another train.out_dir")
     if not t.resume and state_path.is_file():
         raise PosttrainConfigError(f"train.out_dir {str(out_dir)!r} already holds a post-training run and "
                                    f"train.resume=false would overwrite it; delete {adapter_dir} to start afresh, or "
                                    "choose another train.out_dir")
-    info = init_distributed(t.device)
+    if info.is_main:
+        remove_stale_temporaries(adapter_dir)  # leftovers of saves killed midway
+    # Refused before anything is built when it holds anything but tensors and plain values (UnsafeStateError).
+    state = load_training_state(state_path) if t.resume and state_path.is_file() else None
+    saved_config = adapter_dir / CONFIG_FILENAME
+    if state is not None and saved_config.is_file():
+        check_resumable(_saved_config(saved_config, state_path), config.to_dict(), RESUME_FIXED,
+                        state_path, PosttrainConfigError, "; start over with another train.out_dir")
+    if state is not None and int(state.get("step", 0)) > t.max_steps:
+        raise PosttrainConfigError(f"the run in {str(out_dir)!r} has done {int(state['step'])} steps, more than "
+                                   f"train.max_steps={t.max_steps}; its adapter is in {adapter_dir} (to continue, "
+                                   "raise train.max_steps)")
+    return state
+
+
+def _run_claimed(config: PosttrainConfig, info: DistInfo, log: Callable[[str], None],
+                 model: nn.Module | None = None) -> Path:
+    """:func:`run_posttrain` once ``train.out_dir`` is held."""
+    t = config.train
+    out_dir = Path(t.out_dir)
+    adapter_dir = out_dir / "adapter"
+    state = _state_to_resume(config, info)
+    trainer, dataset, pad_id = _build_trainer(config, info, model)
+    if state is not None:
+        trainer.load_state_dict(state)
+        log(f"resumed from {adapter_dir / STATE_FILENAME} at step {trainer.step}")
+    batches = canvas_batches(dataset, t.micro_batch_size, pad_id, seed=t.seed, rank=info.rank,
+                             world_size=info.world_size)
+    for _ in range(trainer.step * t.grad_accum_steps):  # replay the data order up to the resume point
+        next(batches)
+    if info.is_main:
+        split = trainer.model.layer_split
+        log(f"post-training {sum(p.numel() for p in trainer.model.fusion.parameters()):,} fusion parameters on "
+            f"{len(dataset)} canvases (split {split.shared}/{split.anchor}/{split.denoiser})")
+    # Rank 0 writes metrics.jsonl and the other train.loggers; on resume, records after its step are dropped.
+    metrics = MetricsLogger(out_dir, enabled=info.is_main, loggers=t.loggers,
+                            resume_step=trainer.step if state is not None else None, notice=log,
+                            wandb_project=t.wandb_project, config=config.to_dict())
+    # a progress bar on a terminal (rank 0); elsewhere (a log file, a pipe) one line per log_every steps
+    bar = tqdm(total=t.max_steps, initial=trainer.step, unit="step", desc="posttrain", dynamic_ncols=True,
+               disable=None if info.is_main else True)
     try:
-        # Refused before anything is built when it holds anything but tensors and plain values (UnsafeStateError).
-        state = load_training_state(state_path) if t.resume and state_path.is_file() else None
-        saved_config = adapter_dir / "posttrain_config.yaml"
-        if state is not None and saved_config.is_file():
-            check_resumable(OmegaConf.to_container(OmegaConf.load(saved_config)), config.to_dict(), RESUME_FIXED,
-                            state_path, PosttrainConfigError, "; start over with another train.out_dir")
-        if state is not None and int(state.get("step", 0)) > t.max_steps:
-            raise PosttrainConfigError(f"the run in {str(out_dir)!r} has done {int(state['step'])} steps, more than "
-                                       f"train.max_steps={t.max_steps}; its adapter is in {adapter_dir} (to continue, "
-                                       "raise train.max_steps)")
-        trainer, dataset, pad_id = _build_trainer(config, info, model)
-        if state is not None:
-            trainer.load_state_dict(state)
-            log(f"resumed from {state_path} at step {trainer.step}")
-        batches = canvas_batches(dataset, t.micro_batch_size, pad_id, seed=t.seed, rank=info.rank,
-                                 world_size=info.world_size)
-        for _ in range(trainer.step * t.grad_accum_steps):  # replay the data order up to the resume point
-            next(batches)
-        if info.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            split = trainer.model.layer_split
-            log(f"post-training {sum(p.numel() for p in trainer.model.fusion.parameters()):,} fusion parameters on "
-                f"{len(dataset)} canvases (split {split.shared}/{split.anchor}/{split.denoiser})")
-        # Rank 0 writes metrics.jsonl and the other train.loggers; on resume, records after its step are dropped.
-        metrics = MetricsLogger(out_dir, enabled=info.is_main, loggers=t.loggers,
-                                resume_step=trainer.step if state is not None else None, notice=log,
-                                wandb_project=t.wandb_project, config=config.to_dict())
-        # a progress bar on a terminal (rank 0); elsewhere (a log file, a pipe) one line per log_every steps
-        bar = tqdm(total=t.max_steps, initial=trainer.step, unit="step", desc="posttrain", dynamic_ncols=True,
-                   disable=None if info.is_main else True)
-        try:
-            while trainer.step < t.max_steps:
-                values = trainer.train_step([next(batches) for _ in range(t.grad_accum_steps)])
-                tokens_per_s = values["tokens"] / max(values["seconds"], 1e-9)
-                bar.set_postfix(loss=f"{values['loss']:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-                bar.update(1)
-                if info.is_main and (trainer.step % t.log_every == 0 or trainer.step == 1):
-                    metrics.log(trainer.step, "train", {k: v for k, v in values.items() if k != "step"})
-                    if bar.disable:
-                        log(f"step {trainer.step}/{t.max_steps} | loss {values['loss']:.4f} (ce {values['ce']:.4f}, "
-                            f"kd {values['kd']:.4f}) | lr {values['lr']:.2e} | {tokens_per_s:,.0f} tok/s")
-                if info.is_main and trainer.step % t.save_every == 0:
-                    _save(trainer, adapter_dir)
-            if info.is_main:
+        while trainer.step < t.max_steps:
+            values = trainer.train_step([next(batches) for _ in range(t.grad_accum_steps)])
+            tokens_per_s = values["tokens"] / max(values["seconds"], 1e-9)
+            bar.set_postfix(loss=f"{values['loss']:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            bar.update(1)
+            if info.is_main and (trainer.step % t.log_every == 0 or trainer.step == 1):
+                metrics.log(trainer.step, "train", {k: v for k, v in values.items() if k != "step"})
+                if bar.disable:
+                    log(f"step {trainer.step}/{t.max_steps} | loss {values['loss']:.4f} (ce {values['ce']:.4f}, "
+                        f"kd {values['kd']:.4f}) | lr {values['lr']:.2e} | {tokens_per_s:,.0f} tok/s")
+            if info.is_main and trainer.step % t.save_every == 0:
                 _save(trainer, adapter_dir)
-        finally:
-            bar.close()
-            metrics.close()
-        barrier(info)
-        return adapter_dir
+        if info.is_main:
+            _save(trainer, adapter_dir)
     finally:
-        cleanup(info)
+        bar.close()
+        metrics.close()
+    barrier(info)
+    return adapter_dir

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from tadm.config import check_loggers
+from tadm.config import ConfigError, check_loggers
 from tadm.records import replace_atomically
 
 __all__ = ["METRICS_FILENAME", "TENSORBOARD_DIRNAME", "MetricsLogger", "read_metrics"]
@@ -76,8 +76,29 @@ def _not_installed(package: str) -> None:
                   f"{install}); logging to metrics.jsonl only", stacklevel=4)
 
 
+def _check_tensorboard_dir(log_dir: Path) -> None:
+    """A one-line ConfigError when TensorBoard could not write into ``log_dir`` (created here if missing).
+
+    Checked before the writer starts: its thread would otherwise fail with a traceback of its own,
+    printed after the run's error.
+    """
+    hint = "make it writable, or leave tensorboard out of train.loggers"
+    if log_dir.exists() and not log_dir.is_dir():
+        raise ConfigError(f"TensorBoard's folder {str(log_dir)!r} is a file, not a folder; move it, or leave "
+                          "tensorboard out of train.loggers")
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"TensorBoard's folder {str(log_dir)!r} cannot be created ({err.strerror or err}); "
+                          f"{hint}") from None
+    if not os.access(log_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"TensorBoard's folder {str(log_dir)!r} is not writable (read-only); {hint}")
+
+
 def _tensorboard_writer(log_dir: Path, purge_step: int) -> Any:
-    """A TensorBoard writer on ``log_dir`` hiding older events of steps >= ``purge_step``; None without the package."""
+    """A TensorBoard writer on ``log_dir`` hiding older events of steps >= ``purge_step``; None without the package.
+
+    """
     try:
         # deferred: tensorboard is optional (only with "tensorboard" in train.loggers)
         from torch.utils.tensorboard import SummaryWriter
@@ -118,7 +139,8 @@ class MetricsLogger:
         config: the run's resolved config, recorded by W&B.
 
     Raises:
-        ConfigError: a name in ``loggers`` that is not one of :data:`tadm.config.LOGGERS`.
+        ConfigError: a name in ``loggers`` that is not one of :data:`tadm.config.LOGGERS`; a TensorBoard
+            folder (``out_dir/tensorboard``) that is a file or cannot be written.
     """
 
     def __init__(
@@ -135,6 +157,8 @@ class MetricsLogger:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if "tensorboard" in loggers:  # before anything is written, and before a writer thread could fail
+            _check_tensorboard_dir(self.path.parent / TENSORBOARD_DIRNAME)
         if resume_step is None:
             self._rewrite([])
         elif self.path.is_file():

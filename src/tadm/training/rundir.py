@@ -1,9 +1,11 @@
 """The run directory's safety: one run at a time, and no leftovers of saves killed midway.
 
 * :class:`RunDirLock` is an exclusive OS file lock (``fcntl.flock``) on ``out_dir/.tadm.lock``,
-  held for the whole of a ``tadm train``: a second run on the same ``out_dir`` (fresh or
-  ``--resume``) is refused with a message naming the holder (PID and host, written into the
-  lock file). The OS releases the lock when the holder exits, also when it crashes or is killed.
+  held for the whole of a ``tadm train``, ``tadm posttrain train`` or ``tadm study``
+  (:func:`claim_run_dir` takes it for a possibly distributed run): a second run on the same
+  ``out_dir`` (fresh or resumed) is refused with a message naming the holder (PID and host,
+  written into the lock file). The OS releases the lock when the holder exits, also when it
+  crashes or is killed.
 * Files and directories are saved atomically through a temporary sibling named after the writing
   process, ``.<name>.tmp-<pid>`` (see :func:`tadm.records.temporary_path`). A process killed during a save
   leaves it behind; :func:`remove_stale_temporaries` deletes those whose writer is dead and
@@ -12,23 +14,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import shutil
 import socket
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tadm.config import ConfigError
 from tadm.records import replace_atomically, temporary_path  # also importable from here, where they lived first
+from tadm.training.distributed import DistInfo, all_gather_objects
 
 try:
     import fcntl
 except ImportError:  # not POSIX: runs are not locked
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_FILENAME", "RunDirLock", "RunDirLockedError", "pid_alive", "prepare_run_dir",
+__all__ = ["LOCK_FILENAME", "RunDirLock", "RunDirLockedError", "claim_run_dir", "pid_alive", "prepare_run_dir",
            "remove_stale_temporaries", "replace_atomically", "temporary_path"]
 
 LOCK_FILENAME = ".tadm.lock"
@@ -144,3 +149,37 @@ class RunDirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def claim_run_dir(
+    directory: str | os.PathLike[str], info: DistInfo, *, what: str = "train.out_dir",
+    check: Callable[[], None] | None = None,
+) -> Iterator[list[Path]]:
+    """Hold ``directory`` for one (possibly distributed) run: rank 0 runs ``check`` (a callable raising
+    ConfigError, e.g. "nothing to resume"), creates the directory (:func:`prepare_run_dir`), takes its
+    :class:`RunDirLock` for the body and removes leftovers of killed saves in it.
+
+    If rank 0 cannot, every rank raises: rank 0 its own error, the others a ConfigError with its
+    message (so under ``torchrun`` no rank waits for the others). Yields the leftovers removed
+    (on rank 0; ``[]`` on the others).
+    """
+    lock, problem, cleaned = None, None, []
+    if info.is_main:
+        try:
+            if check is not None:
+                check()
+            lock = RunDirLock(prepare_run_dir(directory, what), what).acquire()
+            cleaned = remove_stale_temporaries(directory)
+        except ConfigError as err:
+            problem = err
+    problems = all_gather_objects(None if problem is None else str(problem), info)
+    if problem is not None:
+        raise problem
+    if problems[0] is not None:
+        raise ConfigError(problems[0])
+    try:
+        yield cleaned
+    finally:
+        if lock is not None:
+            lock.release()

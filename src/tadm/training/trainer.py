@@ -76,7 +76,7 @@ from tadm.training.metrics import METRICS_FILENAME, TENSORBOARD_DIRNAME, Metrics
 from tadm.training.objectives import LossOutput, ObjectiveConfig, get_objective, rare_token_mask, validation_config
 from tadm.training.precision import autocast_context, uses_bf16
 from tadm.training.provenance import TokenizerMismatchError, check_provenance, train_recorded_tokenizer
-from tadm.training.rundir import RunDirLock, prepare_run_dir, remove_stale_temporaries
+from tadm.training.rundir import claim_run_dir
 from tadm.training.tokenization import META_FILENAME, TextTokenizer, check_vocab_compatible, load_tokenizer
 
 __all__ = ["DataPreparationError", "NonFiniteLossError", "TrainResult", "TrainingInterrupted", "build_training_model",
@@ -355,29 +355,18 @@ def _nothing_to_resume(state_path: Path) -> ConfigError:
 @contextlib.contextmanager
 def _claim_out_dir(cfg: ExperimentConfig, resume: bool, info: DistInfo) -> Iterator[None]:
     """Rank 0 checks ``train.out_dir`` (a directory, writable), holds its lock for the body and removes leftovers
-    of killed saves; if it cannot, every rank raises its error."""
-    lock, problem, out_dir = None, None, Path(cfg.train.out_dir)
-    if info.is_main:
-        try:
-            if resume and not out_dir.is_dir():
-                raise _nothing_to_resume(out_dir / STATE_FILENAME)
-            lock = RunDirLock(prepare_run_dir(out_dir)).acquire()
-            cleaned = remove_stale_temporaries(out_dir)
-            if cleaned:
-                tqdm.write(f"removed {len(cleaned)} leftover(s) of interrupted saves: "
-                           f"{', '.join(p.name for p in cleaned)}", file=sys.stdout)
-        except ConfigError as err:
-            problem = err
-    problems = all_gather_objects(None if problem is None else str(problem), info)
-    if problem is not None:
-        raise problem
-    if problems[0] is not None:
-        raise ConfigError(problems[0])
-    try:
+    of killed saves; if it cannot, every rank raises its error (:func:`~tadm.training.rundir.claim_run_dir`)."""
+    out_dir = Path(cfg.train.out_dir)
+
+    def check() -> None:
+        if resume and not out_dir.is_dir():
+            raise _nothing_to_resume(out_dir / STATE_FILENAME)
+
+    with claim_run_dir(out_dir, info, check=check) as cleaned:
+        if cleaned:
+            tqdm.write(f"removed {len(cleaned)} leftover(s) of interrupted saves: "
+                       f"{', '.join(p.name for p in cleaned)}", file=sys.stdout)
         yield
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 @dataclass
