@@ -9,6 +9,9 @@ rotates every repeat) and the medians compared:
 * base / ``tadm K=3``: the speed-up, against the analytic ratio of Transformer-layer calls (encoder included)
   (goal: at least 0.9 of it).
 
+Both are ratios of medians; the ratios within each repeat (whose three runs are adjacent in time) are printed
+too, with their range, as a measure of the machine's drift.
+
 At K = 1 the tokens must equal the base's; the script checks it. Run it with nothing else on the machine::
 
     python benchmarks/bench_time_anchored.py                 # about 10 minutes on two cores
@@ -111,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in runs:
         counted = sum(base_calls) if name == "base" else sum(calls[name])
         print(f"| {name} | {median[name]:.3f} | {', '.join(f'{t:.3f}' for t in times[name])} | {counted} |")
+    paired_k1 = [a / b for a, b in zip(times["tadm K=1"], times["base"])]  # the runs of one repeat are adjacent
+    paired_k3 = [b / a for a, b in zip(times["tadm K=3"], times["base"])]
+    print(f"per repeat: tadm K=1 / base median {statistics.median(paired_k1):.3f} (range {min(paired_k1):.3f}-"
+          f"{max(paired_k1):.3f}); base / tadm K=3 median {statistics.median(paired_k3):.3f} (range "
+          f"{min(paired_k3):.3f}-{max(paired_k3):.3f})")
     print(f"K = 1 tokens equal the base's: {same}")
     print(f"tadm K=1 / base = {overhead:.3f} (goal <= 1.03: {'met' if overhead <= 1.03 else 'NOT met'})")
     print(f"base / tadm K=3 = {speedup:.3f}; analytic layer-call ratio {analytic:.3f} (decoder only {decoder_only:.3f}); "
@@ -120,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             "argv": sys.argv[1:], "commit": git_commit(), "machine": platform.processor() or platform.machine(),
             "torch": torch.__version__, "times": times, "median": median, "layer_calls": calls,
             "analytic_ratio": analytic, "decoder_only_ratio": decoder_only, "k1_overhead": overhead,
-            "k3_speedup": speedup, "k1_tokens_equal": same}, indent=1) + "\n")
+            "k3_speedup": speedup, "k1_tokens_equal": same, "paired_k1_overhead": paired_k1,
+            "paired_k3_speedup": paired_k3}, indent=1) + "\n")
     return 0 if same else 1
 
 
