@@ -47,7 +47,7 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 from tadm.devices import resolve_dtype
 from tadm.hf import NO_CUSTOM_CODE, first_line, hub_reachable, is_repo_id
 from tadm.posttrain.adapter_io import (ADAPTER_CONFIG_NAME, AdapterConfig, CardResults, load_adapter_config,
-                                       load_adapter_state, push_adapter_to_hub, resolve_adapter,
+                                       load_fusion_state, push_adapter_to_hub, resolve_adapter,
                                        save_adapter_pretrained)
 from tadm.posttrain.backbone import DiffusionGemmaBackbone, check_base
 from tadm.posttrain.layer_cache import (CacheRecord, LayerStackCache, check_policy, install_layer_cache,
@@ -385,16 +385,7 @@ class TimeAnchoredDiffusionGemma(DiffusionGemmaForBlockDiffusion):
         _check_fits(config, self.config, directory)
         if self.fusion is None:
             raise ValueError("this model was built without a fusion; load it with the adapter instead")
-        state = load_adapter_state(directory, device=self.fusion.up.weight.device)
-        expected = self.fusion.state_dict()
-        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise ValueError(f"adapter {directory}: missing weights {missing}, unexpected weights {unexpected}")
-        for name, tensor in state.items():
-            if tensor.shape != expected[name].shape:
-                raise ValueError(f"adapter {directory}: {name} has shape {tuple(tensor.shape)}, expected "
-                                 f"{tuple(expected[name].shape)}")
-        self.fusion.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+        load_fusion_state(self.fusion, directory)
         self.adapter_config = config
 
     # ---------------------------------------------------------------- the cache
