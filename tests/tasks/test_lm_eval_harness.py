@@ -118,7 +118,7 @@ def test_command_line_refuses_a_model_arg_given_twice(model_args, capsys):
 
 @pytest.mark.parametrize("model_args, task, flags, message", [
     pytest.param("base=BASE,split=1:3", "tiny_ll", [],
-                 "tadm model: log-likelihood requests (output_type loglikelihood, multiple_choice or",
+                 "(output_type loglikelihood) needs log-likelihoods, which a post-training base (base=...) does not",
                  marks=pytest.mark.slow),  # lm-eval indexes its task registry: about 10 s
     pytest.param("model=MODEL", "tiny_echo", ["--apply_chat_template"], "its tokenizer has no chat template; run",
                  marks=pytest.mark.slow),
