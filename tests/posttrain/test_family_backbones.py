@@ -91,6 +91,17 @@ def test_mask_id_can_be_set_and_is_checked(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+def test_the_backbone_stays_frozen_and_loading_by_path_is_refused(name):
+    """The wrapped model is frozen and stays in eval mode; a path would need the checkpoint's own code, so it is refused."""
+    backbone = FAMILIES[name][2](FAMILIES[name][0]())
+    assert not any(p.requires_grad for p in backbone.parameters())
+    assert not backbone.train().training and not backbone.model.training
+    family = {"llada": "LLaDA", "dream": "Dream"}[name]
+    with pytest.raises(ValueError, match=f"does not run code shipped with a checkpoint: load {family} yourself"):
+        FAMILIES[name][2].from_pretrained("some/checkpoint")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_bad_passes_are_one_line_errors(name):
     backbone = wrap_backbone(FAMILIES[name][0]())
     with pytest.raises(ValueError, match=r"attention_mask \(2, 5\) must be \(B, L\) = \(2, 4\)"):

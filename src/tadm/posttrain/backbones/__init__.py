@@ -5,6 +5,7 @@
 
 Both wrap a model the user has loaded (tadm never runs code shipped with a checkpoint) through its
 own modules, and read the padding mask of a batch from ``StackContext.attention_mask``.
+:mod:`~tadm.posttrain.backbones.whole_sequence` holds what the two share;
 :mod:`~tadm.posttrain.backbones.shape` describes their dense stacks analytically for planning.
 """
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from torch import Tensor, nn
 
 from tadm.nn.dit import subs_log_probs
 from tadm.posttrain.backbones.shape import DenseStackShape
+from tadm.posttrain.backbones.whole_sequence import WholeSequenceBackbone
 
 __all__ = ["DREAM_7B", "DREAM_MASK_TOKEN_ID", "DreamBackbone", "dream_7b_config", "dream_shape", "shift_logits"]
 
@@ -68,7 +68,7 @@ class _DreamPass:
     position_embeddings: tuple[Tensor, Tensor]  # cos, sin: (B or 1, L, head_dim)
 
 
-class DreamBackbone(nn.Module):
+class DreamBackbone(WholeSequenceBackbone):
     """A loaded ``DreamModel`` (any module with its layout) as a frozen :class:`LayerStackBackbone`.
 
     Args:
@@ -77,10 +77,8 @@ class DreamBackbone(nn.Module):
         mask_token_id: the mask id (default: the config's ``mask_token_id``, else 151,666).
     """
 
-    prior = "mask"
-    supports_self_conditioning = False
-    time_conditioned = False
-    prompt_in_canvas = True  # a pass reads the whole sequence: the prompt is part of the canvas
+    family = "Dream"
+    default_mask_token_id = DREAM_MASK_TOKEN_ID
 
     def __init__(self, model: nn.Module, mask_token_id: int | None = None) -> None:
         super().__init__()
@@ -90,32 +88,15 @@ class DreamBackbone(nn.Module):
         if missing:
             raise TypeError(f"{type(model).__name__} does not have Dream's layout (model.model with embed_tokens, "
                             f"layers, norm, rotary_emb; lm_head; config); missing: {', '.join(missing)}")
-        model.requires_grad_(False)
-        model.eval()
-        self.model = model
+        self._adopt(model)
         self.num_layers: int = len(model.model.layers)
         self.hidden_size: int = int(model.config.hidden_size)
         self.vocab_size: int = int(model.lm_head.out_features)
-        mask = mask_token_id if mask_token_id is not None else getattr(model.config, "mask_token_id", None)
-        mask = DREAM_MASK_TOKEN_ID if mask is None else mask
-        if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < self.vocab_size:
-            raise ValueError(f"mask_token_id must be an id in 0..{self.vocab_size - 1}, got {mask!r}")
-        self.mask_token_id: int | None = mask
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path, **_: Any) -> DreamBackbone:
-        """Refused: Dream's modeling code ships with the checkpoint and tadm never runs such code itself."""
-        raise ValueError(f"tadm does not run code shipped with a checkpoint: load Dream yourself, e.g. "
-                         f"AutoModel.from_pretrained({str(path)!r}, trust_remote_code=True), and pass the model to "
-                         f"tadm.posttrain.wrap_backbone")
+        self.mask_token_id: int | None = self._mask_token_id(mask_token_id, model.config)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.model.model.embed_tokens.weight.dtype
-
-    def train(self, mode: bool = True) -> DreamBackbone:
-        """The frozen backbone always stays in eval mode."""
-        return super().train(False)
 
     def prepare(self, batch_size: int, length: int, device: torch.device, context: Any) -> _DreamPass:
         """Mask, position ids and rotary tables for a (B, L) canvas, as ``diffusion_generate`` builds them.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 
 from tadm.nn.dit import subs_log_probs
 from tadm.posttrain.backbones.shape import DenseStackShape
+from tadm.posttrain.backbones.whole_sequence import WholeSequenceBackbone
 
 __all__ = ["LLADA_8B", "LLADA_MASK_TOKEN_ID", "LLaDABackbone", "llada_8b_config", "llada_shape"]
 
@@ -65,7 +65,7 @@ class _LLaDAPass:
     attention_bias: Tensor | None  # (B, 1, 1, L) float32 key-padding bias; None without padding
 
 
-class LLaDABackbone(nn.Module):
+class LLaDABackbone(WholeSequenceBackbone):
     """A loaded ``LLaDAModelLM`` (any module with its layout) as a frozen :class:`LayerStackBackbone`.
 
     Args:
@@ -74,10 +74,8 @@ class LLaDABackbone(nn.Module):
         mask_token_id: the mask id (default: the config's ``mask_token_id``, else 126,336).
     """
 
-    prior = "mask"
-    supports_self_conditioning = False
-    time_conditioned = False
-    prompt_in_canvas = True  # a pass reads the whole sequence: the prompt is part of the canvas
+    family = "LLaDA"
+    default_mask_token_id = LLADA_MASK_TOKEN_ID
 
     def __init__(self, model: nn.Module, mask_token_id: int | None = None) -> None:
         super().__init__()
@@ -88,27 +86,14 @@ class LLaDABackbone(nn.Module):
         if missing or not hasattr(model, "config"):
             raise TypeError(f"{type(model).__name__} does not have LLaDA's layout (model.model.transformer with wte, "
                             f"blocks, ln_f and a config); missing: {', '.join(missing) or 'config'}")
-        model.requires_grad_(False)
-        model.eval()
-        self.model = model
+        self._adopt(model)
         config = model.config
         if getattr(config, "alibi", False):
             raise ValueError("LLaDA configs with ALiBi are not supported (the released checkpoints use RoPE)")
         self.num_layers: int = len(self.blocks)
         self.hidden_size: int = int(config.d_model)
         self.vocab_size: int = int(self.transformer.wte.num_embeddings)
-        mask = mask_token_id if mask_token_id is not None else getattr(config, "mask_token_id", None)
-        mask = LLADA_MASK_TOKEN_ID if mask is None else mask
-        if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < self.vocab_size:
-            raise ValueError(f"mask_token_id must be an id in 0..{self.vocab_size - 1}, got {mask!r}")
-        self.mask_token_id: int | None = mask
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path, **_: Any) -> LLaDABackbone:
-        """Refused: LLaDA's modeling code ships with the checkpoint and tadm never runs such code itself."""
-        raise ValueError(f"tadm does not run code shipped with a checkpoint: load LLaDA yourself, e.g. "
-                         f"AutoModel.from_pretrained({str(path)!r}, trust_remote_code=True), and pass the model to "
-                         f"tadm.posttrain.wrap_backbone")
+        self.mask_token_id: int | None = self._mask_token_id(mask_token_id, config)
 
     @property
     def transformer(self) -> nn.ModuleDict:
@@ -124,10 +109,6 @@ class LLaDABackbone(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.transformer.wte.weight.dtype
-
-    def train(self, mode: bool = True) -> LLaDABackbone:
-        """The frozen backbone always stays in eval mode."""
-        return super().train(False)
 
     def prepare(self, batch_size: int, length: int, device: torch.device, context: Any) -> _LLaDAPass:
         """The key-padding bias of ``context.attention_mask`` (B, L): 0 where attended, the float32 minimum where not.
