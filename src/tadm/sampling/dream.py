@@ -178,14 +178,25 @@ class DreamSampler(ConfiguredSampler):
         c = self.config
         return sample_tokens(logits, c.temperature, c.top_p, c.top_k, generator=generator, **confidence)
 
+    def _origin_step(self, z: Tensor, mask_index: Tensor, mask_logits: Tensor, p_transfer: float | Tensor,
+                     generator: torch.Generator | None) -> SamplerOutput:
+        """``alg="origin"``: each masked position of z (B, L) is decoded with probability ``p_transfer`` (a number,
+        or one per masked position (m,)), drawn from its row of ``mask_logits`` (m, V); z is updated in place."""
+        x0 = torch.full((mask_logits.shape[0],), self.mask_id, dtype=torch.long, device=z.device)
+        where = generator.device if generator is not None else z.device
+        chosen = torch.rand(x0.shape, generator=generator, device=where).to(z.device) < p_transfer
+        _, x0[chosen] = self._draws(mask_logits[chosen], generator)
+        z[mask_index] = x0
+        return SamplerOutput(prev_sample=z)
+
     def step(self, logits: Tensor, step_index: int, z_t: Tensor,
              generator: torch.Generator | None = None) -> SamplerOutput:
         """One step of ``diffusion_generate`` (module docstring) on the masked positions of z_t (B, L)."""
+        if logits.dim() != 3 or logits.shape[:2] != z_t.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} must be (B, L, V) for a canvas of shape {tuple(z_t.shape)}")
         if isinstance(step_index, Tensor):
             return self._step_rows(logits, step_index, z_t, generator)
         check_step_index(step_index, self.num_steps)
-        if logits.dim() != 3 or logits.shape[:2] != z_t.shape:
-            raise ValueError(f"logits {tuple(logits.shape)} must be (B, L, V) for a canvas of shape {tuple(z_t.shape)}")
         n = self.num_steps - step_index
         grid = self.timesteps(z_t.device)
         t, s = grid[n], grid[n + 1]
@@ -194,13 +205,7 @@ class DreamSampler(ConfiguredSampler):
         mask_logits = logits[mask_index]  # (m, V), row-major
         z = z_t.clone()
         if self.config.alg == "origin":
-            p_transfer = 1 if last else 1 - s / t
-            x0 = torch.full((mask_logits.shape[0],), self.mask_id, dtype=torch.long, device=z.device)
-            where = generator.device if generator is not None else z.device
-            chosen = torch.rand(x0.shape, generator=generator, device=where).to(z.device) < p_transfer
-            _, x0[chosen] = self._draws(mask_logits[chosen], generator)
-            z[mask_index] = x0
-            return SamplerOutput(prev_sample=z)
+            return self._origin_step(z, mask_index, mask_logits, 1 if last else 1 - s / t, generator)
         confidence, x0 = self._draws(mask_logits, generator, margin_confidence=self.config.alg == "topk_margin",
                                      neg_entropy=self.config.alg == "entropy")
         per_row = mask_index.sum() / mask_index.shape[0]  # float32, as the public code computes it
@@ -226,8 +231,6 @@ class DreamSampler(ConfiguredSampler):
                    generator: torch.Generator | None) -> SamplerOutput:
         """One step with a step index per row (B,) (module docstring)."""
         check_step_rows(step_index, self.num_steps, z_t.shape[0])
-        if logits.dim() != 3 or logits.shape[:2] != z_t.shape:
-            raise ValueError(f"logits {tuple(logits.shape)} must be (B, L, V) for a canvas of shape {tuple(z_t.shape)}")
         i = step_index.to(z_t.device).long()  # (B,)
         grid = self.timesteps(z_t.device)
         t, s = grid[self.num_steps - i], grid[self.num_steps - i + 1]  # (B,) each
@@ -238,12 +241,7 @@ class DreamSampler(ConfiguredSampler):
         z = z_t.clone()
         if self.config.alg == "origin":
             p_transfer = (1 - ratio)[:, None].expand_as(z_t)[mask_index]  # (m,) each position's row probability
-            x0 = torch.full((mask_logits.shape[0],), self.mask_id, dtype=torch.long, device=z.device)
-            where = generator.device if generator is not None else z.device
-            chosen = torch.rand(x0.shape, generator=generator, device=where).to(z.device) < p_transfer
-            _, x0[chosen] = self._draws(mask_logits[chosen], generator)
-            z[mask_index] = x0
-            return SamplerOutput(prev_sample=z)
+            return self._origin_step(z, mask_index, mask_logits, p_transfer, generator)
         confidence, x0 = self._draws(mask_logits, generator, margin_confidence=self.config.alg == "topk_margin",
                                      neg_entropy=self.config.alg == "entropy")
         masks = mask_index.sum(dim=1).to(t.dtype)  # (B,) float32, as the batched step counts

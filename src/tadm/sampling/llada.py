@@ -180,12 +180,7 @@ class LLaDASampler(ConfiguredSampler):
             self._quota = transfer_quota(z_t[:, block_start:block_end] == self.mask_id, per_block)
         assert self._quota is not None
         mask_index = z_t == self.mask_id  # (B, L)
-        x0 = torch.argmax(gumbel_perturbed(logits, self.config.temperature, generator), dim=-1)  # (B, L)
-        if self.config.remasking == "low_confidence":
-            p = F.softmax(logits, dim=-1)  # (B, L, V)
-            x0_p = torch.gather(p, dim=-1, index=x0.unsqueeze(-1)).squeeze(-1)  # (B, L)
-        else:
-            x0_p = _uniform(tuple(x0.shape), torch.float32, generator, x0.device)  # (B, L)
+        x0, x0_p = self._proposal(logits, generator)
         x0_p[:, block_end:] = -torch.inf
         x0 = torch.where(mask_index, x0, z_t)
         confidence = torch.where(mask_index, x0_p, -torch.inf)  # (B, L)
@@ -194,6 +189,15 @@ class LLaDASampler(ConfiguredSampler):
             _, chosen = torch.topk(confidence[row], k=int(self._quota[row, j]))
             transfer[row, chosen] = True
         return SamplerOutput(prev_sample=torch.where(transfer, x0, z_t))
+
+    def _proposal(self, logits: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """A token for every position of logits (B, L, V) (Gumbel-max at the temperature) and its confidence (B, L):
+        its probability (``low_confidence``) or a uniform draw (``random``), as ``generate`` computes them."""
+        x0 = torch.argmax(gumbel_perturbed(logits, self.config.temperature, generator), dim=-1)  # (B, L)
+        if self.config.remasking == "low_confidence":
+            p = F.softmax(logits, dim=-1)  # (B, L, V)
+            return x0, torch.gather(p, dim=-1, index=x0.unsqueeze(-1)).squeeze(-1)
+        return x0, _uniform(tuple(x0.shape), torch.float32, generator, x0.device)
 
     def _step_rows(self, logits: Tensor, step_index: Tensor, z_t: Tensor,
                    generator: torch.Generator | None) -> SamplerOutput:
@@ -207,12 +211,7 @@ class LLaDASampler(ConfiguredSampler):
         mask_index = z_t == self.mask_id  # (B, L)
         steps_left = step_index.to(z_t.device).long()  # (B,)
         quota = (mask_index.sum(dim=1) + steps_left - 1) // steps_left  # (B,) ceil(m / i)
-        x0 = torch.argmax(gumbel_perturbed(logits, self.config.temperature, generator), dim=-1)  # (B, L)
-        if self.config.remasking == "low_confidence":
-            p = F.softmax(logits, dim=-1)  # (B, L, V)
-            x0_p = torch.gather(p, dim=-1, index=x0.unsqueeze(-1)).squeeze(-1)  # (B, L)
-        else:
-            x0_p = _uniform(tuple(x0.shape), torch.float32, generator, x0.device)  # (B, L)
+        x0, x0_p = self._proposal(logits, generator)
         x0 = torch.where(mask_index, x0, z_t)
         confidence = torch.where(mask_index, x0_p, -torch.inf)  # (B, L)
         transfer = torch.zeros_like(mask_index)
