@@ -11,6 +11,7 @@ import argparse
 import collections
 import json
 import os
+import subprocess
 
 SHORT = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "skipped": "skip"}
 
@@ -24,6 +25,19 @@ def load(path):
 def cell_reason(text: str, limit: int = 140) -> str:
     text = " ".join(str(text).split()).replace("|", "\\|")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def provenance() -> list[str]:
+    """The command that makes the table and tadm's commit (with a note when the tree has uncommitted changes)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args):
+        return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = " (uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return ["", "- Command: `SUITE=path/to/suite SITE=path/to/site OUT=results bash benchmarks/transformers_suite/run.sh` "
+            "(its last step, `table.py`, writes this table)", f"- Commit: tadm `{commit}`{dirty}"]
 
 
 def main():
@@ -90,7 +104,7 @@ def main():
         out += ["", f"Skipped in every column that ran ({sum(len(v) for v in folded.values())} tests), by reason:", ""]
         for reason, names in sorted(folded.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             out.append(f"- {cell_reason(reason, 200)} ({len(names)}): " + ", ".join(f"`{n}`" for n in names))
-    print("\n".join(out))
+    print("\n".join(out + provenance()))
 
 
 if __name__ == "__main__":
