@@ -105,15 +105,8 @@ class DreamBackbone(WholeSequenceBackbone):
         gets 1) and the boolean mask lets real tokens attend to real tokens only; without padding: positions
         0..L-1 and full attention.
         """
-        if context is not None and context.prompt is not None:
-            raise ValueError("a Dream pass reads the whole sequence: put the prompt in the canvas (prompt tokens "
-                             "followed by masks) and its padding in StackContext(attention_mask=...)")
-        if context is not None and context.self_conditioning_logits is not None:
-            raise ValueError("Dream has no self-conditioning input; pass self_conditioning_logits=None")
-        mask = None if context is None else context.attention_mask
+        mask = self._padding_mask(batch_size, length, context)
         attention = None
-        if mask is not None and tuple(mask.shape) != (batch_size, length):
-            raise ValueError(f"attention_mask {tuple(mask.shape)} must be (B, L) = ({batch_size}, {length})")
         if mask is not None and bool((mask == 0).any()):
             mask = mask.to(device)
             position_ids = mask.long().cumsum(-1) - 1  # (B, L)

@@ -115,19 +115,11 @@ class LLaDABackbone(WholeSequenceBackbone):
 
         As in ``LLaDAModel.forward``, a mask without zeros gives no bias at all.
         """
-        if context is not None and context.prompt is not None:
-            raise ValueError("a LLaDA pass reads the whole sequence: put the prompt in the canvas (prompt tokens "
-                             "followed by masks) and its padding in StackContext(attention_mask=...)")
-        if context is not None and context.self_conditioning_logits is not None:
-            raise ValueError("LLaDA has no self-conditioning input; pass self_conditioning_logits=None")
-        mask = None if context is None else context.attention_mask
+        mask = self._padding_mask(batch_size, length, context)
         bias = None
-        if mask is not None:
-            if tuple(mask.shape) != (batch_size, length):
-                raise ValueError(f"attention_mask {tuple(mask.shape)} must be (B, L) = ({batch_size}, {length})")
-            if bool((mask == 0).any()):
-                keep = mask.to(device=device, dtype=torch.float32)[:, None, None, :]  # (B, 1, 1, L)
-                bias = (1.0 - keep) * torch.finfo(torch.float32).min
+        if mask is not None and bool((mask == 0).any()):
+            keep = mask.to(device=device, dtype=torch.float32)[:, None, None, :]  # (B, 1, 1, L)
+            bias = (1.0 - keep) * torch.finfo(torch.float32).min
         return _LLaDAPass(context=context, attention_bias=bias)
 
     def embed(self, z: Tensor, prepared: _LLaDAPass) -> Tensor:

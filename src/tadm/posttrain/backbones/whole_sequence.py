@@ -45,6 +45,19 @@ class WholeSequenceBackbone(nn.Module):
             raise ValueError(f"mask_token_id must be an id in 0..{self.vocab_size - 1}, got {mask!r}")
         return mask
 
+    def _padding_mask(self, batch_size: int, length: int, context: Any) -> Any:
+        """``context.attention_mask`` (B, L) or None, after refusing what a whole-sequence pass cannot read: a
+        separate prompt (the prompt belongs in the canvas) and self-conditioning logits."""
+        if context is not None and context.prompt is not None:
+            raise ValueError(f"a {self.family} pass reads the whole sequence: put the prompt in the canvas (prompt "
+                             f"tokens followed by masks) and its padding in StackContext(attention_mask=...)")
+        if context is not None and context.self_conditioning_logits is not None:
+            raise ValueError(f"{self.family} has no self-conditioning input; pass self_conditioning_logits=None")
+        mask = None if context is None else context.attention_mask
+        if mask is not None and tuple(mask.shape) != (batch_size, length):
+            raise ValueError(f"attention_mask {tuple(mask.shape)} must be (B, L) = ({batch_size}, {length})")
+        return mask
+
     @classmethod
     def from_pretrained(cls, path: str | Path, **_: Any) -> WholeSequenceBackbone:
         """Refused: the family's modeling code ships with the checkpoint and tadm never runs such code itself."""
